@@ -1,0 +1,32 @@
+# One-command set-up: `make test` builds its own virtual environment and runs the suite.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.avex-installed
+PYTEST_ARGS ?=
+
+.PHONY: test bench install clean
+
+$(STAMP): setup.py pyproject.toml
+	@# A machine that already has torch (a GPU image with its CUDA build) keeps it: the venv
+	@# sees the system packages. Elsewhere torch==2.13.0 goes in first, so that no range
+	@# pulls gigabytes of CUDA wheels.
+	@if python3 -c "import torch" 2>/dev/null; then \
+	    echo "torch found on the system: reusing it"; \
+	    python3 -m venv --system-site-packages $(VENV); \
+	else \
+	    python3 -m venv $(VENV) && $(PY) -m pip install -q --upgrade pip && \
+	    $(PY) -m pip install -q torch==2.13.0; \
+	fi
+	$(PY) -m pip install -q -e ".[dev]"
+	@touch $@
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest tests $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(PY) -m pytest bench --benchmark-only $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,24 @@
+"""AVEX-Prune: audio-visual exchange-aware token pruning for Video-LLMs.
+
+Heavy modules (transformers, pycocoevalcap) load on first use, so ``import avex`` stays cheap.
+"""
+import importlib
+
+__version__ = "0.1.0"
+
+# public name -> module that defines it
+_LAZY = {
+    "gumbel_topk": "avex.kernels",
+    "plackett_luce_log_prob": "avex.kernels",
+}
+
+
+def __getattr__(name):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'avex' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_LAZY))

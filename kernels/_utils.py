@@ -1,0 +1,61 @@
+"""Backend dispatch and launch-size helpers shared by the kernels."""
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+BACKENDS = ("auto", "triton", "torch")
+
+
+@functools.lru_cache(maxsize=None)
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def interpreting() -> bool:
+    """True when Triton kernels run on the CPU through the interpreter."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def resolve_backend(backend: str, device: torch.device, *, op: str) -> str:
+    """Pick the implementation: CUDA tensors go to Triton, everything else to the reference.
+
+    ``backend="triton"`` forces the kernel, which on a CPU tensor needs ``TRITON_INTERPRET=1``
+    set before ``avex.kernels`` is imported.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "torch":
+        return "torch"
+    if backend == "auto":
+        return "triton" if device.type == "cuda" and triton_available() else "torch"
+    if not triton_available():
+        raise RuntimeError(f"{op}: backend='triton' was asked for but triton is not installed")
+    if device.type != "cuda" and not interpreting():
+        raise ValueError(
+            f"{op}: backend='triton' got tensors on {device}; the Triton path needs CUDA tensors, "
+            "or TRITON_INTERPRET=1 set before importing avex.kernels to run on the CPU")
+    return "triton"
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+def row_launch_config(block: int) -> dict:
+    """num_warps for a kernel that holds one row of ``block`` elements in registers."""
+    if block <= 256:
+        warps = 2
+    elif block <= 1024:
+        warps = 4
+    elif block <= 4096:
+        warps = 8
+    else:
+        warps = 16
+    return {"num_warps": warps}

@@ -1,0 +1,399 @@
+"""Gumbel-Top-K sampling with the Plackett-Luce log-probability, fused in Triton.
+
+Reads top to bottom: the public functions and their argument checks, the Triton kernels
+(one program per row: sort once, one reverse logsumexp scan), the host launchers, and the
+``autograd.Function`` whose backward is one fused kernel. The PyTorch reference beside this
+file (``gumbel_topk_ref.py``) states the exact semantics; the kernels reproduce it.
+
+Gradient of log pi = sum_t [x_{o_t} - L_t] with respect to x = s / tau, with
+A_p = log sum_{t<=p} exp(-L_t):
+
+    d/dx_j = [j = o_p] - exp(x_j + A_{p_j}),   p_j = rank of j if chosen, else K - 1.
+
+x_j + A_p <= log(K) always, so nothing overflows.
+"""
+from __future__ import annotations
+
+import torch
+
+from avex import _checks
+
+from ._utils import next_power_of_2, resolve_backend, row_launch_config
+from .gumbel_topk_ref import compute_dtype, gumbel_topk_ref, plackett_luce_log_prob_ref
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # the PyTorch reference still works
+    triton = None
+
+__all__ = ["gumbel_topk", "plackett_luce_log_prob"]
+
+MAX_TRITON_WIDTH = 16384  # one row lives in registers; wider rows use the reference
+
+
+# ----------------------------------------------------------------------------------------------
+# Public API
+# ----------------------------------------------------------------------------------------------
+
+def gumbel_topk(scores: torch.Tensor, k, *, tau: float = 1.0, lengths=None, seed=None,
+                sample: bool = True, backend: str = "auto"):
+    """Sample K tokens per row without replacement (Gumbel-Top-K) and score the sample.
+
+    Args:
+        scores: [B, M] float logits. ``-inf`` marks a token that can't be chosen (padding).
+        k: tokens to keep, an int or an integer tensor [B] (each row its own K).
+        tau: temperature; the policy is Plackett-Luce over ``scores / tau``.
+        lengths: optional integer tensor [B]; row b uses positions ``[0, lengths[b])``.
+        seed: int; the noise is a function of ``(seed, b * M + m)``. ``None`` draws one from
+            torch's global generator, so ``torch.manual_seed`` makes runs repeatable.
+        sample: ``False`` gives deterministic Top-K (the inference path).
+        backend: ``"auto"`` (CUDA -> Triton, CPU -> PyTorch), ``"triton"`` or ``"torch"``.
+
+    Returns:
+        indices: int64 [B, Kmax], chosen tokens in sampled order, ``-1`` past a row's K.
+        log_prob: [B] log pi(S|x), differentiable w.r.t. ``scores``; float32 (float64 for
+            float64 scores).
+    """
+    scores, k_rows, kmax, lengths = _check_common(scores, k, lengths, tau)
+    seed = _check_seed(seed) if sample else 0
+    path = _backend_for(scores, backend, "gumbel_topk")
+    if path == "torch":
+        return gumbel_topk_ref(scores, k_rows, kmax, lengths, tau, seed, bool(sample))
+    return _GumbelTopK.apply(scores, k_rows, kmax, lengths, float(tau), seed, bool(sample))
+
+
+def plackett_luce_log_prob(scores: torch.Tensor, indices: torch.Tensor, *, tau: float = 1.0,
+                           lengths=None, backend: str = "auto") -> torch.Tensor:
+    """log pi(S|x) of a given ordered selection, with the same fused backward.
+
+    ``indices`` is [B, K] int, each row a prefix of distinct valid positions followed by ``-1``
+    padding (the layout ``gumbel_topk`` returns).
+    """
+    _checks.tensor("indices", indices, ndim=2, integer=True)
+    _checks.tensor("scores", scores, ndim=2, floating=True)
+    _checks.same_device("indices", indices, "scores", scores)
+    if indices.shape[0] != scores.shape[0]:
+        raise ValueError(f"indices has {indices.shape[0]} rows but scores has {scores.shape[0]}")
+    k_rows = (indices >= 0).sum(dim=1)
+    scores, k_rows, kmax, lengths = _check_common(scores, k_rows, lengths, tau,
+                                                  k_name="indices (its non-negative prefix)")
+    indices = _check_selection(scores, indices.to(torch.int64), k_rows, lengths)
+    path = _backend_for(scores, backend, "plackett_luce_log_prob")
+    if path == "torch":
+        return plackett_luce_log_prob_ref(scores, indices, k_rows, lengths, tau)
+    return _PlackettLuceLogProb.apply(scores, indices, k_rows, lengths, float(tau))
+
+
+def _check_common(scores, k, lengths, tau, k_name: str = "k"):
+    _checks.tensor("scores", scores, ndim=2, floating=True)
+    _checks.positive_float("tau", tau)
+    batch, width = scores.shape
+    if width == 0:
+        raise ValueError("scores has no tokens (shape [B, 0])")
+    if lengths is None:
+        lengths = torch.full((batch,), width, dtype=torch.int64, device=scores.device)
+    else:
+        _checks.tensor("lengths", lengths, ndim=1, integer=True)
+        _checks.same_device("lengths", lengths, "scores", scores)
+        if lengths.shape[0] != batch:
+            raise ValueError(f"lengths must have shape [{batch}], got {list(lengths.shape)}")
+        lengths = lengths.to(torch.int64)
+    if isinstance(k, torch.Tensor):
+        _checks.tensor(k_name, k, ndim=(0, 1), integer=True)
+        _checks.same_device(k_name, k, "scores", scores)
+        k_rows = k.to(torch.int64).expand(batch).contiguous() if k.dim() == 0 else k.to(torch.int64)
+        if k_rows.shape[0] != batch:
+            raise ValueError(f"{k_name} must have shape [{batch}], got {list(k.shape)}")
+    elif isinstance(k, int) and not isinstance(k, bool):
+        k_rows = torch.full((batch,), k, dtype=torch.int64, device=scores.device)
+    else:
+        raise TypeError(f"{k_name} must be an int or an integer tensor, got {type(k).__name__}")
+
+    # Every data-dependent check in one device sync.
+    valid_counts = ((torch.arange(width, device=scores.device) < lengths[:, None])
+                    & (scores > float("-inf"))).sum(dim=1)
+    stats = torch.stack([
+        torch.isnan(scores).any().long(), torch.isposinf(scores).any().long(),
+        lengths.min() if batch else torch.zeros((), dtype=torch.int64, device=scores.device),
+        lengths.max() if batch else torch.zeros((), dtype=torch.int64, device=scores.device),
+        k_rows.min() if batch else torch.ones((), dtype=torch.int64, device=scores.device),
+        k_rows.max() if batch else torch.ones((), dtype=torch.int64, device=scores.device),
+        (k_rows > valid_counts).any().long(),
+    ]).tolist()
+    has_nan, has_posinf, len_min, len_max, k_min, k_max, k_too_big = stats
+    if has_nan:
+        raise ValueError("scores contains NaN")
+    if has_posinf:
+        raise ValueError("scores contains +inf; only finite values and -inf (padding) are allowed")
+    if len_min < 0 or len_max > width:
+        bad = len_min if len_min < 0 else len_max
+        raise ValueError(f"lengths must lie in [0, {width}] (the width of scores), got {bad}")
+    if k_min < 1:
+        raise ValueError(f"{k_name} must be >= 1 for every row, got {k_min}")
+    if k_too_big:
+        row = int(torch.nonzero(k_rows > valid_counts)[0, 0])
+        raise ValueError(
+            f"{k_name} = {int(k_rows[row])} for row {row} exceeds its {int(valid_counts[row])} "
+            "selectable tokens (positions < lengths with a score > -inf)")
+    return scores, k_rows, int(k_max), lengths
+
+
+def _check_seed(seed) -> int:
+    if seed is None:
+        return int(torch.randint(0, 2**31 - 1, (1,)).item())
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
+    if not 0 <= seed < 2**63:
+        raise ValueError(f"seed must lie in [0, 2**63), got {seed}")
+    return seed
+
+
+def _check_selection(scores, indices, k_rows, lengths):
+    batch, width = scores.shape
+    kmax = indices.shape[1]
+    pos = torch.arange(kmax, device=indices.device)
+    in_prefix = pos < k_rows[:, None]
+    safe = indices.clamp(0, width - 1)
+    sorted_idx = torch.where(in_prefix, indices, torch.full_like(indices, -1)).sort(dim=1).values
+    stats = torch.stack([
+        ((indices >= 0) != in_prefix).any(),  # -1 only as trailing padding
+        (in_prefix & ((indices >= lengths[:, None]) | (indices >= width))).any(),
+        (in_prefix & (scores.gather(1, safe) == float("-inf"))).any(),
+        ((sorted_idx[:, 1:] == sorted_idx[:, :-1]) & (sorted_idx[:, 1:] >= 0)).any(),
+    ]).tolist()
+    if stats[0]:
+        raise ValueError("indices: each row must be chosen positions followed by -1 padding only")
+    if stats[1]:
+        raise ValueError("indices: a chosen position lies outside its row's valid length")
+    if stats[2]:
+        raise ValueError("indices: a chosen position has score -inf (padding cannot be chosen)")
+    if stats[3]:
+        raise ValueError("indices: a row chooses the same position twice")
+    return indices
+
+
+def _backend_for(scores, backend, op):
+    path = resolve_backend(backend, scores.device, op=op)
+    if path == "triton":
+        if scores.dtype == torch.float64:
+            if backend == "triton":
+                raise TypeError(f"{op}: the Triton path computes in float32; got scores of dtype "
+                                "torch.float64 (use backend='torch' for float64)")
+            return "torch"
+        if scores.shape[1] > MAX_TRITON_WIDTH:
+            if backend == "triton":
+                raise ValueError(f"{op}: the Triton path holds a row in registers and takes at "
+                                 f"most {MAX_TRITON_WIDTH} tokens, got {scores.shape[1]}")
+            return "torch"
+    return path
+
+
+# ----------------------------------------------------------------------------------------------
+# Triton kernels
+# ----------------------------------------------------------------------------------------------
+
+if triton is not None:
+
+    @triton.jit
+    def _logaddexp(a, b):
+        hi = tl.maximum(a, b)
+        lo = tl.minimum(a, b)
+        return tl.where(hi == float("-inf"), hi, hi + tl.log(1.0 + tl.exp(lo - hi)))
+
+    @triton.jit
+    def _load_row(scores_ptr, lengths_ptr, row, width, tau, BLOCK_M: tl.constexpr):
+        """Shifted logits x = (s - max valid s) / tau of one (contiguous) row, -inf where not valid."""
+        cols = tl.arange(0, BLOCK_M)
+        length = tl.load(lengths_ptr + row)
+        s = tl.load(scores_ptr + row * width + cols, mask=cols < length,
+                    other=float("-inf")).to(tl.float32)
+        valid = s > float("-inf")
+        row_max = tl.max(s, axis=0)
+        row_max = tl.where(row_max > float("-inf"), row_max, 0.0)
+        x = tl.where(valid, (s - row_max) / tau, float("-inf"))
+        return x, valid, row_max
+
+    @triton.jit
+    def _gumbel_topk_fwd_kernel(scores_ptr, k_ptr, lengths_ptr, indices_ptr, lse_ptr, logp_ptr,
+                                width, kmax, tau, seed,
+                                SAMPLE: tl.constexpr, BLOCK_M: tl.constexpr):
+        row = tl.program_id(0)
+        cols = tl.arange(0, BLOCK_M)
+        x, valid, row_max = _load_row(scores_ptr, lengths_ptr, row, width, tau, BLOCK_M)
+        key = x
+        if SAMPLE:
+            u = tl.rand(seed, row.to(tl.int64) * width + cols)
+            key = x - tl.log(-tl.log(tl.maximum(u, 1e-20)))
+        key = tl.where(key == 0.0, 0.0, key)  # -0.0 ties with +0.0, as in torch.sort
+
+        # One sort of int64 keys: order-preserving float bits above, reversed index below,
+        # so a descending sort ranks by key and breaks ties toward the lower index.
+        bits = key.to(tl.int32, bitcast=True)
+        ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+        ordered = tl.where(valid, ordered, -2147483648)  # invalid tokens rank last
+        packed = (ordered.to(tl.int64) << 32) | (BLOCK_M - 1 - cols).to(tl.int64)
+        packed = tl.sort(packed, descending=True)
+        order = (BLOCK_M - 1 - (packed & 0xFFFF)).to(tl.int32)
+
+        # Sorted layout: rank r holds the r-th choice; ranks >= k are the unchosen tokens,
+        # so a reverse logsumexp scan gives every step's denominator at once.
+        n_valid = tl.sum(valid.to(tl.int32), axis=0)
+        k = tl.load(k_ptr + row)
+        valid_sorted = cols < n_valid
+        s_sorted = tl.load(scores_ptr + row * width + order, mask=valid_sorted, other=0.0)
+        x_sorted = tl.where(valid_sorted, (s_sorted.to(tl.float32) - row_max) / tau,
+                            float("-inf"))
+        lse = tl.associative_scan(x_sorted, 0, _logaddexp, reverse=True)
+        chosen = cols < k
+        logp = tl.sum(tl.where(chosen, x_sorted - lse, 0.0), axis=0)
+
+        out = cols < kmax
+        tl.store(indices_ptr + row * kmax + cols, tl.where(chosen, order, -1).to(tl.int64),
+                 mask=out)
+        tl.store(lse_ptr + row * kmax + cols, tl.where(chosen, lse, 0.0), mask=out)
+        tl.store(logp_ptr + row, logp)
+
+    @triton.jit
+    def _pl_log_prob_fwd_kernel(scores_ptr, k_ptr, lengths_ptr, indices_ptr, lse_ptr, logp_ptr,
+                                width, kmax, tau,
+                                BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+                                CHUNK_K: tl.constexpr):
+        row = tl.program_id(0)
+        cols = tl.arange(0, BLOCK_M)
+        x, valid, row_max = _load_row(scores_ptr, lengths_ptr, row, width, tau, BLOCK_M)
+        k = tl.load(k_ptr + row)
+
+        # Which tokens are chosen: compare against the indices a chunk at a time.
+        is_chosen = tl.zeros((BLOCK_M,), dtype=tl.int32)
+        for start in tl.range(0, BLOCK_K, CHUNK_K):
+            t = start + tl.arange(0, CHUNK_K)
+            idx = tl.load(indices_ptr + row * kmax + t, mask=t < k, other=-1)
+            hit = (idx[:, None] == cols[None, :]).to(tl.int32)
+            is_chosen = tl.maximum(is_chosen, tl.max(hit, axis=0))
+        rest = tl.where(is_chosen == 0, x, float("-inf"))
+        rest_max = tl.max(rest, axis=0)
+        safe_max = tl.where(rest_max > float("-inf"), rest_max, 0.0)
+        rest_lse = tl.where(rest_max > float("-inf"),
+                            safe_max + tl.log(tl.sum(tl.exp(rest - safe_max), axis=0)),
+                            float("-inf"))
+
+        t = tl.arange(0, BLOCK_K)
+        chosen = t < k
+        idx = tl.load(indices_ptr + row * kmax + t, mask=chosen, other=0)
+        s_chosen = tl.load(scores_ptr + row * width + idx, mask=chosen, other=0.0)
+        x_chosen = tl.where(chosen, (s_chosen.to(tl.float32) - row_max) / tau, float("-inf"))
+        lse = _logaddexp(tl.associative_scan(x_chosen, 0, _logaddexp, reverse=True), rest_lse)
+        logp = tl.sum(tl.where(chosen, x_chosen - lse, 0.0), axis=0)
+        tl.store(lse_ptr + row * kmax + t, tl.where(chosen, lse, 0.0), mask=t < kmax)
+        tl.store(logp_ptr + row, logp)
+
+    @triton.jit
+    def _pl_log_prob_bwd_kernel(scores_ptr, k_ptr, lengths_ptr, indices_ptr, lse_ptr, dlogp_ptr,
+                                dscores_ptr, width, kmax, tau,
+                                BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+        row = tl.program_id(0)
+        cols = tl.arange(0, BLOCK_M)
+        x, valid, row_max = _load_row(scores_ptr, lengths_ptr, row, width, tau, BLOCK_M)
+        k = tl.load(k_ptr + row)
+        g = tl.load(dlogp_ptr + row).to(tl.float32) / tau
+
+        t = tl.arange(0, BLOCK_K)
+        chosen = t < k
+        neg_lse = tl.where(chosen, -tl.load(lse_ptr + row * kmax + t, mask=chosen, other=0.0),
+                           float("-inf"))
+        a_cum = tl.associative_scan(neg_lse, 0, _logaddexp)  # A_p = log sum_{t<=p} exp(-L_t)
+        a_last = tl.max(tl.where(t == k - 1, a_cum, float("-inf")), axis=0)
+
+        # Unchosen tokens sit in every denominator; chosen ones are overwritten just below.
+        dense = tl.where(valid, -g * tl.exp(x + a_last), 0.0)
+        tl.store(dscores_ptr + row * width + cols, dense, mask=cols < width)
+        tl.debug_barrier()
+
+        idx = tl.load(indices_ptr + row * kmax + t, mask=chosen, other=0)
+        s_chosen = tl.load(scores_ptr + row * width + idx, mask=chosen, other=0.0)
+        x_chosen = (s_chosen.to(tl.float32) - row_max) / tau
+        tl.store(dscores_ptr + row * width + idx, g * (1.0 - tl.exp(x_chosen + a_cum)),
+                 mask=chosen)
+
+
+# ----------------------------------------------------------------------------------------------
+# Launchers and autograd
+# ----------------------------------------------------------------------------------------------
+
+def _launch_gumbel_topk_fwd(scores, k_rows, kmax, lengths, tau, seed, sample):
+    batch, width = scores.shape
+    block_m = next_power_of_2(width)
+    indices = torch.empty(batch, kmax, dtype=torch.int64, device=scores.device)
+    lse = torch.empty(batch, kmax, dtype=torch.float32, device=scores.device)
+    logp = torch.empty(batch, dtype=torch.float32, device=scores.device)
+    if batch:
+        _gumbel_topk_fwd_kernel[(batch,)](
+            scores, k_rows, lengths, indices, lse, logp, width, kmax, tau,
+            seed, SAMPLE=sample, BLOCK_M=block_m, **row_launch_config(block_m))
+    return indices, lse, logp
+
+
+def _launch_pl_fwd(scores, indices, k_rows, lengths, tau):
+    batch, width = scores.shape
+    kmax = indices.shape[1]
+    block_m, block_k = next_power_of_2(width), next_power_of_2(kmax)
+    lse = torch.empty(batch, kmax, dtype=torch.float32, device=scores.device)
+    logp = torch.empty(batch, dtype=torch.float32, device=scores.device)
+    if batch:
+        _pl_log_prob_fwd_kernel[(batch,)](
+            scores, k_rows, lengths, indices, lse, logp, width, kmax, tau,
+            BLOCK_M=block_m, BLOCK_K=block_k, CHUNK_K=min(block_k, 16),
+            **row_launch_config(block_m))
+    return lse, logp
+
+
+def _launch_pl_bwd(scores, indices, k_rows, lengths, lse, tau, grad_logp):
+    batch, width = scores.shape
+    kmax = indices.shape[1]
+    block_m, block_k = next_power_of_2(width), next_power_of_2(kmax)
+    grad = torch.empty(batch, width, dtype=torch.float32, device=scores.device)
+    if batch:
+        _pl_log_prob_bwd_kernel[(batch,)](
+            scores, k_rows, lengths, indices, lse, grad_logp.contiguous(), grad, width, kmax,
+            tau, BLOCK_M=block_m, BLOCK_K=block_k, **row_launch_config(block_m))
+    return grad.to(scores.dtype)
+
+
+def _prepare(scores, k_rows, lengths):
+    return scores.contiguous(), k_rows.contiguous(), lengths.contiguous()
+
+
+class _GumbelTopK(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, scores, k_rows, kmax, lengths, tau, seed, sample):
+        scores, k_rows, lengths = _prepare(scores, k_rows, lengths)
+        indices, lse, logp = _launch_gumbel_topk_fwd(scores, k_rows, kmax, lengths, tau, seed,
+                                                     sample)
+        ctx.save_for_backward(scores, indices, k_rows, lengths, lse)
+        ctx.tau = tau
+        ctx.mark_non_differentiable(indices)
+        return indices, logp.to(compute_dtype(scores.dtype))
+
+    @staticmethod
+    def backward(ctx, grad_indices, grad_logp):
+        scores, indices, k_rows, lengths, lse = ctx.saved_tensors
+        grad = _launch_pl_bwd(scores, indices, k_rows, lengths, lse, ctx.tau, grad_logp)
+        return grad, None, None, None, None, None, None
+
+
+class _PlackettLuceLogProb(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, scores, indices, k_rows, lengths, tau):
+        scores, k_rows, lengths = _prepare(scores, k_rows, lengths)
+        indices = indices.contiguous()
+        lse, logp = _launch_pl_fwd(scores, indices, k_rows, lengths, tau)
+        ctx.save_for_backward(scores, indices, k_rows, lengths, lse)
+        ctx.tau = tau
+        return logp.to(compute_dtype(scores.dtype))
+
+    @staticmethod
+    def backward(ctx, grad_logp):
+        scores, indices, k_rows, lengths, lse = ctx.saved_tensors
+        grad = _launch_pl_bwd(scores, indices, k_rows, lengths, lse, ctx.tau, grad_logp)
+        return grad, None, None, None, None
