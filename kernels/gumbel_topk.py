@@ -5,8 +5,13 @@ Reads top to bottom: the public functions and their argument checks, the Triton 
 ``autograd.Function`` whose backward is one fused kernel. The PyTorch reference beside this
 file (``gumbel_topk_ref.py``) states the exact semantics; the kernels reproduce it.
 
+Precision: with |s| ~ 1e4 and tau = 0.05 the logits reach 4e5, where a float32 ulp is 0.03,
+so a denominator L_t must never be held as one absolute number. Scans carry it as a pair
+(anchor a, offset r) with L = a + r, a the largest logit of the group and 0 <= r <= log(n);
+a term x_{o_t} - L_t = (x_{o_t} - a_t) - r_t then subtracts nearby numbers only.
+
 Gradient of log pi = sum_t [x_{o_t} - L_t] with respect to x = s / tau, with
-A_p = log sum_{t<=p} exp(-L_t):
+A_p = log sum_{t<=p} exp(-L_t) (a second pair scan, over -L):
 
     d/dx_j = [j = o_p] - exp(x_j + A_{p_j}),   p_j = rank of j if chosen, else K - 1.
 
@@ -202,6 +207,14 @@ if triton is not None:
         return tl.where(hi == float("-inf"), hi, hi + tl.log(1.0 + tl.exp(lo - hi)))
 
     @triton.jit
+    def _lse_pair(a1, r1, a2, r2):
+        """Combine two logsumexps held as (anchor, offset); the new anchor is the larger one."""
+        a = tl.maximum(a1, a2)
+        safe = tl.where(a == float("-inf"), 0.0, a)
+        r = _logaddexp(r1 + (a1 - safe), r2 + (a2 - safe))
+        return a, tl.where(a == float("-inf"), float("-inf"), r)
+
+    @triton.jit
     def _load_row(scores_ptr, lengths_ptr, row, width, tau, BLOCK_M: tl.constexpr):
         """Shifted logits x = (s - max valid s) / tau of one (contiguous) row, -inf where not valid."""
         cols = tl.arange(0, BLOCK_M)
@@ -215,8 +228,8 @@ if triton is not None:
         return x, valid, row_max
 
     @triton.jit
-    def _gumbel_topk_fwd_kernel(scores_ptr, k_ptr, lengths_ptr, indices_ptr, lse_ptr, logp_ptr,
-                                width, kmax, tau, seed,
+    def _gumbel_topk_fwd_kernel(scores_ptr, k_ptr, lengths_ptr, indices_ptr, anchor_ptr,
+                                offset_ptr, logp_ptr, width, kmax, tau, seed,
                                 SAMPLE: tl.constexpr, BLOCK_M: tl.constexpr):
         row = tl.program_id(0)
         cols = tl.arange(0, BLOCK_M)
@@ -237,26 +250,28 @@ if triton is not None:
         order = (BLOCK_M - 1 - (packed & 0xFFFF)).to(tl.int32)
 
         # Sorted layout: rank r holds the r-th choice; ranks >= k are the unchosen tokens,
-        # so a reverse logsumexp scan gives every step's denominator at once.
+        # so one reverse scan gives every step's denominator at once.
         n_valid = tl.sum(valid.to(tl.int32), axis=0)
         k = tl.load(k_ptr + row)
         valid_sorted = cols < n_valid
         s_sorted = tl.load(scores_ptr + row * width + order, mask=valid_sorted, other=0.0)
         x_sorted = tl.where(valid_sorted, (s_sorted.to(tl.float32) - row_max) / tau,
                             float("-inf"))
-        lse = tl.associative_scan(x_sorted, 0, _logaddexp, reverse=True)
+        anchor, offset = tl.associative_scan(
+            (x_sorted, tl.where(valid_sorted, 0.0, float("-inf"))), 0, _lse_pair, reverse=True)
         chosen = cols < k
-        logp = tl.sum(tl.where(chosen, x_sorted - lse, 0.0), axis=0)
+        logp = tl.sum(tl.where(chosen, (x_sorted - anchor) - offset, 0.0), axis=0)
 
         out = cols < kmax
         tl.store(indices_ptr + row * kmax + cols, tl.where(chosen, order, -1).to(tl.int64),
                  mask=out)
-        tl.store(lse_ptr + row * kmax + cols, tl.where(chosen, lse, 0.0), mask=out)
+        tl.store(anchor_ptr + row * kmax + cols, tl.where(chosen, anchor, 0.0), mask=out)
+        tl.store(offset_ptr + row * kmax + cols, tl.where(chosen, offset, 0.0), mask=out)
         tl.store(logp_ptr + row, logp)
 
     @triton.jit
-    def _pl_log_prob_fwd_kernel(scores_ptr, k_ptr, lengths_ptr, indices_ptr, lse_ptr, logp_ptr,
-                                width, kmax, tau,
+    def _pl_log_prob_fwd_kernel(scores_ptr, k_ptr, lengths_ptr, indices_ptr, anchor_ptr,
+                                offset_ptr, logp_ptr, width, kmax, tau,
                                 BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
                                 CHUNK_K: tl.constexpr):
         row = tl.program_id(0)
@@ -272,25 +287,27 @@ if triton is not None:
             hit = (idx[:, None] == cols[None, :]).to(tl.int32)
             is_chosen = tl.maximum(is_chosen, tl.max(hit, axis=0))
         rest = tl.where(is_chosen == 0, x, float("-inf"))
-        rest_max = tl.max(rest, axis=0)
-        safe_max = tl.where(rest_max > float("-inf"), rest_max, 0.0)
-        rest_lse = tl.where(rest_max > float("-inf"),
-                            safe_max + tl.log(tl.sum(tl.exp(rest - safe_max), axis=0)),
-                            float("-inf"))
+        rest_anchor = tl.max(rest, axis=0)
+        safe = tl.where(rest_anchor > float("-inf"), rest_anchor, 0.0)
+        rest_offset = tl.where(rest_anchor > float("-inf"),
+                               tl.log(tl.sum(tl.exp(rest - safe), axis=0)), float("-inf"))
 
         t = tl.arange(0, BLOCK_K)
         chosen = t < k
         idx = tl.load(indices_ptr + row * kmax + t, mask=chosen, other=0)
         s_chosen = tl.load(scores_ptr + row * width + idx, mask=chosen, other=0.0)
         x_chosen = tl.where(chosen, (s_chosen.to(tl.float32) - row_max) / tau, float("-inf"))
-        lse = _logaddexp(tl.associative_scan(x_chosen, 0, _logaddexp, reverse=True), rest_lse)
-        logp = tl.sum(tl.where(chosen, x_chosen - lse, 0.0), axis=0)
-        tl.store(lse_ptr + row * kmax + t, tl.where(chosen, lse, 0.0), mask=t < kmax)
+        tail_anchor, tail_offset = tl.associative_scan(
+            (x_chosen, tl.where(chosen, 0.0, float("-inf"))), 0, _lse_pair, reverse=True)
+        anchor, offset = _lse_pair(tail_anchor, tail_offset, rest_anchor, rest_offset)
+        logp = tl.sum(tl.where(chosen, (x_chosen - anchor) - offset, 0.0), axis=0)
+        tl.store(anchor_ptr + row * kmax + t, tl.where(chosen, anchor, 0.0), mask=t < kmax)
+        tl.store(offset_ptr + row * kmax + t, tl.where(chosen, offset, 0.0), mask=t < kmax)
         tl.store(logp_ptr + row, logp)
 
     @triton.jit
-    def _pl_log_prob_bwd_kernel(scores_ptr, k_ptr, lengths_ptr, indices_ptr, lse_ptr, dlogp_ptr,
-                                dscores_ptr, width, kmax, tau,
+    def _pl_log_prob_bwd_kernel(scores_ptr, k_ptr, lengths_ptr, indices_ptr, anchor_ptr,
+                                offset_ptr, dlogp_ptr, dscores_ptr, width, kmax, tau,
                                 BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
         row = tl.program_id(0)
         cols = tl.arange(0, BLOCK_M)
@@ -298,65 +315,78 @@ if triton is not None:
         k = tl.load(k_ptr + row)
         g = tl.load(dlogp_ptr + row).to(tl.float32) / tau
 
+        # A_p = log sum_{t<=p} exp(-L_t), as a pair scan over -L_t = (-a_t) + (-r_t).
         t = tl.arange(0, BLOCK_K)
         chosen = t < k
-        neg_lse = tl.where(chosen, -tl.load(lse_ptr + row * kmax + t, mask=chosen, other=0.0),
-                           float("-inf"))
-        a_cum = tl.associative_scan(neg_lse, 0, _logaddexp)  # A_p = log sum_{t<=p} exp(-L_t)
-        a_last = tl.max(tl.where(t == k - 1, a_cum, float("-inf")), axis=0)
+        neg_anchor = tl.where(chosen, -tl.load(anchor_ptr + row * kmax + t, mask=chosen,
+                                               other=0.0), float("-inf"))
+        neg_offset = tl.where(chosen, -tl.load(offset_ptr + row * kmax + t, mask=chosen,
+                                               other=0.0), float("-inf"))
+        a_anchor, a_offset = tl.associative_scan((neg_anchor, neg_offset), 0, _lse_pair)
+        last = t == k - 1
+        last_anchor = tl.max(tl.where(last, a_anchor, float("-inf")), axis=0)
+        last_offset = tl.max(tl.where(last, a_offset, float("-inf")), axis=0)
 
         # Unchosen tokens sit in every denominator; chosen ones are overwritten just below.
-        dense = tl.where(valid, -g * tl.exp(x + a_last), 0.0)
+        dense = tl.where(valid, -g * tl.exp((x + last_anchor) + last_offset), 0.0)
         tl.store(dscores_ptr + row * width + cols, dense, mask=cols < width)
         tl.debug_barrier()
 
         idx = tl.load(indices_ptr + row * kmax + t, mask=chosen, other=0)
         s_chosen = tl.load(scores_ptr + row * width + idx, mask=chosen, other=0.0)
         x_chosen = (s_chosen.to(tl.float32) - row_max) / tau
-        tl.store(dscores_ptr + row * width + idx, g * (1.0 - tl.exp(x_chosen + a_cum)),
-                 mask=chosen)
+        tl.store(dscores_ptr + row * width + idx,
+                 g * (1.0 - tl.exp((x_chosen + a_anchor) + a_offset)), mask=chosen)
 
 
 # ----------------------------------------------------------------------------------------------
 # Launchers and autograd
 # ----------------------------------------------------------------------------------------------
 
+def _alloc(shape, dtype, device):
+    """Output buffers; tests swap in a NaN/sentinel filler to catch unwritten elements."""
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
 def _launch_gumbel_topk_fwd(scores, k_rows, kmax, lengths, tau, seed, sample):
     batch, width = scores.shape
     block_m = next_power_of_2(width)
-    indices = torch.empty(batch, kmax, dtype=torch.int64, device=scores.device)
-    lse = torch.empty(batch, kmax, dtype=torch.float32, device=scores.device)
-    logp = torch.empty(batch, dtype=torch.float32, device=scores.device)
+    indices = _alloc((batch, kmax), torch.int64, scores.device)
+    anchor = _alloc((batch, kmax), torch.float32, scores.device)
+    offset = _alloc((batch, kmax), torch.float32, scores.device)
+    logp = _alloc((batch,), torch.float32, scores.device)
     if batch:
         _gumbel_topk_fwd_kernel[(batch,)](
-            scores, k_rows, lengths, indices, lse, logp, width, kmax, tau,
-            seed, SAMPLE=sample, BLOCK_M=block_m, **row_launch_config(block_m))
-    return indices, lse, logp
+            scores, k_rows, lengths, indices, anchor, offset, logp, width, kmax, tau, seed,
+            SAMPLE=sample, BLOCK_M=block_m, **row_launch_config(block_m))
+    return indices, (anchor, offset), logp
 
 
 def _launch_pl_fwd(scores, indices, k_rows, lengths, tau):
     batch, width = scores.shape
     kmax = indices.shape[1]
     block_m, block_k = next_power_of_2(width), next_power_of_2(kmax)
-    lse = torch.empty(batch, kmax, dtype=torch.float32, device=scores.device)
-    logp = torch.empty(batch, dtype=torch.float32, device=scores.device)
+    anchor = _alloc((batch, kmax), torch.float32, scores.device)
+    offset = _alloc((batch, kmax), torch.float32, scores.device)
+    logp = _alloc((batch,), torch.float32, scores.device)
     if batch:
         _pl_log_prob_fwd_kernel[(batch,)](
-            scores, k_rows, lengths, indices, lse, logp, width, kmax, tau,
+            scores, k_rows, lengths, indices, anchor, offset, logp, width, kmax, tau,
             BLOCK_M=block_m, BLOCK_K=block_k, CHUNK_K=min(block_k, 16),
             **row_launch_config(block_m))
-    return lse, logp
+    return (anchor, offset), logp
 
 
-def _launch_pl_bwd(scores, indices, k_rows, lengths, lse, tau, grad_logp):
+def _launch_pl_bwd(scores, indices, k_rows, lengths, denominators, tau, grad_logp):
     batch, width = scores.shape
     kmax = indices.shape[1]
     block_m, block_k = next_power_of_2(width), next_power_of_2(kmax)
-    grad = torch.empty(batch, width, dtype=torch.float32, device=scores.device)
+    anchor, offset = denominators
+    grad = _alloc((batch, width), torch.float32, scores.device)
     if batch:
         _pl_log_prob_bwd_kernel[(batch,)](
-            scores, k_rows, lengths, indices, lse, grad_logp.contiguous(), grad, width, kmax,
-            tau, BLOCK_M=block_m, BLOCK_K=block_k, **row_launch_config(block_m))
+            scores, k_rows, lengths, indices, anchor, offset, grad_logp.contiguous(), grad,
+            width, kmax, tau, BLOCK_M=block_m, BLOCK_K=block_k, **row_launch_config(block_m))
     return grad.to(scores.dtype)
 
 
@@ -368,17 +398,17 @@ class _GumbelTopK(torch.autograd.Function):
     @staticmethod
     def forward(ctx, scores, k_rows, kmax, lengths, tau, seed, sample):
         scores, k_rows, lengths = _prepare(scores, k_rows, lengths)
-        indices, lse, logp = _launch_gumbel_topk_fwd(scores, k_rows, kmax, lengths, tau, seed,
-                                                     sample)
-        ctx.save_for_backward(scores, indices, k_rows, lengths, lse)
+        indices, denominators, logp = _launch_gumbel_topk_fwd(scores, k_rows, kmax, lengths,
+                                                              tau, seed, sample)
+        ctx.save_for_backward(scores, indices, k_rows, lengths, *denominators)
         ctx.tau = tau
         ctx.mark_non_differentiable(indices)
         return indices, logp.to(compute_dtype(scores.dtype))
 
     @staticmethod
     def backward(ctx, grad_indices, grad_logp):
-        scores, indices, k_rows, lengths, lse = ctx.saved_tensors
-        grad = _launch_pl_bwd(scores, indices, k_rows, lengths, lse, ctx.tau, grad_logp)
+        scores, indices, k_rows, lengths, *denominators = ctx.saved_tensors
+        grad = _launch_pl_bwd(scores, indices, k_rows, lengths, denominators, ctx.tau, grad_logp)
         return grad, None, None, None, None, None, None
 
 
@@ -387,13 +417,13 @@ class _PlackettLuceLogProb(torch.autograd.Function):
     def forward(ctx, scores, indices, k_rows, lengths, tau):
         scores, k_rows, lengths = _prepare(scores, k_rows, lengths)
         indices = indices.contiguous()
-        lse, logp = _launch_pl_fwd(scores, indices, k_rows, lengths, tau)
-        ctx.save_for_backward(scores, indices, k_rows, lengths, lse)
+        denominators, logp = _launch_pl_fwd(scores, indices, k_rows, lengths, tau)
+        ctx.save_for_backward(scores, indices, k_rows, lengths, *denominators)
         ctx.tau = tau
         return logp.to(compute_dtype(scores.dtype))
 
     @staticmethod
     def backward(ctx, grad_logp):
-        scores, indices, k_rows, lengths, lse = ctx.saved_tensors
-        grad = _launch_pl_bwd(scores, indices, k_rows, lengths, lse, ctx.tau, grad_logp)
+        scores, indices, k_rows, lengths, *denominators = ctx.saved_tensors
+        grad = _launch_pl_bwd(scores, indices, k_rows, lengths, denominators, ctx.tau, grad_logp)
         return grad, None, None, None, None

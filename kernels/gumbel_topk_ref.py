@@ -1,7 +1,9 @@
 """PyTorch reference for Gumbel-Top-K sampling and the Plackett-Luce log-probability.
 
 This is the oracle in tests and the production CPU path. The Triton kernels in
-``gumbel_topk.py`` compute exactly this, in the same float32 arithmetic:
+``gumbel_topk.py`` compute exactly this: the ranking keys in the same float32 arithmetic (so
+both choose the same tokens), the log-probabilities here in float64 (the kernels reach the
+same accuracy in float32 by carrying denominators as anchor + offset):
 
 * x = (s - max_valid(s)) / tau. The row shift changes nothing mathematically; it keeps the
   terms near the top of the ranking small, where float32 is accurate for |s| ~ 1e4.
@@ -27,6 +29,7 @@ _UNIFORM_FLOOR = 1e-20  # keeps -log(-log(u)) finite when Philox returns exactly
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """dtype of the ranking keys and of the returned log-probability."""
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
@@ -42,9 +45,10 @@ def valid_mask(scores: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     return (cols < lengths[:, None]) & (scores > float("-inf"))
 
 
-def shifted_logits(scores: torch.Tensor, valid: torch.Tensor, tau: float) -> torch.Tensor:
-    """(s - row max over valid) / tau in the compute dtype; -inf where not valid."""
-    s = scores.to(compute_dtype(scores.dtype))
+def shifted_logits(scores: torch.Tensor, valid: torch.Tensor, tau: float,
+                   dtype: torch.dtype | None = None) -> torch.Tensor:
+    """(s - row max over valid) / tau in ``dtype`` (default: the key dtype); -inf if not valid."""
+    s = scores.to(dtype or compute_dtype(scores.dtype))
     neg_inf = torch.full_like(s, float("-inf"))
     row_max = torch.where(valid, s, neg_inf).amax(dim=1, keepdim=True).detach()
     row_max = torch.where(row_max > float("-inf"), row_max, torch.zeros_like(row_max))
@@ -56,7 +60,7 @@ def plackett_luce_log_prob_ref(scores: torch.Tensor, indices: torch.Tensor, k: t
     """log pi(S|x) of the ordered selection ``indices[b, :k[b]]`` (the rest is -1 padding)."""
     batch, width = scores.shape
     valid = valid_mask(scores, lengths)
-    x = shifted_logits(scores, valid, tau)
+    x = shifted_logits(scores, valid, tau, torch.float64)
     chosen = torch.arange(indices.shape[1], device=scores.device) < k[:, None]
     safe_idx = indices.clamp_min(0)
     # Padding scatters into a spill column, so it can't overwrite a real choice of position 0.
@@ -69,7 +73,7 @@ def plackett_luce_log_prob_ref(scores: torch.Tensor, indices: torch.Tensor, k: t
     tail_lse = torch.logcumsumexp(x_chosen.flip(1), dim=1).flip(1)  # over o_t..o_K
     denominators = torch.logaddexp(tail_lse, unchosen_lse)
     terms = torch.where(chosen, x_chosen - denominators, torch.zeros_like(x_chosen))
-    return terms.sum(dim=1)
+    return terms.sum(dim=1).to(compute_dtype(scores.dtype))
 
 
 def gumbel_topk_ref(scores: torch.Tensor, k: torch.Tensor, kmax: int, lengths: torch.Tensor,

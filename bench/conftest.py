@@ -1,0 +1,35 @@
+"""Benchmark set-up shared by every bench file.
+
+Without CUDA the Triton kernels would only run under the interpreter, which times Python, not
+the kernel; so on a CPU machine the benchmarks compare PyTorch paths and the Triton entries
+skip with that reason.
+"""
+import os
+
+import pytest
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+if not HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # lets modules import; Triton entries skip
+
+DEVICE = torch.device("cuda" if HAS_CUDA else "cpu")
+requires_cuda = pytest.mark.skipif(
+    not HAS_CUDA, reason="Triton timing needs a CUDA GPU; on a CPU it would time the interpreter")
+
+
+def synchronized(fn):
+    """Wrap ``fn`` so each timed call waits for the device to finish its work."""
+    if not HAS_CUDA:
+        return fn
+
+    def run(*args, **kwargs):
+        out = fn(*args, **kwargs)
+        torch.cuda.synchronize()
+        return out
+    return run
+
+
+@pytest.fixture
+def device():
+    return DEVICE

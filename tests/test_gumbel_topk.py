@@ -1,0 +1,292 @@
+"""Gumbel-Top-K / Plackett-Luce: Triton kernel vs PyTorch reference vs a stepwise float64 loop."""
+import importlib
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from avex.kernels import gumbel_topk, plackett_luce_log_prob
+from avex.kernels.gumbel_topk_ref import (gumbel_noise, gumbel_topk_stepwise,
+                                          plackett_luce_log_prob_stepwise)
+from conftest import DEVICE, requires_cuda
+
+# the module, not the function of the same name that avex.kernels re-exports
+gt = importlib.import_module("avex.kernels.gumbel_topk")
+
+
+@pytest.fixture(autouse=True)
+def poisoned_outputs(monkeypatch):
+    """Kernel outputs start as NaN / -7 so an element the kernel never writes fails the test."""
+    def alloc(shape, dtype, device):
+        fill = float("nan") if dtype.is_floating_point else -7
+        return torch.full(shape, fill, dtype=dtype, device=device)
+    monkeypatch.setattr(gt, "_alloc", alloc)
+
+
+def make_case(gen, batch, width, *, kind="normal", ragged=False, neg_inf=False, per_row_k=False,
+              k=None, dtype=torch.float32):
+    if kind == "normal":
+        scores = torch.randn(batch, width, generator=gen, dtype=torch.float64)
+    elif kind == "ties":  # few distinct values: many exact ties
+        scores = torch.randint(-2, 3, (batch, width), generator=gen).double()
+    elif kind == "extreme":
+        scores = (torch.rand(batch, width, generator=gen, dtype=torch.float64) * 2 - 1) * 1e4
+    scores = scores.to(dtype)
+    lengths = (torch.randint(1, width + 1, (batch,), generator=gen) if ragged
+               else torch.full((batch,), width))
+    if neg_inf:
+        drop = torch.rand(batch, width, generator=gen) < 0.3
+        drop[:, 0] = False  # every row keeps at least one selectable token
+        scores = scores.masked_fill(drop, float("-inf"))
+    valid = ((torch.arange(width) < lengths[:, None]) & (scores > float("-inf"))).sum(1)
+    if per_row_k:
+        k_rows = (torch.rand(batch, generator=gen) * valid).long().clamp(1)
+        k_arg = k_rows
+    else:
+        k_arg = int(valid.min()) if k is None else min(k, int(valid.min()))
+    return scores.to(DEVICE), k_arg if isinstance(k_arg, int) else k_arg.to(DEVICE), \
+        lengths.to(DEVICE)
+
+
+def assert_kernel_matches_reference(scores, k, lengths, tau, seed, sample):
+    idx_t, lp_t = gumbel_topk(scores, k, tau=tau, lengths=lengths, seed=seed, sample=sample,
+                              backend="triton")
+    idx_r, lp_r = gumbel_topk(scores, k, tau=tau, lengths=lengths, seed=seed, sample=sample,
+                              backend="torch")
+    assert torch.equal(idx_t, idx_r)
+    assert torch.isfinite(lp_t).all()
+    torch.testing.assert_close(lp_t, lp_r, rtol=1e-5, atol=1e-5)
+    pl_t = plackett_luce_log_prob(scores, idx_r, tau=tau, lengths=lengths, backend="triton")
+    torch.testing.assert_close(pl_t, lp_r, rtol=1e-5, atol=1e-5)
+
+
+SHAPES = [(1, 1), (3, 7), (4, 37), (2, 64), (3, 100), (2, 320)]
+
+
+@pytest.mark.parametrize("batch,width", SHAPES)
+@pytest.mark.parametrize("sample", [True, False])
+def test_kernel_matches_reference_shapes(batch, width, sample):
+    gen = torch.Generator().manual_seed(batch * 1000 + width)
+    scores, k, lengths = make_case(gen, batch, width, ragged=True, per_row_k=True)
+    assert_kernel_matches_reference(scores, k, lengths, 0.7, 11, sample)
+
+
+@pytest.mark.parametrize("kind", ["ties", "extreme"])
+@pytest.mark.parametrize("neg_inf", [False, True])
+def test_kernel_matches_reference_hard_values(kind, neg_inf):
+    gen = torch.Generator().manual_seed(7)
+    scores, k, lengths = make_case(gen, 4, 45, kind=kind, neg_inf=neg_inf, ragged=True,
+                                   per_row_k=True)
+    tau = 0.05 if kind == "extreme" else 1.0
+    for sample in (True, False):
+        assert_kernel_matches_reference(scores, k, lengths, tau, 3, sample)
+
+
+@pytest.mark.parametrize("which", ["one", "all"])
+def test_kernel_k_equals_one_and_m(which):
+    gen = torch.Generator().manual_seed(1)
+    scores = torch.randn(3, 29, generator=gen).to(DEVICE)
+    k = 1 if which == "one" else 29
+    for sample in (True, False):
+        assert_kernel_matches_reference(scores, k, None, 1.3, 5, sample)
+    if which == "all":  # K = M chooses every token exactly once
+        idx, _ = gumbel_topk(scores, 29, seed=5, backend="triton")
+        assert torch.equal(idx.sort(1).values, torch.arange(29, device=DEVICE).expand(3, 29))
+
+
+def test_ties_break_toward_lower_index():
+    scores = torch.tensor([[0.0, 2.0, 2.0, 1.0, 2.0, -0.0]], device=DEVICE)
+    for backend in ("triton", "torch"):
+        idx, _ = gumbel_topk(scores, 6, sample=False, backend=backend)
+        assert idx.tolist() == [[1, 2, 4, 3, 0, 5]]
+
+
+@settings(max_examples=20, deadline=None)
+@given(batch=st.integers(1, 4), width=st.integers(1, 70), tau=st.sampled_from([0.05, 0.5, 2.0]),
+       seed=st.integers(0, 2**40), sample=st.booleans(), ragged=st.booleans(),
+       neg_inf=st.booleans(), kind=st.sampled_from(["normal", "ties", "extreme"]),
+       data_seed=st.integers(0, 2**31))
+def test_kernel_matches_reference_random(batch, width, tau, seed, sample, ragged, neg_inf, kind,
+                                         data_seed):
+    gen = torch.Generator().manual_seed(data_seed)
+    scores, k, lengths = make_case(gen, batch, width, kind=kind, ragged=ragged, neg_inf=neg_inf,
+                                   per_row_k=True)
+    assert_kernel_matches_reference(scores, k, lengths, tau, seed, sample)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_kernel_half_precision_inputs(dtype):
+    gen = torch.Generator().manual_seed(3)
+    scores, k, lengths = make_case(gen, 3, 40, ragged=True, per_row_k=True, dtype=dtype)
+    assert_kernel_matches_reference(scores, k, lengths, 0.5, 9, True)
+
+
+# --- the reference against an independent stepwise float64 loop ------------------------------
+
+@pytest.mark.parametrize("kind", ["normal", "ties", "extreme"])
+def test_reference_matches_stepwise_loop_float64(kind):
+    gen = torch.Generator().manual_seed(21)
+    scores, k, lengths = make_case(gen, 6, 50, kind=kind, ragged=True, neg_inf=True,
+                                   per_row_k=True, dtype=torch.float64)
+    tau = 0.05 if kind == "extreme" else 0.8
+    kmax = int(k.max())
+    for sample in (True, False):
+        idx_r, lp_r = gumbel_topk(scores, k, tau=tau, lengths=lengths, seed=4, sample=sample,
+                                  backend="torch")
+        idx_s, lp_s = gumbel_topk_stepwise(scores, k.long(), kmax, lengths.long(), tau, 4, sample)
+        assert torch.equal(idx_r, idx_s)
+        torch.testing.assert_close(lp_r, lp_s, rtol=1e-10, atol=1e-9)
+
+
+def test_float32_stays_accurate_at_extreme_scores():
+    """|s| = 1e4 and tau = 0.05 (logits of 2e5): float32 kernel and reference vs float64 loop."""
+    gen = torch.Generator().manual_seed(5)
+    base = (torch.rand(4, 64, generator=gen, dtype=torch.float64) * 2 - 1) * 1e4
+    base[:2, :32] = 1e4   # a tied block at the top
+    base[2, 1:] = -1e4    # one token far above a tied remainder
+    scores32 = base.float()
+    k = torch.tensor([40, 20, 30, 64])
+    for backend in ("triton", "torch"):
+        idx, lp = gumbel_topk(scores32.to(DEVICE), k.to(DEVICE), tau=0.05, seed=2,
+                              backend=backend)
+        exact = plackett_luce_log_prob_stepwise(scores32.double(), idx.cpu(), k,
+                                                torch.full((4,), 64), 0.05)
+        assert torch.isfinite(lp).all()
+        # a naive float32 L_t = logsumexp would be off by ~0.5 here (ulp(4e5) = 0.03 per step)
+        torch.testing.assert_close(lp.cpu().double(), exact, rtol=1e-6, atol=1e-5)
+
+
+def test_noise_is_reproduced_by_the_reference():
+    noise = gumbel_noise(123, 3, 17)
+    assert torch.isfinite(noise).all()
+    # sampled Top-K on zero scores is exactly the Top-K of the noise
+    idx, _ = gumbel_topk(torch.zeros(3, 17, device=DEVICE), 17, seed=123, backend="triton")
+    assert torch.equal(idx.cpu(), noise.argsort(dim=1, descending=True, stable=True))
+
+
+# --- gradients ------------------------------------------------------------------------------
+
+def test_reference_gradcheck_float64():
+    gen = torch.Generator().manual_seed(8)
+    scores = torch.randn(3, 9, generator=gen, dtype=torch.float64)
+    scores[1, 6:] = float("-inf")
+    lengths = torch.tensor([9, 9, 7])
+    k = torch.tensor([4, 2, 7])
+    scores.requires_grad_()
+
+    def sampled(s):
+        return gumbel_topk(s, k, tau=0.6, lengths=lengths, seed=1, backend="torch")[1]
+    idx, _ = gumbel_topk(scores, k, tau=0.6, lengths=lengths, seed=1, backend="torch")
+
+    def given_order(s):
+        return plackett_luce_log_prob(s, idx, tau=0.6, lengths=lengths, backend="torch")
+    assert torch.autograd.gradcheck(sampled, (scores,))
+    assert torch.autograd.gradcheck(given_order, (scores,))
+
+
+@pytest.mark.parametrize("kind", ["normal", "ties", "extreme"])
+def test_fused_backward_matches_reference_gradient(kind):
+    gen = torch.Generator().manual_seed(12)
+    scores, k, lengths = make_case(gen, 5, 37, kind=kind, ragged=True, neg_inf=True,
+                                   per_row_k=True)
+    tau = 0.05 if kind == "extreme" else 0.9
+    weights = torch.randn(5, generator=gen).to(DEVICE)
+    grads = {}
+    for backend in ("triton", "torch"):
+        s = (scores.double() if backend == "torch" else scores).clone().requires_grad_()
+        idx, lp = gumbel_topk(s, k, tau=tau, lengths=lengths, seed=6, backend=backend)
+        (lp * weights.to(lp.dtype)).sum().backward()
+        grads[backend] = s.grad.double()
+        s2 = s.detach().clone().requires_grad_()
+        (plackett_luce_log_prob(s2, idx, tau=tau, lengths=lengths, backend=backend)
+         * weights.to(lp.dtype)).sum().backward()
+        torch.testing.assert_close(s2.grad, s.grad)
+    assert torch.isfinite(grads["triton"]).all()
+    scale = 1.0 / tau
+    torch.testing.assert_close(grads["triton"], grads["torch"], rtol=1e-4, atol=1e-5 * scale)
+    # padding and -inf positions get no gradient
+    invalid = (torch.arange(37, device=DEVICE) >= lengths[:, None]) | (scores == float("-inf"))
+    assert (grads["triton"][invalid] == 0).all()
+
+
+# --- sampling semantics ------------------------------------------------------------------------
+
+def test_sample_frequencies_follow_plackett_luce():
+    """exp(log_prob) of an ordered pair equals how often the sampler draws it."""
+    scores = torch.tensor([[1.0, 0.2, -0.5, 0.0]]).expand(40000, 4).contiguous()
+    idx, lp = gumbel_topk(scores, 2, tau=0.8, seed=99, backend="torch")
+    pairs, counts = torch.unique(idx, dim=0, return_counts=True)
+    for pair, count in zip(pairs, counts):
+        row = (idx == pair).all(1).nonzero()[0, 0]
+        expected = math.exp(float(lp[row]))
+        observed = float(count) / idx.shape[0]
+        assert abs(observed - expected) < 4 * math.sqrt(expected * (1 - expected) / 40000) + 1e-3
+
+
+def test_seed_controls_the_noise():
+    scores = torch.zeros(2, 50)
+    a = gumbel_topk(scores, 10, seed=1)[0]
+    assert torch.equal(a, gumbel_topk(scores, 10, seed=1)[0])
+    assert not torch.equal(a, gumbel_topk(scores, 10, seed=2)[0])
+    torch.manual_seed(0)
+    b = gumbel_topk(scores, 10)[0]
+    torch.manual_seed(0)
+    assert torch.equal(b, gumbel_topk(scores, 10)[0])
+
+
+def test_per_row_k_pads_with_minus_one():
+    scores = torch.randn(3, 10)
+    idx, _ = gumbel_topk(scores, torch.tensor([1, 4, 2]), sample=False)
+    assert idx.shape == (3, 4)
+    assert (idx[0, 1:] == -1).all() and (idx[2, 2:] == -1).all() and (idx[1] >= 0).all()
+
+
+# --- bad input ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("call,error,match", [
+    (lambda s: gumbel_topk(s, 0), ValueError, "k must be >= 1"),
+    (lambda s: gumbel_topk(s, 9), ValueError, "k = 9 for row 0 exceeds"),
+    (lambda s: gumbel_topk(s, 2, lengths=torch.tensor([8, 1])), ValueError, "k = 2 for row 1"),
+    (lambda s: gumbel_topk(s, 2, tau=0.0), ValueError, "tau must be a finite number > 0, got 0.0"),
+    (lambda s: gumbel_topk(s, 2, tau=-1), ValueError, "tau"),
+    (lambda s: gumbel_topk(s.masked_fill(s > 0, float("nan")), 2), ValueError, "NaN"),
+    (lambda s: gumbel_topk(s.masked_fill(s > 0, float("inf")), 2), ValueError, r"\+inf"),
+    (lambda s: gumbel_topk(s[0], 2), ValueError, r"scores must be 2-D, got shape \[8\]"),
+    (lambda s: gumbel_topk(s.long(), 2), TypeError, "scores must be a floating-point"),
+    (lambda s: gumbel_topk(s, 2, lengths=torch.tensor([9, 3])), ValueError,
+     r"lengths must lie in \[0, 8\].*got 9"),
+    (lambda s: gumbel_topk(s, 2, lengths=torch.tensor([3, -1])), ValueError, "got -1"),
+    (lambda s: gumbel_topk(s, 2, lengths=torch.tensor([3])), ValueError, "lengths must have shape"),
+    (lambda s: gumbel_topk(s, 2, lengths=torch.tensor([3, 3], device="meta")), ValueError,
+     "lengths is on meta but scores is on cpu"),
+    (lambda s: gumbel_topk(s, 2.5), TypeError, "k must be an int"),
+    (lambda s: gumbel_topk(s, torch.tensor([1, 2, 3])), ValueError, r"k must have shape \[2\]"),
+    (lambda s: gumbel_topk(s, 2, seed=-3), ValueError, "seed must lie in"),
+    (lambda s: gumbel_topk(s, 2, backend="cuda-ish"), ValueError, "backend must be one of"),
+    (lambda s: gumbel_topk(s.double(), 2, backend="triton"), TypeError, "float64"),
+    (lambda s: plackett_luce_log_prob(s, torch.tensor([[0, 0], [1, 2]])), ValueError,
+     "same position twice"),
+    (lambda s: plackett_luce_log_prob(s, torch.tensor([[-1, 0], [1, 2]])), ValueError,
+     "-1 padding only"),
+    (lambda s: plackett_luce_log_prob(s, torch.tensor([[0, 8], [1, 2]])), ValueError,
+     "outside its row's valid length"),
+])
+def test_bad_input_is_rejected_with_a_clear_error(call, error, match):
+    scores = torch.randn(2, 8)
+    with pytest.raises(error, match=match):
+        call(scores)
+
+
+# --- GPU ---------------------------------------------------------------------------------------
+
+@requires_cuda
+@pytest.mark.parametrize("kmax", [32, 64, 128])
+def test_compiled_kernel_matches_reference_on_cuda(kmax):
+    gen = torch.Generator().manual_seed(kmax)
+    scores = torch.randn(64, 320, generator=gen).cuda()
+    lengths = torch.randint(kmax, 321, (64,), generator=gen).cuda()
+    k = torch.randint(1, kmax + 1, (64,), generator=gen).cuda()
+    for sample in (True, False):
+        assert_kernel_matches_reference(scores, k, lengths, 0.5, 17, sample)
