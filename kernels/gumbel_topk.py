@@ -6,9 +6,10 @@ Reads top to bottom: the public functions and their argument checks, the Triton 
 file (``gumbel_topk_ref.py``) states the exact semantics; the kernels reproduce it.
 
 Precision: with |s| ~ 1e4 and tau = 0.05 the logits reach 4e5, where a float32 ulp is 0.03,
-so a denominator L_t must never be held as one absolute number. Scans carry it as a pair
-(anchor a, offset r) with L = a + r, a the largest logit of the group and 0 <= r <= log(n);
-a term x_{o_t} - L_t = (x_{o_t} - a_t) - r_t then subtracts nearby numbers only.
+so a denominator L_t must never be held as one absolute number, nor built from rounded logits.
+Scans carry it as (anchor a, offset r) with L = a / tau + r, a the largest raw score of the
+group and 0 <= r <= log(n); a term is then (s_{o_t} - a_t) / tau - r_t, and differences of
+nearby float32 scores are exact.
 
 Gradient of log pi = sum_t [x_{o_t} - L_t] with respect to x = s / tau, with
 A_p = log sum_{t<=p} exp(-L_t) (a second pair scan, over -L):
@@ -207,25 +208,32 @@ if triton is not None:
         return tl.where(hi == float("-inf"), hi, hi + tl.log(1.0 + tl.exp(lo - hi)))
 
     @triton.jit
-    def _lse_pair(a1, r1, a2, r2):
-        """Combine two logsumexps held as (anchor, offset); the new anchor is the larger one."""
+    def _lse_pair(a1, r1, tau1, a2, r2, tau2):
+        """Combine two logsumexps held as (anchor a, offset r), L = a / tau + r.
+
+        tau rides along as a constant third component: a combine function takes no other
+        arguments. The new anchor is the larger one.
+        """
         a = tl.maximum(a1, a2)
         safe = tl.where(a == float("-inf"), 0.0, a)
-        r = _logaddexp(r1 + (a1 - safe), r2 + (a2 - safe))
-        return a, tl.where(a == float("-inf"), float("-inf"), r)
+        r = _logaddexp(r1 + (a1 - safe) / tau1, r2 + (a2 - safe) / tau1)
+        return a, tl.where(a == float("-inf"), float("-inf"), r), tau1
 
     @triton.jit
-    def _load_row(scores_ptr, lengths_ptr, row, width, tau, BLOCK_M: tl.constexpr):
-        """Shifted logits x = (s - max valid s) / tau of one (contiguous) row, -inf where not valid."""
+    def _lse_scan(anchor, offset, tau, REVERSE: tl.constexpr):
+        taus = tl.full(anchor.shape, tau, tl.float32)
+        anchor, offset, _ = tl.associative_scan((anchor, offset, taus), 0, _lse_pair,
+                                                reverse=REVERSE)
+        return anchor, offset
+
+    @triton.jit
+    def _load_row(scores_ptr, lengths_ptr, row, width, BLOCK_M: tl.constexpr):
+        """Scores of one (contiguous) row as float32, -inf where not valid."""
         cols = tl.arange(0, BLOCK_M)
         length = tl.load(lengths_ptr + row)
         s = tl.load(scores_ptr + row * width + cols, mask=cols < length,
                     other=float("-inf")).to(tl.float32)
-        valid = s > float("-inf")
-        row_max = tl.max(s, axis=0)
-        row_max = tl.where(row_max > float("-inf"), row_max, 0.0)
-        x = tl.where(valid, (s - row_max) / tau, float("-inf"))
-        return x, valid, row_max
+        return s, s > float("-inf")
 
     @triton.jit
     def _gumbel_topk_fwd_kernel(scores_ptr, k_ptr, lengths_ptr, indices_ptr, anchor_ptr,
@@ -233,11 +241,13 @@ if triton is not None:
                                 SAMPLE: tl.constexpr, BLOCK_M: tl.constexpr):
         row = tl.program_id(0)
         cols = tl.arange(0, BLOCK_M)
-        x, valid, row_max = _load_row(scores_ptr, lengths_ptr, row, width, tau, BLOCK_M)
-        key = x
+        s, valid = _load_row(scores_ptr, lengths_ptr, row, width, BLOCK_M)
+        row_max = tl.max(s, axis=0)
+        row_max = tl.where(row_max > float("-inf"), row_max, 0.0)
+        key = tl.where(valid, (s - row_max) / tau, float("-inf"))  # shifted: noise adds precisely
         if SAMPLE:
             u = tl.rand(seed, row.to(tl.int64) * width + cols)
-            key = x - tl.log(-tl.log(tl.maximum(u, 1e-20)))
+            key = key - tl.log(-tl.log(tl.maximum(u, 1e-20)))
         key = tl.where(key == 0.0, 0.0, key)  # -0.0 ties with +0.0, as in torch.sort
 
         # One sort of int64 keys: order-preserving float bits above, reversed index below,
@@ -254,13 +264,12 @@ if triton is not None:
         n_valid = tl.sum(valid.to(tl.int32), axis=0)
         k = tl.load(k_ptr + row)
         valid_sorted = cols < n_valid
-        s_sorted = tl.load(scores_ptr + row * width + order, mask=valid_sorted, other=0.0)
-        x_sorted = tl.where(valid_sorted, (s_sorted.to(tl.float32) - row_max) / tau,
-                            float("-inf"))
-        anchor, offset = tl.associative_scan(
-            (x_sorted, tl.where(valid_sorted, 0.0, float("-inf"))), 0, _lse_pair, reverse=True)
+        s_sorted = tl.load(scores_ptr + row * width + order, mask=valid_sorted,
+                           other=float("-inf")).to(tl.float32)
+        anchor, offset = _lse_scan(s_sorted, tl.where(valid_sorted, 0.0, float("-inf")), tau,
+                                   REVERSE=True)
         chosen = cols < k
-        logp = tl.sum(tl.where(chosen, (x_sorted - anchor) - offset, 0.0), axis=0)
+        logp = tl.sum(tl.where(chosen, (s_sorted - anchor) / tau - offset, 0.0), axis=0)
 
         out = cols < kmax
         tl.store(indices_ptr + row * kmax + cols, tl.where(chosen, order, -1).to(tl.int64),
@@ -276,7 +285,7 @@ if triton is not None:
                                 CHUNK_K: tl.constexpr):
         row = tl.program_id(0)
         cols = tl.arange(0, BLOCK_M)
-        x, valid, row_max = _load_row(scores_ptr, lengths_ptr, row, width, tau, BLOCK_M)
+        s, valid = _load_row(scores_ptr, lengths_ptr, row, width, BLOCK_M)
         k = tl.load(k_ptr + row)
 
         # Which tokens are chosen: compare against the indices a chunk at a time.
@@ -286,21 +295,23 @@ if triton is not None:
             idx = tl.load(indices_ptr + row * kmax + t, mask=t < k, other=-1)
             hit = (idx[:, None] == cols[None, :]).to(tl.int32)
             is_chosen = tl.maximum(is_chosen, tl.max(hit, axis=0))
-        rest = tl.where(is_chosen == 0, x, float("-inf"))
+        rest = tl.where(is_chosen == 0, s, float("-inf"))
         rest_anchor = tl.max(rest, axis=0)
         safe = tl.where(rest_anchor > float("-inf"), rest_anchor, 0.0)
         rest_offset = tl.where(rest_anchor > float("-inf"),
-                               tl.log(tl.sum(tl.exp(rest - safe), axis=0)), float("-inf"))
+                               tl.log(tl.sum(tl.exp((rest - safe) / tau), axis=0)),
+                               float("-inf"))
 
         t = tl.arange(0, BLOCK_K)
         chosen = t < k
         idx = tl.load(indices_ptr + row * kmax + t, mask=chosen, other=0)
-        s_chosen = tl.load(scores_ptr + row * width + idx, mask=chosen, other=0.0)
-        x_chosen = tl.where(chosen, (s_chosen.to(tl.float32) - row_max) / tau, float("-inf"))
-        tail_anchor, tail_offset = tl.associative_scan(
-            (x_chosen, tl.where(chosen, 0.0, float("-inf"))), 0, _lse_pair, reverse=True)
-        anchor, offset = _lse_pair(tail_anchor, tail_offset, rest_anchor, rest_offset)
-        logp = tl.sum(tl.where(chosen, (x_chosen - anchor) - offset, 0.0), axis=0)
+        s_chosen = tl.load(scores_ptr + row * width + idx, mask=chosen,
+                           other=float("-inf")).to(tl.float32)
+        tail_anchor, tail_offset = _lse_scan(s_chosen, tl.where(chosen, 0.0, float("-inf")), tau,
+                                             REVERSE=True)
+        anchor, offset, _ = _lse_pair(tail_anchor, tail_offset, tau, rest_anchor, rest_offset,
+                                      tau)
+        logp = tl.sum(tl.where(chosen, (s_chosen - anchor) / tau - offset, 0.0), axis=0)
         tl.store(anchor_ptr + row * kmax + t, tl.where(chosen, anchor, 0.0), mask=t < kmax)
         tl.store(offset_ptr + row * kmax + t, tl.where(chosen, offset, 0.0), mask=t < kmax)
         tl.store(logp_ptr + row, logp)
@@ -311,32 +322,31 @@ if triton is not None:
                                 BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
         row = tl.program_id(0)
         cols = tl.arange(0, BLOCK_M)
-        x, valid, row_max = _load_row(scores_ptr, lengths_ptr, row, width, tau, BLOCK_M)
+        s, valid = _load_row(scores_ptr, lengths_ptr, row, width, BLOCK_M)
         k = tl.load(k_ptr + row)
         g = tl.load(dlogp_ptr + row).to(tl.float32) / tau
 
-        # A_p = log sum_{t<=p} exp(-L_t), as a pair scan over -L_t = (-a_t) + (-r_t).
+        # A_p = log sum_{t<=p} exp(-L_t), as a pair scan over -L_t = (-a_t) / tau + (-r_t).
         t = tl.arange(0, BLOCK_K)
         chosen = t < k
         neg_anchor = tl.where(chosen, -tl.load(anchor_ptr + row * kmax + t, mask=chosen,
                                                other=0.0), float("-inf"))
         neg_offset = tl.where(chosen, -tl.load(offset_ptr + row * kmax + t, mask=chosen,
                                                other=0.0), float("-inf"))
-        a_anchor, a_offset = tl.associative_scan((neg_anchor, neg_offset), 0, _lse_pair)
+        a_anchor, a_offset = _lse_scan(neg_anchor, neg_offset, tau, REVERSE=False)
         last = t == k - 1
         last_anchor = tl.max(tl.where(last, a_anchor, float("-inf")), axis=0)
         last_offset = tl.max(tl.where(last, a_offset, float("-inf")), axis=0)
 
         # Unchosen tokens sit in every denominator; chosen ones are overwritten just below.
-        dense = tl.where(valid, -g * tl.exp((x + last_anchor) + last_offset), 0.0)
+        dense = tl.where(valid, -g * tl.exp((s + last_anchor) / tau + last_offset), 0.0)
         tl.store(dscores_ptr + row * width + cols, dense, mask=cols < width)
         tl.debug_barrier()
 
         idx = tl.load(indices_ptr + row * kmax + t, mask=chosen, other=0)
-        s_chosen = tl.load(scores_ptr + row * width + idx, mask=chosen, other=0.0)
-        x_chosen = (s_chosen.to(tl.float32) - row_max) / tau
+        s_chosen = tl.load(scores_ptr + row * width + idx, mask=chosen, other=0.0).to(tl.float32)
         tl.store(dscores_ptr + row * width + idx,
-                 g * (1.0 - tl.exp((x_chosen + a_anchor) + a_offset)), mask=chosen)
+                 g * (1.0 - tl.exp((s_chosen + a_anchor) / tau + a_offset)), mask=chosen)
 
 
 # ----------------------------------------------------------------------------------------------

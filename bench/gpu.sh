@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Everything that needs a GPU, in one call: the CUDA tests (compiled Triton kernels against their
+# references), the kernel benchmarks and their Markdown table. Meant for a lent H100/H200 whose
+# image already has torch + triton and no internet:
+#
+#   here:      bash bench/fetch_gpu_wheels.sh          # wheels of packages the GPU image lacks
+#   there:     AVEX_COMMIT=<sha> bash bench/gpu.sh      # carry .whl; tables go to $OUT
+#   then:      copy $OUT/*.md into bench/results/ and commit them
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-bench/results/gpu-run}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+
+if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/avex-site .whl/*.whl || exit 1
+    export PYTHONPATH=/tmp/avex-site${PYTHONPATH:+:$PYTHONPATH}
+fi
+# Offline editable install: maps kernels/ to avex.kernels and keeps the image's torch/triton.
+python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . || exit 1
+
+commit=${AVEX_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
+{
+    echo "date: $(date -u +%Y-%m-%dT%H:%MZ)"
+    echo "commit: $commit"
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+    python3 -c "import torch, triton, transformers; print('torch', torch.__version__, \
+'| triton', triton.__version__, '| transformers', transformers.__version__)"
+} > "$OUT/machine.txt"
+cat "$OUT/machine.txt"
+
+status=0
+# The kernel suites (on CUDA they compare the compiled kernels with the references); the
+# metric tests need pycocoevalcap, which is too big to carry, and no GPU.
+kernel_tests=$(ls tests/test_gumbel_topk.py tests/test_exchange.py tests/test_compact.py \
+               tests/test_pruning.py tests/test_cuda*.py 2>/dev/null)
+python3 -m pytest $kernel_tests -q -p no:cacheprovider 2>&1 | tee "$OUT/tests.log" || status=1
+python3 -m pytest bench --benchmark-only -q -p no:cacheprovider \
+    --benchmark-json="$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" || status=1
+python3 bench/summarize.py "$OUT/bench.json" --title "Kernel benchmarks on $(nvidia-smi \
+--query-gpu=name --format=csv,noheader | head -1) (commit ${commit:0:12})" > "$OUT/bench-gpu.md"
+cat "$OUT/bench-gpu.md"
+exit $status

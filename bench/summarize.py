@@ -1,0 +1,61 @@
+"""Turn pytest-benchmark JSON into a Markdown table: median per entry, ratio to the baseline.
+
+    pytest bench/ --benchmark-only --benchmark-json=out.json
+    python bench/summarize.py out.json > bench/results/<name>.md
+
+A benchmark names itself in ``extra_info["impl"]`` and marks its baseline with
+``extra_info["baseline"] = True``; the ratio
+column is baseline median / entry median (above 1 means faster than the baseline).
+"""
+import argparse
+import json
+import subprocess
+from collections import defaultdict
+from datetime import date
+
+
+def fmt_time(seconds: float) -> str:
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if seconds >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds * 1e9:.3g} ns"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("json_file")
+    parser.add_argument("--title", default="Benchmark results")
+    args = parser.parse_args()
+    with open(args.json_file) as f:
+        data = json.load(f)
+    commit = data.get("commit_info", {}).get("id") or subprocess.run(
+        ["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    machine = data.get("machine_info", {})
+    groups = defaultdict(list)
+    for bench in data["benchmarks"]:
+        groups[bench["group"] or bench["name"]].append(bench)
+
+    print(f"# {args.title}\n")
+    print(f"- date: {data.get('datetime', str(date.today()))[:10]}")
+    print(f"- machine: {machine.get('cpu', {}).get('brand_raw', machine.get('processor', '?'))}, "
+          f"{machine.get('cpu', {}).get('count', '?')} cores; python {machine.get('python_version')}")
+    extra = data["benchmarks"][0].get("extra_info", {}) if data["benchmarks"] else {}
+    if extra.get("device_name"):
+        print(f"- device: {extra['device_name']}")
+    print(f"- commit: {commit[:12]} (dirty: {data.get('commit_info', {}).get('dirty', '?')})")
+    print("- medians of pytest-benchmark rounds; ratio = baseline median / entry median\n")
+    print("| group | implementation | median | IQR | rounds | vs baseline |")
+    print("|---|---|---|---|---|---|")
+    for group, benches in groups.items():
+        base = [b for b in benches if b.get("extra_info", {}).get("baseline")]
+        base_median = base[0]["stats"]["median"] if base else None
+        for b in sorted(benches, key=lambda b: b["stats"]["median"], reverse=True):
+            stats = b["stats"]
+            name = b.get("extra_info", {}).get("impl") or b["name"]
+            ratio = f"{base_median / stats['median']:.1f}x" if base_median else "-"
+            print(f"| {group} | {name} | {fmt_time(stats['median'])} | {fmt_time(stats['iqr'])} "
+                  f"| {stats['rounds']} | {ratio} |")
+
+
+if __name__ == "__main__":
+    main()

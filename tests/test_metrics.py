@@ -1,0 +1,111 @@
+"""Caption metrics come from pycocoevalcap itself; these tests check the plumbing (per-set
+scoring, tokenisation in the COCO way) and that its CIDEr is the reward's CIDEr-D."""
+import math
+
+import numpy as np
+import pytest
+
+from avex.metrics import METRIC_NAMES, caption_metrics, caption_metrics_by_reference_type
+from avex.reward import CiderD, tokenize_all
+
+CANDIDATES = [
+    "A dog is barking loudly in the yard.",
+    "A man plays the guitar and sings.",
+    "Rain falls on a tin roof while thunder rumbles.",
+    "Two children laugh as a ball bounces.",
+    "A car engine starts and drives away!",
+    "Birds chirp in the forest at dawn.",
+]
+AV_REFS = [
+    ["A dog barks loudly in a yard.", "A brown dog is barking outside.", "A dog barks at a fence."],
+    ["A man is playing a guitar and singing.", "Someone strums a guitar while singing.",
+     "A man sings with his guitar."],
+    ["Rain is falling on a metal roof as thunder rolls.", "Heavy rain on a tin roof.",
+     "Thunder rumbles while rain hits the roof."],
+    ["Kids are laughing while a ball bounces.", "Two children play with a bouncing ball.",
+     "Children laugh and bounce a ball."],
+    ["A car starts its engine and drives off.", "An engine revs and a car leaves.",
+     "A car's engine starts, then it drives away."],
+    ["Birds are chirping in a forest in the morning.", "Birdsong fills the woods at dawn.",
+     "Many birds chirp among the trees."],
+]
+V_REFS = [
+    ["A brown dog stands in a grassy yard.", "A dog near a wooden fence."],
+    ["A man holds a guitar on a stage.", "A musician with an acoustic guitar."],
+    ["A tin roof under a dark sky.", "Water runs down a metal roof."],
+    ["Two kids play with a red ball.", "Children in a playground."],
+    ["A silver car pulls out of a driveway.", "A car drives down the road."],
+    ["Trees in a forest at sunrise.", "Sunlight through the trees."],
+]
+A_REFS = [
+    ["Loud barking.", "A dog barks repeatedly."],
+    ["Guitar music and a male voice singing.", "Strumming and singing."],
+    ["Rain pattering and thunder.", "Rain and distant thunder."],
+    ["Children laughing and a ball bouncing.", "Laughter and thumps."],
+    ["An engine starts and revs.", "A car engine accelerating."],
+    ["Birds chirping.", "Many birds singing."],
+]
+# each candidate among its own references: BLEU-4 and METEOR near their maximum
+SELF_REFS = [[c] + refs[:1] for c, refs in zip(CANDIDATES, AV_REFS)]
+
+
+@pytest.fixture(scope="module")
+def per_set():
+    """One evaluation over four reference sets (the Java tools start once for all tests)."""
+    return caption_metrics_by_reference_type(
+        CANDIDATES, {"AV": AV_REFS, "V": V_REFS, "A": A_REFS, "self": SELF_REFS})
+
+
+def test_every_set_gets_the_three_metrics(per_set):
+    assert list(per_set) == ["AV", "V", "A", "self"]
+    for name, metrics in per_set.items():
+        assert tuple(metrics) == METRIC_NAMES
+        assert all(isinstance(v, float) and math.isfinite(v) and v >= 0 for v in metrics.values())
+        assert metrics["BLEU-4"] <= 1 and metrics["METEOR"] <= 1
+
+
+def test_sets_are_scored_separately(per_set):
+    # the candidates describe sound and image together: AV references fit best
+    assert per_set["AV"]["CIDEr"] > per_set["V"]["CIDEr"]
+    assert per_set["AV"]["METEOR"] > per_set["A"]["METEOR"]
+    assert len({m["CIDEr"] for m in per_set.values()}) == 4
+    assert per_set["self"]["BLEU-4"] > 0.99 and per_set["self"]["METEOR"] > 0.9
+
+
+def test_single_set_call_equals_the_per_set_call(per_set):
+    assert caption_metrics(CANDIDATES, AV_REFS) == per_set["AV"]
+
+
+def test_pycocoevalcap_cider_equals_the_reward(per_set):
+    """pycocoevalcap tokenises the candidates in one PTBTokenizer call and the references (clip
+    by clip, in order) in another; tokenize_all reproduces both, and CiderD then gives the same
+    per-caption CIDEr-D, whose mean is the reported CIDEr."""
+    for name, refs in (("AV", AV_REFS), ("V", V_REFS), ("A", A_REFS)):
+        flat = tokenize_all([r for clip in refs for r in clip])
+        sizes = np.cumsum([0] + [len(clip) for clip in refs])
+        tok_refs = [flat[a:b] for a, b in zip(sizes[:-1], sizes[1:])]
+        reward = CiderD().score(tokenize_all(CANDIDATES), tok_refs)
+        assert abs(reward.mean() - per_set[name]["CIDEr"]) < 1e-9
+
+
+@pytest.mark.parametrize("call,error,pattern", [
+    (lambda: caption_metrics(["a"], [["a"], ["b"]]), ValueError,
+     r"references has 2 entries but candidates has 1"),
+    (lambda: caption_metrics([], []), ValueError, r"candidates is an empty list"),
+    (lambda: caption_metrics(["a", 7], [["a"], ["b"]]), TypeError,
+     r"candidates\[1\] must be a str, got int"),
+    (lambda: caption_metrics(["a"], [[]]), ValueError, r"references\[0\] is an empty list"),
+    (lambda: caption_metrics(["a"], [["ok", None]]), TypeError,
+     r"references\[0\]\[1\] must be a str, got NoneType"),
+    (lambda: caption_metrics_by_reference_type(["a"], [["a"]]), TypeError,
+     r"reference_sets must be a dict of name -> references, got list"),
+    (lambda: caption_metrics_by_reference_type(["a"], {}), ValueError,
+     r"reference_sets is an empty dict"),
+    (lambda: caption_metrics_by_reference_type(["a"], {"AV": [["a"]], "V": [["a"], ["b"]]}),
+     ValueError, r"reference_sets\['V'\] has 2 entries but candidates has 1"),
+    (lambda: caption_metrics_by_reference_type(["a"], {1: [["a"]]}), TypeError,
+     r"reference_sets keys must be str, got int"),
+])
+def test_bad_input_is_rejected_before_java_starts(call, error, pattern):
+    with pytest.raises(error, match=pattern):
+        call()

@@ -1,0 +1,305 @@
+"""prune_inputs / generate on tiny random-weight Qwen2 and Llama models: the pruned, compacted
+sequence (original positions) must behave exactly like the full sequence with the dropped
+tokens masked out of attention, for prefill logits, greedy decoding and beam search, with
+ragged batches and left or right padding."""
+import sys
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from avex import pruning
+from avex.kernels.exchange import build_exchanges
+from avex.pruning import (AUDIO, PAD, TEXT, VISUAL, PrunedInputs, expand_av_keep, generate,
+                          num_kept, prune_inputs)
+from conftest import DEVICE
+
+HIDDEN, VOCAB = 32, 61
+
+
+def tiny_model(kind):
+    common = dict(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=64,
+                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  max_position_embeddings=256, initializer_range=0.2,
+                  attn_implementation="sdpa", pad_token_id=0, eos_token_id=None)
+    torch.manual_seed(0)
+    if kind == "qwen2":
+        model = Qwen2ForCausalLM(Qwen2Config(**common))
+    else:
+        model = LlamaForCausalLM(LlamaConfig(**common))
+    return model.to(DEVICE).eval()
+
+
+@pytest.fixture(scope="module", params=["qwen2", "llama"])
+def model(request):
+    return tiny_model(request.param)
+
+
+@pytest.fixture(scope="module")
+def qwen2():
+    return tiny_model("qwen2")
+
+
+def make_batch(seed=0, ends_with_av=False):
+    """Three samples with different numbers of AV tokens: left-padded, right-padded, unpadded.
+    Text before and after the AV block, as in a chat prompt (unless ``ends_with_av``)."""
+    gen = torch.Generator().manual_seed(seed)
+    rows = [[PAD] * 4 + [TEXT] * 3 + [9] * 10 + [TEXT] * 5,
+            [TEXT] * 2 + [9] * 13 + [TEXT] * 4 + [PAD] * 3,
+            [TEXT] * 4 + [9] * 6 + [TEXT] * 12]
+    if ends_with_av:
+        rows[1] = [TEXT] * 3 + [9] * 16 + [PAD] * 3   # the prompt ends with AV tokens
+        rows[2] = [TEXT] * 4 + [9] * 18
+    modality = torch.tensor(rows)
+    av = modality == 9
+    modality[av] = torch.randint(VISUAL, AUDIO + 1, (int(av.sum()),), generator=gen)
+    embeds = torch.randn(*modality.shape, HIDDEN, generator=gen)
+    scores = torch.randn(modality.shape, generator=gen)
+    return embeds.to(DEVICE), modality.to(DEVICE), scores.to(DEVICE)
+
+
+def original_positions(modality):
+    return ((modality != PAD).long().cumsum(1) - 1).clamp_min(0)
+
+
+def masked_full(embeds, modality, keep):
+    """The reference input: the full sequence, dropped tokens masked out of attention,
+    original positions, re-laid with the padding on the left (HF's layout for generation)."""
+    present = modality != PAD
+    order = torch.sort(present.int(), dim=1, stable=True).indices  # padding first, order kept
+    take = lambda t: t.gather(1, order)  # noqa: E731
+    mask = take(keep & present).long()
+    return (embeds.gather(1, order[..., None].expand_as(embeds)), mask,
+            take(original_positions(modality)))
+
+
+@torch.no_grad()
+def greedy_reference(model, embeds, modality, keep, steps):
+    """No cache, one sample at a time: each step reruns the full masked sequence plus the
+    tokens generated so far, which sit at positions (number of original tokens) + t."""
+    out = []
+    for b in range(embeds.shape[0]):
+        present = modality[b] != PAD
+        seq, mask = embeds[b][present], keep[b][present].long()
+        pos = torch.arange(seq.shape[0], device=seq.device)
+        last = int(torch.nonzero(mask).max())  # the prediction comes from the last kept token
+        tokens = []
+        for _ in range(steps):
+            logits = model(inputs_embeds=seq[None], attention_mask=mask[None],
+                           position_ids=pos[None]).logits[0, last]
+            token = int(logits.argmax())
+            tokens.append(token)
+            emb = model.get_input_embeddings()(torch.tensor([token], device=seq.device))
+            seq = torch.cat([seq, emb])
+            mask = torch.cat([mask, mask.new_ones(1)])
+            pos = torch.cat([pos, pos[-1:] + 1])
+            last = seq.shape[0] - 1
+        out.append(tokens)
+    return torch.tensor(out)
+
+
+def test_logits_at_kept_positions_match_the_masked_full_sequence(model):
+    embeds, modality, scores = make_batch(1)
+    pruned = prune_inputs(embeds, modality, scores=scores, retention=0.4)
+    keep = pruned.keep[:, 0]
+    full, mask, positions = masked_full(embeds, modality, keep)
+    with torch.no_grad():
+        ref = model(inputs_embeds=full, attention_mask=mask, position_ids=positions).logits
+        got = model(inputs_embeds=pruned.inputs_embeds, attention_mask=pruned.attention_mask,
+                    position_ids=pruned.position_ids).logits
+    ref_kept = ref[mask.bool()]
+    got_kept = got[pruned.attention_mask.bool()]
+    assert got_kept.shape == ref_kept.shape
+    torch.testing.assert_close(got_kept, ref_kept, rtol=0, atol=1e-5)
+    # the compacted batch is shorter, and every row's positions keep their gaps
+    assert pruned.inputs_embeds.shape[1] < embeds.shape[1]
+    assert torch.equal(pruned.position_ids[pruned.attention_mask.bool()], positions[mask.bool()])
+
+
+def test_several_keep_sets_per_sample_match_their_masked_references(qwen2):
+    embeds, modality, scores = make_batch(2)
+    gen = torch.Generator().manual_seed(3)
+    keep = (torch.rand(3, 4, modality.shape[1], generator=gen) < 0.5).to(DEVICE)
+    keep |= (modality == TEXT)[:, None]
+    pruned = prune_inputs(embeds, modality, keep=keep)
+    assert pruned.inputs_embeds.shape[0] == 12 and pruned.num_sets == 4
+    with torch.no_grad():
+        got = qwen2(inputs_embeds=pruned.inputs_embeds, attention_mask=pruned.attention_mask,
+                    position_ids=pruned.position_ids).logits
+        for s in range(4):
+            full, mask, positions = masked_full(embeds, modality, keep[:, s])
+            ref = qwen2(inputs_embeds=full, attention_mask=mask, position_ids=positions).logits
+            rows = torch.arange(3, device=DEVICE) * 4 + s
+            torch.testing.assert_close(got[rows][pruned.attention_mask[rows].bool()],
+                                       ref[mask.bool()], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("attention", ["padded", "varlen"])
+def test_greedy_generate_matches_the_masked_full_sequence(model, attention):
+    embeds, modality, scores = make_batch(4)
+    pruned = prune_inputs(embeds, modality, scores=scores, retention=0.3)
+    tokens = generate(model, pruned, attention=attention, max_new_tokens=6, do_sample=False)
+    full, mask, positions = masked_full(embeds, modality, pruned.keep[:, 0])
+    hf = model.generate(inputs_embeds=full, attention_mask=mask, position_ids=positions,
+                        max_new_tokens=6, do_sample=False)
+    assert torch.equal(tokens, hf)
+    assert torch.equal(tokens.cpu(), greedy_reference(model, embeds, modality,
+                                                      pruned.keep[:, 0], 6))
+
+
+@pytest.mark.parametrize("attention", ["padded", "varlen"])
+def test_beam_search_matches_the_masked_full_sequence(qwen2, attention):
+    embeds, modality, scores = make_batch(5)
+    pruned = prune_inputs(embeds, modality, scores=scores, retention=0.5)
+    kwargs = dict(max_new_tokens=5, num_beams=3, num_return_sequences=2, do_sample=False)
+    tokens = generate(qwen2, pruned, attention=attention, **kwargs)
+    full, mask, positions = masked_full(embeds, modality, pruned.keep[:, 0])
+    hf = qwen2.generate(inputs_embeds=full, attention_mask=mask, position_ids=positions, **kwargs)
+    assert tokens.shape == (6, 5) and torch.equal(tokens, hf)
+
+
+@pytest.mark.parametrize("attention", ["padded", "varlen"])
+def test_decoding_continues_after_a_dropped_final_token(qwen2, attention):
+    embeds, modality, scores = make_batch(6, ends_with_av=True)
+    scores[:, -1] = -10.0  # the last AV token of row 2 (and of row 1's AV block) is dropped
+    scores[1, -4] = -10.0
+    pruned = prune_inputs(embeds, modality, scores=scores, retention=0.5)
+    assert (pruned.next_position > pruned.position_ids[:, -1] + 1).sum() == 2
+    tokens = generate(qwen2, pruned, attention=attention, max_new_tokens=5, do_sample=False)
+    assert torch.equal(tokens.cpu(), greedy_reference(qwen2, embeds, modality,
+                                                      pruned.keep[:, 0], 5))
+    assert not qwen2._forward_pre_hooks  # the position hook is gone
+
+
+def test_contiguous_positions_renumber_the_kept_tokens(qwen2):
+    embeds, modality, scores = make_batch(7)
+    pruned = prune_inputs(embeds, modality, scores=scores, retention=0.5, positions="contiguous")
+    mask = pruned.attention_mask.bool()
+    n = mask.sum(1)
+    assert torch.equal(pruned.next_position, n)
+    for r in range(3):
+        assert pruned.position_ids[r][mask[r]].tolist() == list(range(int(n[r])))
+    # HF's own position rule (mask cumsum) is the contiguous one
+    tokens = generate(qwen2, pruned, max_new_tokens=4, do_sample=False)
+    hf = qwen2.generate(inputs_embeds=pruned.inputs_embeds, attention_mask=pruned.attention_mask,
+                        max_new_tokens=4, do_sample=False)
+    assert torch.equal(tokens, hf)
+
+
+def test_top_k_keeps_round_rho_n_highest_av_tokens_and_all_text():
+    embeds, modality, scores = make_batch(8)
+    scores[0, 7:10] = 5.0  # ties: the lower positions win
+    pruned = prune_inputs(embeds, modality, scores=scores, retention=0.25)
+    keep = pruned.keep[:, 0]
+    is_av = (modality == VISUAL) | (modality == AUDIO)
+    n_av = is_av.sum(1)
+    assert (keep & is_av).sum(1).tolist() == [3, 3, 2]      # round(0.25 * [10, 13, 6])
+    assert torch.equal(keep & (modality == TEXT), modality == TEXT)
+    assert not (keep & (modality == PAD)).any()
+    for b in range(3):
+        kept_scores = scores[b][keep[b] & is_av[b]]
+        dropped = scores[b][~keep[b] & is_av[b]]
+        assert kept_scores.min() >= dropped.max()
+    assert keep[0, 7:10].tolist() == [True, True, True]
+    assert num_kept(0.25, n_av).tolist() == [3, 3, 2]
+    assert num_kept(0.01, torch.tensor([0, 5, 50])).tolist() == [0, 1, 1]
+    everything = prune_inputs(embeds, modality, scores=scores, retention=1.0)
+    assert torch.equal(everything.keep[:, 0], modality != PAD)
+
+
+def test_exchange_sets_feed_prune_inputs_through_expand_av_keep():
+    embeds, modality, scores = make_batch(9)
+    is_av = (modality == VISUAL) | (modality == AUDIO)
+    # AV-only view: the j-th AV token of each row, padded with -1 / -inf
+    width = int(is_av.sum(1).max())
+    av_rank = is_av.long().cumsum(1) - 1
+    av_mod = torch.full((3, width), -1, dtype=torch.long, device=DEVICE)
+    av_scores = torch.full((3, width), float("-inf"), device=DEVICE)
+    rows, cols = torch.nonzero(is_av, as_tuple=True)
+    av_mod[rows, av_rank[rows, cols]] = modality[rows, cols]
+    av_scores[rows, av_rank[rows, cols]] = scores[rows, cols]
+    from avex.kernels.gumbel_topk import gumbel_topk
+    indices, _ = gumbel_topk(av_scores, num_kept(0.5, is_av.sum(1)), sample=False)
+    exchanges = build_exchanges(av_scores, indices, av_mod, g=2)
+    keep = expand_av_keep(exchanges.sets(), modality)        # [B, 5, L]
+    assert keep.shape == (3, 5, modality.shape[1])
+    assert torch.equal(keep.sum(-1), exchanges.sets().sum(-1))
+    pruned = prune_inputs(embeds, modality, keep=keep | (modality == TEXT)[:, None])
+    assert pruned.inputs_embeds.shape[0] == 15
+    # the anchor rows keep the same tokens as Top-K through scores
+    direct = prune_inputs(embeds, modality, scores=scores, retention=0.5)
+    assert torch.equal(pruned.inputs_embeds[::5], direct.inputs_embeds)
+    assert torch.equal(expand_av_keep(exchanges.anchor, modality), direct.keep[:, 0] & is_av)
+
+
+def test_gradients_reach_inputs_embeds():
+    embeds, modality, scores = make_batch(10)
+    embeds = embeds.double().requires_grad_()
+    pruned = prune_inputs(embeds, modality, scores=scores, retention=0.5)
+    pruned.inputs_embeds.sum().backward()
+    kept = pruned.keep[:, 0]
+    assert torch.equal(embeds.grad[kept], torch.ones_like(embeds.grad[kept]))
+    assert not embeds.grad[~kept].any()
+    f = lambda e: prune_inputs(e, modality, keep=kept).inputs_embeds  # noqa: E731
+    assert torch.autograd.gradcheck(f, (embeds[:, :, :2].detach().requires_grad_(),))
+
+
+def test_auto_uses_the_padded_path_without_flash_attn(qwen2, monkeypatch):
+    assert not pruning._flash_attn_installed()
+    embeds, modality, scores = make_batch(11)
+    pruned = prune_inputs(embeds, modality, scores=scores, retention=0.5)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the varlen path ran without flash-attn")
+    monkeypatch.setattr(pruning, "_varlen_prefill", refuse)
+    generate(qwen2, pruned, max_new_tokens=2)
+    assert "flash_attn" not in sys.modules
+
+
+def _bad(change):
+    embeds, modality, scores = make_batch(12)
+    args = {"embeds": embeds, "modality": modality, "scores": scores, "keep": None,
+            "retention": 0.5, "positions": "original"}
+    change(args)
+    return args
+
+
+@pytest.mark.parametrize("change,error,match", [
+    (lambda a: a.update(modality=a["modality"][:, 1:]), ValueError, "modality must have shape"),
+    (lambda a: a.update(scores=a["scores"][:, 1:]), ValueError, "scores must have shape"),
+    (lambda a: a.update(embeds=a["embeds"][0]), ValueError, "inputs_embeds must be 3-D"),
+    (lambda a: a["modality"].__setitem__((0, 5), 3), ValueError, "modality must hold .* got 3"),
+    (lambda a: a["modality"].__setitem__((0, 5), -2), ValueError, "got -2"),
+    (lambda a: a.update(modality=a["modality"].float()), TypeError, "modality must be an int"),
+    (lambda a: a.update(retention=0.0), ValueError, r"retention must be in \(0, 1\], got 0.0"),
+    (lambda a: a.update(retention=1.5), ValueError, r"retention must be in \(0, 1\], got 1.5"),
+    (lambda a: a.update(retention=None), ValueError, "retention is required"),
+    (lambda a: a.update(scores=None), ValueError, "scores is required"),
+    (lambda a: a["scores"].__setitem__((1, 5), float("nan")), ValueError, "NaN"),
+    (lambda a: a.update(keep=a["modality"] != PAD), ValueError, "either keep"),
+    (lambda a: a.update(keep=a["modality"] == VISUAL, scores=None, retention=None), ValueError,
+     "keep drops text token"),
+    (lambda a: a.update(keep=(a["modality"] != PAD).long(), scores=None, retention=None),
+     TypeError, "keep must be a bool"),
+    (lambda a: a.update(keep=(a["modality"] != PAD)[:, 1:], scores=None, retention=None),
+     ValueError, "keep must have shape"),
+    (lambda a: a.update(positions="shifted"), ValueError, "positions must be one of"),
+    (lambda a: a.update(scores=a["scores"].to("meta")), ValueError, "scores is on meta"),
+])
+def test_prune_inputs_rejects_bad_input(change, error, match):
+    a = _bad(change)
+    with pytest.raises(error, match=match):
+        prune_inputs(a["embeds"], a["modality"], scores=a["scores"], keep=a["keep"],
+                     retention=a["retention"], positions=a["positions"])
+
+
+def test_generate_rejects_bad_input(qwen2):
+    embeds, modality, scores = make_batch(13)
+    pruned = prune_inputs(embeds, modality, scores=scores, retention=0.5)
+    with pytest.raises(TypeError, match="pruned must be the PrunedInputs"):
+        generate(qwen2, pruned._asdict())
+    with pytest.raises(ValueError, match="generate takes position_ids from pruned"):
+        generate(qwen2, pruned, position_ids=pruned.position_ids)
+    with pytest.raises(ValueError, match="attention must be one of"):
+        generate(qwen2, pruned, attention="flash")
+    assert isinstance(pruned, PrunedInputs)
