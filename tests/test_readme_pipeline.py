@@ -26,7 +26,7 @@ scores = torch.randn(2, 40)  # your policy's keep scores; only AV positions are 
 # Keep round(0.4 * N) AV tokens per sample (all text), compacted with their original positions.
 pruned = prune_inputs(embeds, modality, scores=scores, retention=0.4)
 tokens = generate(model, pruned, max_new_tokens=16, num_beams=3)  # any model.generate kwargs
-print(pruned.inputs_embeds.shape, tokens.shape)  # torch.Size([2, 22, 64]) torch.Size([2, 16])
+print(pruned.inputs_embeds.shape, tokens.shape)  # torch.Size([2, 21, 64]) torch.Size([2, 16])
 '''
 
 
