@@ -1,0 +1,72 @@
+"""Training objective of Section 3.4: L = L_RL + lambda_ex * L_ex.
+
+Rewards are CIDEr-D in *points* (pycocoevalcap's score x 100, the unit of the paper's tables),
+so that w(dR) = min(|dR| / 5, 1) saturates at 5 points as the paper states.
+
+Shapes: B samples, E exchange slots per sample (the four types, some of them skipped).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from avex import _checks
+
+SATURATION_POINTS = 5.0
+
+
+def exchange_weight(delta_reward: torch.Tensor) -> torch.Tensor:
+    """w(dR) = min(|dR| / 5, 1): near-zero reward differences barely count."""
+    return (delta_reward.abs() / SATURATION_POINTS).clamp(max=1.0)
+
+
+def exchange_loss(delta_f: torch.Tensor, delta_reward: torch.Tensor,
+                  valid: torch.Tensor) -> torch.Tensor:
+    """L_ex, per sample [B]: mean over the sample's valid exchanges of
+    w(dR) * log(1 + exp(-sign(dR) * dF)); 0 for a sample with none.
+
+    delta_f = sum s_G - sum s_G' (differentiable), delta_reward = R(S) - R(S') (constants),
+    valid marks the exchanges that were built (group size >= 2).
+    """
+    _check_same_shape(delta_f=delta_f, delta_reward=delta_reward, valid=valid)
+    pairwise = exchange_weight(delta_reward) * F.softplus(-torch.sign(delta_reward) * delta_f)
+    pairwise = torch.where(valid, pairwise, torch.zeros_like(pairwise))
+    count = valid.sum(dim=1)
+    return pairwise.sum(dim=1) / count.clamp(min=1)
+
+
+def policy_gradient_loss(log_prob: torch.Tensor, anchor_reward: torch.Tensor,
+                         counterfactual_rewards: torch.Tensor,
+                         valid: torch.Tensor) -> torch.Tensor:
+    """L_RL, per sample [B]: -(R(S) - b) * log pi(S|x), with the baseline b the mean reward of
+    the anchor and its valid counterfactuals (no gradient flows through b)."""
+    _check_same_shape(counterfactual_rewards=counterfactual_rewards, valid=valid)
+    _check_same_shape(log_prob=log_prob, anchor_reward=anchor_reward)
+    cf = torch.where(valid, counterfactual_rewards, torch.zeros_like(counterfactual_rewards))
+    baseline = (anchor_reward + cf.sum(dim=1)) / (1 + valid.sum(dim=1))
+    advantage = (anchor_reward - baseline).detach()
+    return -advantage * log_prob
+
+
+def avex_objective(log_prob, anchor_reward, counterfactual_rewards, delta_f, valid,
+                   *, lambda_ex: float = 1.0, use_rl: bool = True,
+                   use_exchange: bool = True) -> dict[str, torch.Tensor]:
+    """The batch-mean losses: {"loss", "rl", "exchange"}. dR = R(S) - R(S') per exchange."""
+    if lambda_ex < 0:
+        raise ValueError(f"lambda_ex must be >= 0, got {lambda_ex}")
+    delta_reward = anchor_reward[:, None] - counterfactual_rewards
+    rl = policy_gradient_loss(log_prob, anchor_reward, counterfactual_rewards, valid).mean()
+    ex = exchange_loss(delta_f, delta_reward, valid).mean()
+    zero = torch.zeros((), dtype=rl.dtype, device=rl.device)
+    loss = (rl if use_rl else zero) + (lambda_ex * ex if use_exchange else zero)
+    return {"loss": loss, "rl": rl.detach(), "exchange": ex.detach()}
+
+
+def _check_same_shape(**tensors):
+    (first_name, first), *rest = tensors.items()
+    _checks.tensor(first_name, first)
+    for name, t in rest:
+        _checks.tensor(name, t)
+        if t.shape != first.shape:
+            raise ValueError(f"{name} has shape {list(t.shape)} but {first_name} has "
+                             f"{list(first.shape)}")

@@ -1,0 +1,66 @@
+"""Loss terms against values computed by hand on a fixed small example."""
+import math
+
+import pytest
+import torch
+
+from avex.losses import avex_objective, exchange_loss, exchange_weight, policy_gradient_loss
+
+
+def test_exchange_weight_is_linear_then_saturates():
+    dr = torch.tensor([0.0, 1.0, -2.5, 5.0, -12.0])
+    assert exchange_weight(dr).tolist() == pytest.approx([0.0, 0.2, 0.5, 1.0, 1.0])
+
+
+def test_exchange_loss_by_hand():
+    delta_f = torch.tensor([[0.5, -1.0, 2.0, 0.0]])
+    delta_r = torch.tensor([[2.5, 10.0, -1.0, 3.0]])
+    valid = torch.tensor([[True, True, True, False]])
+    # w * log(1 + exp(-sign(dR) * dF)), mean over the three valid exchanges
+    by_hand = (0.5 * math.log(1 + math.exp(-0.5))
+               + 1.0 * math.log(1 + math.exp(1.0))
+               + 0.2 * math.log(1 + math.exp(2.0))) / 3
+    assert exchange_loss(delta_f, delta_r, valid).item() == pytest.approx(by_hand, rel=1e-6)
+
+
+def test_exchange_loss_of_a_sample_without_exchanges_is_zero():
+    out = exchange_loss(torch.ones(2, 4), torch.ones(2, 4), torch.zeros(2, 4, dtype=torch.bool))
+    assert out.tolist() == [0.0, 0.0]
+
+
+def test_exchange_loss_pushes_the_better_group_up():
+    # removing G hurt (dR > 0): the loss falls as dF = s_G - s_G' grows
+    delta_f = torch.tensor([[0.0]], requires_grad=True)
+    exchange_loss(delta_f, torch.tensor([[4.0]]), torch.tensor([[True]])).sum().backward()
+    assert delta_f.grad.item() < 0
+
+
+def test_policy_gradient_loss_by_hand():
+    log_prob = torch.tensor([-3.0, -2.0], requires_grad=True)
+    anchor = torch.tensor([50.0, 40.0])
+    cf = torch.tensor([[40.0, 60.0, 0.0], [30.0, 0.0, 0.0]])
+    valid = torch.tensor([[True, True, False], [True, False, False]])
+    # baselines: (50 + 40 + 60) / 3 = 50 and (40 + 30) / 2 = 35
+    loss = policy_gradient_loss(log_prob, anchor, cf, valid)
+    assert loss.tolist() == pytest.approx([-(0.0) * -3.0, -(5.0) * -2.0])
+    loss.sum().backward()
+    assert log_prob.grad.tolist() == pytest.approx([0.0, -5.0])
+
+
+def test_objective_combines_terms_with_lambda():
+    args = (torch.tensor([-1.0]), torch.tensor([10.0]), torch.tensor([[4.0, 12.0]]),
+            torch.tensor([[1.0, -0.5]]), torch.tensor([[True, True]]))
+    full = avex_objective(*args, lambda_ex=2.0)
+    assert full["loss"].item() == pytest.approx(full["rl"].item() + 2.0 * full["exchange"].item())
+    only_ex = avex_objective(*args, use_rl=False)
+    assert only_ex["loss"].item() == pytest.approx(only_ex["exchange"].item())
+    only_rl = avex_objective(*args, use_exchange=False)
+    assert only_rl["loss"].item() == pytest.approx(only_rl["rl"].item())
+
+
+def test_bad_shapes_and_lambda_are_rejected():
+    with pytest.raises(ValueError, match=r"delta_reward has shape \[2, 3\]"):
+        exchange_loss(torch.ones(2, 4), torch.ones(2, 3), torch.ones(2, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match="lambda_ex must be >= 0, got -1"):
+        avex_objective(torch.ones(1), torch.ones(1), torch.ones(1, 2), torch.ones(1, 2),
+                       torch.ones(1, 2, dtype=torch.bool), lambda_ex=-1)
