@@ -10,6 +10,9 @@ __version__ = "0.1.0"
 _LAZY = {
     "gumbel_topk": "avex.kernels",
     "plackett_luce_log_prob": "avex.kernels",
+    "CiderD": "avex.reward",
+    "caption_metrics": "avex.metrics",
+    "caption_metrics_by_reference_type": "avex.metrics",
 }
 
 

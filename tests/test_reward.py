@@ -127,6 +127,14 @@ def test_matches_pycocoevalcap_on_edge_cases():
     assert (ours[1:] >= 0).all() and ours[4] > 1.0
 
 
+def test_a_caption_holding_the_internal_sentence_marker_still_scores_right():
+    marker = reward._MARKER       # the batch is split in one call, joined by this word
+    candidates = [f"a dog {marker} barks", "a dog barks", "the cat"]
+    references = [["a dog barks", f"dog {marker} barks"], ["a dog barks"], ["a cat", "the cat"]]
+    np.testing.assert_allclose(CiderD().score(candidates, references),
+                               pycoco_cider(candidates, references), rtol=0, atol=TOL)
+
+
 def test_single_candidate_scores_zero_like_pycocoevalcap():
     # one document: log(1) = 0, every tf-idf weight is 0
     ours = CiderD().score(["a dog barks"], [["a dog barks", "dog barking"]])
@@ -189,9 +197,20 @@ def test_fixed_corpus_does_not_depend_on_the_batch():
     scorer = CiderD(references[::2])
     whole = scorer.score(candidates, references)
     one_by_one = np.concatenate([scorer.score([c], [r]) for c, r in zip(candidates, references)])
-    reversed_ = scorer.score(candidates[::-1], references[::-1])[::-1]
+    perm = np.random.default_rng(0).permutation(len(candidates))   # clips interleaved
+    shuffled = np.empty_like(whole)
+    shuffled[perm] = scorer.score([candidates[i] for i in perm], [references[i] for i in perm])
     np.testing.assert_allclose(one_by_one, whole, rtol=0, atol=1e-12)
-    np.testing.assert_allclose(reversed_, whole, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(shuffled, whole, rtol=0, atol=1e-12)
+
+
+def test_per_call_frequencies_do_not_depend_on_the_order():
+    candidates, references = random_batch(12, clips=10, refs_per_clip=(2, 5),
+                                          cands_per_clip=(1, 4), vocab_size=30)
+    perm = np.random.default_rng(1).permutation(len(candidates))
+    shuffled = np.empty(len(candidates))
+    shuffled[perm] = CiderD().score([candidates[i] for i in perm], [references[i] for i in perm])
+    np.testing.assert_allclose(shuffled, pycoco_cider(candidates, references), rtol=0, atol=TOL)
 
 
 def test_corpus_equal_to_the_references_reproduces_pycocoevalcap():
@@ -294,7 +313,8 @@ TRICKY = [
     "rock'n'roll o'clock 90's '90s dogs' the dog's", "Hello...world -- yes - no ; colon: semi;",
     "he arrived at 5 p.m.", "The U.S. Army", "Dogs, cats, etc. are here", "e.g. a cat i.e. the dog",
     "Mr. Smith and Dr. Who and St. Louis and Mrs. Brown", "The dog barks.The cat",
-    "It's a dog's life, isn't it?", "2 1/2 cups, 3/4 inch, 1/2", "12:30 3:00pm 5pm 10am 9-5 -5 +5 5-",
+    "It's a dog's life, isn't it?", "2 1/2 cups, 3/4 inch, 1/2",
+    "12:30 3:00pm 5pm 10am 9-5 -5 +5 5-",
     "#1 @home hello@mail.com www.google.com http://x.org/a", "A man... a woman.... yes . . . no",
     "word- -word a - b a -- b a --- b a---b a----b", "café naïve résumé Zoë coöperate über",
     "A “quoted” word and ‘single’ and it’s don’t", "AT&T rock&roll R&B b&w Q&A a & b",
@@ -302,11 +322,13 @@ TRICKY = [
     "5th 1st 22nd 3rd 1990s 90s '90s 100m 5km 3D 4K 2x 10x", "x-ray 3-year-old mother-in-law",
     "\"Hello,\" he said. 'Hi!' she said... \"What?!\"", "100% 50 % #1 # 1 @ @@ ** * *bold* _under_",
     "a dog 🐶 barks 😀 loudly ♪ music ♫ © ® ™ ° 5°C × ÷ • · ¿qué? ¡hola!",
-    "Привет мир Γειά σου 你好 世界", "ß straße İstanbul ΣΊΣΥΦΟΣ ﬁne", "zero\u200bwidth soft\u00adhyphen",
-    "hmm!! what?? really?! ok!?", "o.k. ok. OK. k.", "St. Louis, Mo. is nice. Washington, D.C. too.",
+    "Привет мир Γειά σου 你好 世界", "ß straße İstanbul ΣΊΣΥΦΟΣ ﬁne",
+    "zero\u200bwidth soft\u00adhyphen", "hmm!! what?? really?! ok!?", "o.k. ok. OK. k.",
+    "St. Louis, Mo. is nice. Washington, D.C. too.",
     "no. 5 No. 5 fig. 3 ca. 1990 approx. 5 pp. 5 vs 5", ":) :-( ;) :D", "dog., dog.; Inc., etc.;",
     "’90s ’s dogs’ don’t rock’n’roll o’clock ’em", "1,000-strong 3.5-inch 2-1/2 co-op re-enter",
-    "he said: 'no'.", "He'll be there at 9 o'clock; she'd not.", "'Tis the season. 'Twas the night.",
+    "he said: 'no'.", "He'll be there at 9 o'clock; she'd not.",
+    "'Tis the season. 'Twas the night.",
     "USB-C Wi-Fi COVID-19 MP3s 4x4 F-16 I-95", "dog:cat 3:1 ratio 1:30:00", "—hello— –world–",
     "A man with a \"Don't Walk\" sign", "", "   ", "...", "Plan B.", "vitamin C.",
     "the dog barks, etc.", "He met Mr.", "I am here, a", "The man cannot stop.", "a b c d e f.",
@@ -330,16 +352,19 @@ def generated_captions(seed, count):
              "they're watching", "she's holding", "I'm hearing", "we've seen", "he'd like",
              "you'll hear", "gotta see", "ain't afraid of", "let's see", "whistles along to"]
     objects = ["a guitar", "a well-known song", "rock 'n' roll", "a 1990s hit", "the '80s classics",
-               "about 5 minutes", "for 2.5 hours", "at 10:30 a.m.", "in the U.S.", "with 100% energy",
+               "about 5 minutes", "for 2.5 hours", "at 10:30 a.m.", "in the U.S.",
+               "with 100% energy",
                "for $5", "(loudly)", "[music]", "\"hello\"", "'goodbye'", "the dog's toy",
                "the kids' toys", "the music...", "the drums -- loudly", "the bass – softly",
                "the crowd — cheering", "“quoted” words", "‘single’ quotes", "a 5-10 minute break",
-               "cats and/or dogs", "24/7 news", "birds, etc.", "animals, e.g. birds", "a cat vs. a dog",
+               "cats and/or dogs", "24/7 news", "birds, etc.", "animals, e.g. birds",
+               "a cat vs. a dog",
                "½ cup of sugar", "20°C weather", "AT&T ads", "the #1 hit", "3,000 people",
                "it’s fine", "don’t stop", "a state-of-the-art car", "something; then silence",
                "the song: loud", "2 1/2 cups", "a 50-50 chance", "a Wi-Fi router", "Jan. 5th",
                "Main St. traffic", "Mt. Everest", "approx. 20 people", "fig. 3", "a ~5 second clip",
-               "-5 degrees", "a 5* hotel", "the 1980's", "ol' times", "y'all", "'em", "some ... words",
+               "-5 degrees", "a 5* hotel", "the 1980's", "ol' times", "y'all", "'em",
+               "some ... words",
                "an emoji 😀", "music ♪", "Привет", "你好 world", "a soft\u00adhyphen", "5 o'clock",
                "the dogs'", "the boss's desk", "Chris' car"]
     endings = [".", "!", "?", "...", " .", "", "!!", "?!", ";", ":", ". ", "…"]

@@ -1,0 +1,148 @@
+"""Caption metrics for the evaluation tables: BLEU-4, METEOR and CIDEr from pycocoevalcap itself.
+
+The numbers reported in tables must be comparable with the literature, so nothing here is
+re-implemented: captions go through pycocoevalcap's ``PTBTokenizer`` (Stanford CoreNLP, Java),
+then its ``Bleu(4)``, ``Meteor`` (Java) and ``Cider`` scorers, exactly as the COCO caption
+evaluation does (references and candidates tokenised in separate calls). Values are
+pycocoevalcap's raw corpus scores: BLEU-4 and METEOR in [0, 1], CIDEr on its x10 scale (tables
+usually print them x100).
+
+The paper evaluates one set of candidates against three reference types, audio-visual, visual-only
+and audio-only (C_av, C_v, C_a): :func:`caption_metrics_by_reference_type` does that with one
+tokenisation of the candidates. One METEOR process serves every call of a run.
+
+For the training reward, use :class:`avex.reward.CiderD`, which computes the same CIDEr-D without
+Java, thousands of times faster.
+"""
+from __future__ import annotations
+
+import atexit
+import re
+import shutil
+import threading
+
+__all__ = ["caption_metrics", "caption_metrics_by_reference_type", "METRIC_NAMES"]
+
+METRIC_NAMES = ("BLEU-4", "METEOR", "CIDEr")
+
+# PTBTokenizer writes one caption per line and reads its output back line by line; any of these
+# inside a caption would shift every later caption onto the wrong clip
+_LINE_BREAKS = re.compile(r"[\n\r\u2028\u2029\u000B\u000C\u0085]")
+
+
+def _check_captions(name: str, value) -> list[str]:
+    if isinstance(value, str) or not isinstance(value, (list, tuple)):
+        raise TypeError(f"{name} must be a list of str, got {type(value).__name__}")
+    for i, item in enumerate(value):
+        if not isinstance(item, str):
+            raise TypeError(f"{name}[{i}] must be a str, got {type(item).__name__}: {item!r}")
+    return [_LINE_BREAKS.sub(" ", c) for c in value]
+
+
+def _check_references(name: str, value, count: int) -> list[list[str]]:
+    if isinstance(value, str) or not isinstance(value, (list, tuple)):
+        raise TypeError(f"{name} must be a list of lists of str, got {type(value).__name__}")
+    if len(value) != count:
+        raise ValueError(f"{name} has {len(value)} entries but candidates has {count}; pass "
+                         "one reference list per candidate")
+    out = []
+    for i, refs in enumerate(value):
+        refs = _check_captions(f"{name}[{i}]", refs)
+        if not refs:
+            raise ValueError(f"{name}[{i}] is an empty list; every candidate needs at least "
+                             "one reference caption")
+        out.append(refs)
+    return out
+
+
+def _require_java() -> None:
+    if shutil.which("java") is None:
+        raise RuntimeError("caption metrics need Java on PATH (pycocoevalcap's PTBTokenizer and "
+                           "METEOR are Java programs); install a JRE, e.g. openjdk-17-jre")
+
+
+_meteor = None
+_meteor_lock = threading.Lock()
+
+
+def _shared_meteor():
+    """One METEOR process for the whole run: it takes ~10 s to load its paraphrase tables, and
+    an evaluation sweep scores many configurations."""
+    global _meteor
+    with _meteor_lock:
+        if _meteor is None or _meteor.meteor_p.poll() is not None:
+            from pycocoevalcap.meteor.meteor import Meteor
+            _meteor = Meteor()
+            # nobody reads METEOR's stderr pipe; a long-lived process must not block on it full
+            threading.Thread(target=_meteor.meteor_p.stderr.read, daemon=True).start()
+        return _meteor
+
+
+@atexit.register
+def _close_meteor() -> None:
+    global _meteor
+    if _meteor is not None:
+        _meteor.meteor_p.stdin.close()
+        _meteor.meteor_p.kill()
+        _meteor.meteor_p.wait()
+        _meteor = None
+
+
+def _tokenized(captions_per_clip: list[list[str]]) -> dict[int, list[str]]:
+    """One PTBTokenizer call over every caption, keyed by clip index."""
+    from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
+    return PTBTokenizer().tokenize({i: [{"caption": c} for c in caps]
+                                    for i, caps in enumerate(captions_per_clip)})
+
+
+def _score(gts: dict, res: dict, meteor) -> dict[str, float]:
+    from pycocoevalcap.bleu.bleu import Bleu
+    from pycocoevalcap.cider.cider import Cider
+    bleu, _ = Bleu(4).compute_score(gts, res, verbose=0)
+    meteor_score, _ = meteor.compute_score(gts, res)
+    cider, _ = Cider().compute_score(gts, res)
+    return {"BLEU-4": float(bleu[3]), "METEOR": float(meteor_score), "CIDEr": float(cider)}
+
+
+def caption_metrics_by_reference_type(candidates, reference_sets) -> dict[str, dict[str, float]]:
+    """BLEU-4, METEOR and CIDEr of ``candidates`` against each set of references.
+
+    Args:
+        candidates: one generated caption per clip.
+        reference_sets: name -> references, e.g. ``{"AV": av_refs, "V": v_refs, "A": a_refs}``;
+            each references value holds one non-empty list of captions per clip, aligned with
+            ``candidates``.
+
+    Returns:
+        name -> ``{"BLEU-4": ..., "METEOR": ..., "CIDEr": ...}``, each set scored on its own
+        (its own CIDEr document frequencies), as C_av, C_v and C_a in the paper.
+    """
+    candidates = _check_captions("candidates", candidates)
+    if not candidates:
+        raise ValueError("candidates is an empty list; the metrics need at least one caption")
+    if not isinstance(reference_sets, dict):
+        raise TypeError("reference_sets must be a dict of name -> references, got "
+                        f"{type(reference_sets).__name__}")
+    if not reference_sets:
+        raise ValueError("reference_sets is an empty dict; pass at least one reference set")
+    checked = {}
+    for name, refs in reference_sets.items():
+        if not isinstance(name, str):
+            raise TypeError(f"reference_sets keys must be str, got {type(name).__name__}: "
+                            f"{name!r}")
+        checked[name] = _check_references(f"reference_sets[{name!r}]", refs, len(candidates))
+    _require_java()
+
+    res = _tokenized([[c] for c in candidates])
+    meteor = _shared_meteor()
+    return {name: _score(_tokenized(refs), res, meteor) for name, refs in checked.items()}
+
+
+def caption_metrics(candidates, references) -> dict[str, float]:
+    """BLEU-4, METEOR and CIDEr of ``candidates[i]`` against ``references[i]`` over the corpus,
+    computed by pycocoevalcap (its PTBTokenizer, Bleu, Meteor and Cider)."""
+    candidates = _check_captions("candidates", candidates)
+    if not candidates:
+        raise ValueError("candidates is an empty list; the metrics need at least one caption")
+    references = _check_references("references", references, len(candidates))
+    return caption_metrics_by_reference_type(candidates, {"refs": references})["refs"]
