@@ -130,16 +130,18 @@ if triton is not None:
     def _compact_plan_kernel(keep_ptr, lengths_ptr, cu_ptr, index_ptr, positions_ptr, mask_ptr,
                              dest_ptr, width, num_sets, padded_width,
                              ORIGINAL: tl.constexpr, PADDED: tl.constexpr, LEFT: tl.constexpr,
-                             BLOCK_L: tl.constexpr):
-        """One keep-set: slot of each kept token = its rank among the kept (a prefix sum)."""
+                             BLOCK_L: tl.constexpr, L_CHUNKS: tl.constexpr,
+                             PAD_CHUNKS: tl.constexpr):
+        """One keep-set: slot of each kept token = its rank among the kept (a prefix sum).
+        Loops run over constexpr chunk counts (runtime trip counts trip older interpreters)."""
         seq = tl.program_id(0).to(tl.int64)
         sample = seq // num_sets
         n = tl.load(lengths_ptr + seq)
         if PADDED:
             base = seq * padded_width + (padded_width - n if LEFT else 0)
             # Padding slots, and the attention mask over the whole row.
-            for start in tl.range(0, padded_width, BLOCK_L):
-                j = start + tl.arange(0, BLOCK_L)
+            for chunk in tl.range(0, PAD_CHUNKS):
+                j = chunk * BLOCK_L + tl.arange(0, BLOCK_L)
                 in_row = j < padded_width
                 is_pad = (j < padded_width - n) if LEFT else (j >= n)
                 out = seq * padded_width + j
@@ -150,8 +152,8 @@ if triton is not None:
             base = tl.load(cu_ptr + seq).to(tl.int64)
 
         carry = 0
-        for start in tl.range(0, width, BLOCK_L):
-            cols = start + tl.arange(0, BLOCK_L)
+        for chunk in tl.range(0, L_CHUNKS):
+            cols = chunk * BLOCK_L + tl.arange(0, BLOCK_L)
             in_row = cols < width
             kept = tl.load(keep_ptr + seq * width + cols, mask=in_row, other=0).to(tl.int32)
             rank = carry + tl.cumsum(kept, axis=0) - kept
@@ -164,14 +166,15 @@ if triton is not None:
 
     @triton.jit
     def _gather_rows_kernel(src_ptr, index_ptr, out_ptr, n_slots, features,
-                            BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+                            BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+                            D_CHUNKS: tl.constexpr):
         """out[slot] = src[index[slot]], zeros where index is -1 (padding)."""
         slots = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
         in_out = slots < n_slots
         rows = tl.load(index_ptr + slots, mask=in_out, other=-1)
         has_row = rows >= 0
-        for start in tl.range(0, features, BLOCK_D):
-            d = start + tl.arange(0, BLOCK_D)
+        for chunk in tl.range(0, D_CHUNKS):
+            d = chunk * BLOCK_D + tl.arange(0, BLOCK_D)
             in_d = (d < features)[None, :]
             x = tl.load(src_ptr + rows[:, None] * features + d[None, :],
                         mask=has_row[:, None] & in_d, other=0.0)
@@ -179,20 +182,21 @@ if triton is not None:
                      mask=in_out[:, None] & in_d)
 
     @triton.jit
-    def _sum_set_grads_kernel(grad_out_ptr, dest_ptr, grad_src_ptr, n_rows, width, num_sets,
-                              features, ACC_DTYPE: tl.constexpr,
-                              BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
+    def _sum_set_grads_kernel(grad_out_ptr, dest_ptr, grad_src_ptr, n_rows, width, features,
+                              NUM_SETS: tl.constexpr, ACC_DTYPE: tl.constexpr,
+                              BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+                              D_CHUNKS: tl.constexpr):
         """grad_src[row] = sum over the sets s that kept row of grad_out[dest[s, row]]."""
         rows = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
         in_src = rows < n_rows
         sample = rows // width
         col = rows % width
-        for start in tl.range(0, features, BLOCK_D):
-            d = start + tl.arange(0, BLOCK_D)
+        for chunk in tl.range(0, D_CHUNKS):
+            d = chunk * BLOCK_D + tl.arange(0, BLOCK_D)
             in_d = (d < features)[None, :]
             acc = tl.zeros((BLOCK_T, BLOCK_D), dtype=ACC_DTYPE)
-            for s in range(0, num_sets):
-                slot = tl.load(dest_ptr + (sample * num_sets + s) * width + col, mask=in_src,
+            for s in tl.range(0, NUM_SETS):
+                slot = tl.load(dest_ptr + (sample * NUM_SETS + s) * width + col, mask=in_src,
                                other=-1)
                 g = tl.load(grad_out_ptr + slot[:, None] * features + d[None, :],
                             mask=(slot >= 0)[:, None] & in_d, other=0.0)
@@ -206,10 +210,12 @@ if triton is not None:
 # ----------------------------------------------------------------------------------------------
 
 def _copy_tile(features: int) -> dict:
-    """Tile of the copy kernels: BLOCK_D features (a power of two) x BLOCK_T tokens."""
+    """Tile of the copy kernels: BLOCK_D features (a power of two) x BLOCK_T tokens, and
+    the number of BLOCK_D chunks that cover a row."""
     block_d = min(next_power_of_2(features), COPY_MAX_WIDTH)
     block_t = max(1, COPY_TILE // block_d)
-    return {"BLOCK_T": block_t, "BLOCK_D": block_d, **row_launch_config(block_t * block_d)}
+    return {"BLOCK_T": block_t, "BLOCK_D": block_d, "D_CHUNKS": triton.cdiv(features, block_d),
+            **row_launch_config(block_t * block_d)}
 
 
 def _alloc(shape, dtype, device):
@@ -241,7 +247,9 @@ def _launch_plan(keep, layout, positions, padding_side):
             attention_mask if padded else index,  # unused when not padded
             dest, width, num_sets, max_seqlen,
             ORIGINAL=positions == "original", PADDED=padded, LEFT=padding_side == "left",
-            BLOCK_L=block_l, **row_launch_config(block_l))
+            BLOCK_L=block_l, L_CHUNKS=triton.cdiv(width, block_l),
+            PAD_CHUNKS=triton.cdiv(max_seqlen, block_l) if padded else 0,
+            **row_launch_config(block_l))
     return index, position_ids, attention_mask, cu_seqlens, max_seqlen, dest
 
 
@@ -264,8 +272,8 @@ def _launch_sum_set_grads(grad_out, dest, hidden_shape, num_sets, dtype):
         tile = _copy_tile(features)
         grid = (triton.cdiv(n_rows, tile["BLOCK_T"]),)
         acc = tl.float64 if dtype == torch.float64 else tl.float32
-        _sum_set_grads_kernel[grid](grad_out.contiguous(), dest, grad, n_rows, width, num_sets,
-                                    features, ACC_DTYPE=acc, **tile)
+        _sum_set_grads_kernel[grid](grad_out.contiguous(), dest, grad, n_rows, width, features,
+                                    NUM_SETS=num_sets, ACC_DTYPE=acc, **tile)
     return grad
 
 

@@ -10,7 +10,7 @@ original order:
 * ``index``: the row of ``hidden.reshape(B * L, D)`` each output token was copied from (-1 at
   padding); ``position_ids``: the token's original index l, or its rank 0..n-1 (0 at padding).
 
-The gather goes through autograd indexing, so its backward is a scatter-add into ``hidden``.
+The gather is ``index_select``, so autograd's backward is a scatter-add into ``hidden``.
 """
 from __future__ import annotations
 
@@ -30,17 +30,20 @@ def compact_ref(hidden, keep, layout, positions, padding_side):
     rank = torch.arange(col.numel(), device=keep.device) - cu_seqlens[set_id].long()
     index = (set_id // num_sets) * width + col
     position_ids = col if positions == "original" else rank
-    rows = hidden.reshape(batch * width, -1)[index]
+    flat = hidden.reshape(batch * width, hidden.shape[-1])
     if layout == "varlen":
-        return rows, position_ids, index, cu_seqlens, max_seqlen, None
+        return flat.index_select(0, index), position_ids, index, cu_seqlens, max_seqlen, None
 
     slot = rank if padding_side == "right" else rank + (max_seqlen - lengths[set_id])
     where = (set_id, slot)
     shape = (batch * num_sets, max_seqlen)
-    padded = hidden.new_zeros(*shape, hidden.shape[-1]).index_put(where, rows)
     index_out = index.new_full(shape, -1).index_put_(where, index)
     positions_out = index.new_zeros(shape).index_put_(where, position_ids)
     attention_mask = index.new_zeros(shape).index_put_(where, torch.ones_like(index))
+    # One gather straight into the padded layout; padding slots read row 0, then get zeroed.
+    padded = flat.index_select(0, index_out.clamp_min(0).flatten())
+    padded.index_fill_(0, torch.nonzero(index_out.flatten() < 0).flatten(), 0)
+    padded = padded.view(*shape, flat.shape[1])
     return padded, positions_out, index_out, cu_seqlens, max_seqlen, attention_mask
 
 

@@ -92,6 +92,7 @@ def build_exchanges(scores: torch.Tensor, indices: torch.Tensor, modality: torch
         :class:`Exchanges`. Ties break toward the lower index on both sides.
     """
     types = _check_args(scores, indices, modality, g, types)
+    indices = indices.to(torch.int64)
     codes = type_codes(types)
     path = _backend_for(scores, backend)
     if path == "torch":
@@ -127,9 +128,10 @@ def _check_args(scores, indices, modality, g, types) -> tuple:
         raise ValueError(f"types must not repeat an exchange type, got {tuple(types)}")
 
     bad_modality = (modality < -1) | (modality > 1)
-    stats = torch.stack([
+    chosen_padding = (indices >= 0) & (modality.gather(1, indices.long().clamp(0, width - 1)) < 0)
+    stats = torch.stack([  # every data-dependent check in one device sync (plus the shared one)
         torch.isnan(scores).any(), torch.isposinf(scores).any(), bad_modality.any(),
-        (indices < -1).any()]).tolist()
+        (indices < -1).any(), chosen_padding.any()]).tolist()
     if stats[0]:
         raise ValueError("scores contains NaN")
     if stats[1]:
@@ -144,8 +146,7 @@ def _check_args(scores, indices, modality, g, types) -> tuple:
     k_rows = (indices >= 0).sum(dim=1)
     lengths = torch.full((batch,), width, dtype=torch.int64, device=scores.device)
     _check_selection(scores, indices.to(torch.int64), k_rows, lengths)
-    chosen = indices.clamp_min(0)
-    if bool(((indices >= 0) & (modality.gather(1, chosen) < 0)).any()):
+    if stats[4]:
         raise ValueError("indices: a chosen position is padding (modality -1)")
     return tuple(types)
 
@@ -233,8 +234,8 @@ if triton is not None:
         pair = row * n_types + t
         in_group = cols < n
         out_cols = cols < out_width
-        removed_pos = BLOCK_M - 1 - (remove_sorted & 0xFFFFFFFF)
-        inserted_pos = BLOCK_M - 1 - (insert_sorted & 0xFFFFFFFF)
+        removed_pos = BLOCK_M - 1 - (remove_sorted & 0x7FFFFFFF)  # the index bits
+        inserted_pos = BLOCK_M - 1 - (insert_sorted & 0x7FFFFFFF)
         tl.store(removed_ptr + pair * out_width + cols, tl.where(in_group, removed_pos, -1),
                  mask=out_cols)
         tl.store(inserted_ptr + pair * out_width + cols, tl.where(in_group, inserted_pos, -1),
@@ -247,14 +248,14 @@ if triton is not None:
 
     @triton.jit
     def _exchange_bwd_kernel(removed_ptr, inserted_ptr, grad_delta_ptr, grad_scores_ptr,
-                             width, n_types, out_width,
+                             width, out_width, N_TYPES: tl.constexpr,
                              BLOCK_M: tl.constexpr, BLOCK_W: tl.constexpr,
                              CHUNK_W: tl.constexpr):
         row = tl.program_id(0)
         cols = tl.arange(0, BLOCK_M)
         grad = tl.zeros((BLOCK_M,), dtype=tl.float32)
-        for t in range(0, n_types):
-            pair = row * n_types + t
+        for t in tl.range(0, N_TYPES):  # constexpr trip counts, also for the interpreter
+            pair = row * N_TYPES + t
             weight = tl.load(grad_delta_ptr + pair).to(tl.float32)
             for start in tl.range(0, BLOCK_W, CHUNK_W):
                 j = start + tl.arange(0, CHUNK_W)
@@ -309,8 +310,8 @@ def _launch_exchange_bwd(removed, inserted, grad_delta, width, dtype):
         block_m = next_power_of_2(width)
         block_w = next_power_of_2(out_width)
         _exchange_bwd_kernel[(batch,)](
-            removed, inserted, grad_delta.contiguous(), grad, width, n_types, out_width,
-            BLOCK_M=block_m, BLOCK_W=block_w, CHUNK_W=min(block_w, INDEX_CHUNK),
+            removed, inserted, grad_delta.contiguous(), grad, width, out_width,
+            N_TYPES=n_types, BLOCK_M=block_m, BLOCK_W=block_w, CHUNK_W=min(block_w, INDEX_CHUNK),
             **row_launch_config(block_m))
     return grad.to(dtype)
 

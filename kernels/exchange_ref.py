@@ -44,7 +44,7 @@ def position_mask(indices: torch.Tensor, width: int) -> torch.Tensor:
 
 
 def build_exchanges_ref(scores, indices, modality, g, codes):
-    """Returns (removed, inserted, group_size, delta_f, keep, anchor); see ``exchange.Exchanges``."""
+    """(removed, inserted, group_size, delta_f, keep, anchor), as in ``exchange.Exchanges``."""
     batch, width = scores.shape
     s = scores.to(compute_dtype(scores.dtype))
     anchor = position_mask(indices, width)                                    # [B, M]

@@ -1,12 +1,18 @@
 """compact: Triton kernels (interpreter on CPU) vs the PyTorch reference vs the naive baseline,
 both layouts, both position modes, both padding sides, gradients, dtypes and argument errors."""
+import importlib
+
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from avex.kernels import compact as compact_mod
 from avex.kernels.compact import Compacted, compact
 from avex.kernels.compact_ref import compact_naive
 from conftest import DEVICE
+
+# the module, not the function of the same name that avex.kernels re-exports
+compact_mod = importlib.import_module("avex.kernels.compact")
 
 
 @pytest.fixture(autouse=True)
@@ -172,3 +178,16 @@ def test_bad_input_is_rejected(change, error, match):
         compact(args["hidden"], args["keep"], layout=args["layout"],
                 positions=args["positions"], padding_side=args["padding_side"],
                 backend=args["backend"])
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**16), batch=st.integers(1, 3), sets=st.integers(1, 4),
+       width=st.integers(1, 20), features=st.integers(1, 70), p=st.floats(0.0, 1.0),
+       option=st.sampled_from(OPTIONS))
+def test_random_cases_agree(seed, batch, sets, width, features, p, option):
+    layout, positions, side = option
+    hidden, keep = make_case(seed, batch, sets, width, features, p=p)
+    assert_same(compact(hidden, keep, layout=layout, positions=positions, padding_side=side,
+                        backend="triton"),
+                 compact(hidden, keep, layout=layout, positions=positions, padding_side=side,
+                         backend="torch"))

@@ -2,6 +2,7 @@
 sequence (original positions) must behave exactly like the full sequence with the dropped
 tokens masked out of attention, for prefill logits, greedy decoding and beam search, with
 ragged batches and left or right padding."""
+import importlib.util
 import sys
 
 import pytest
@@ -205,6 +206,10 @@ def test_top_k_keeps_round_rho_n_highest_av_tokens_and_all_text():
     assert num_kept(0.01, torch.tensor([0, 5, 50])).tolist() == [0, 1, 1]
     everything = prune_inputs(embeds, modality, scores=scores, retention=1.0)
     assert torch.equal(everything.keep[:, 0], modality != PAD)
+    text_only = modality.clone()
+    text_only[2][is_av[2]] = TEXT  # a sample with no AV tokens keeps its text, nothing else
+    pruned = prune_inputs(embeds, text_only, scores=scores, retention=0.25)
+    assert torch.equal(pruned.keep[2, 0], text_only[2] != PAD)
 
 
 def test_exchange_sets_feed_prune_inputs_through_expand_av_keep():
@@ -230,6 +235,8 @@ def test_exchange_sets_feed_prune_inputs_through_expand_av_keep():
     direct = prune_inputs(embeds, modality, scores=scores, retention=0.5)
     assert torch.equal(pruned.inputs_embeds[::5], direct.inputs_embeds)
     assert torch.equal(expand_av_keep(exchanges.anchor, modality), direct.keep[:, 0] & is_av)
+    with pytest.raises(ValueError, match="av_keep has 3 columns but a row of modality has 13"):
+        expand_av_keep(exchanges.anchor[:, :3], modality)
 
 
 def test_gradients_reach_inputs_embeds():
@@ -245,15 +252,25 @@ def test_gradients_reach_inputs_embeds():
 
 
 def test_auto_uses_the_padded_path_without_flash_attn(qwen2, monkeypatch):
-    assert not pruning._flash_attn_installed()
     embeds, modality, scores = make_batch(11)
     pruned = prune_inputs(embeds, modality, scores=scores, retention=0.5)
+    monkeypatch.setattr(pruning, "_flash_attn_installed", lambda: False)
 
     def refuse(*args, **kwargs):
         raise AssertionError("the varlen path ran without flash-attn")
     monkeypatch.setattr(pruning, "_varlen_prefill", refuse)
     generate(qwen2, pruned, max_new_tokens=2)
-    assert "flash_attn" not in sys.modules
+
+
+def test_flash_attn_is_imported_only_when_installed(qwen2):
+    installed = importlib.util.find_spec("flash_attn") is not None
+    assert pruning._flash_attn_installed() == installed
+    embeds, modality, scores = make_batch(11)
+    pruned = prune_inputs(embeds, modality, scores=scores, retention=0.5)
+    for attention in ("auto", "varlen"):
+        generate(qwen2, pruned, attention=attention, max_new_tokens=2)
+    if not installed:  # here: flash-attn is absent, and nothing tried to import it
+        assert "flash_attn" not in sys.modules
 
 
 def _bad(change):
@@ -302,4 +319,11 @@ def test_generate_rejects_bad_input(qwen2):
         generate(qwen2, pruned, position_ids=pruned.position_ids)
     with pytest.raises(ValueError, match="attention must be one of"):
         generate(qwen2, pruned, attention="flash")
+    with pytest.raises(ValueError, match="needs use_cache=True"):
+        generate(qwen2, pruned, attention="varlen", use_cache=False)
+    no_text = modality.clone()
+    no_text[0][no_text[0] == TEXT] = VISUAL  # sample 0: AV tokens and padding only
+    empty = prune_inputs(embeds, no_text, keep=no_text == TEXT)  # drops every AV token
+    with pytest.raises(ValueError, match="pruned row 0 keeps no tokens"):
+        generate(qwen2, empty)
     assert isinstance(pruned, PrunedInputs)
