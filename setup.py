@@ -32,6 +32,8 @@ setup(
         "safetensors",
         "tqdm",
         "numpy",
+        "pyyaml",
+        "matplotlib",
     ],
     extras_require={
         "dev": ["pytest", "pytest-benchmark", "hypothesis"],

@@ -48,6 +48,19 @@ def policy_gradient_loss(log_prob: torch.Tensor, anchor_reward: torch.Tensor,
     return -advantage * log_prob
 
 
+def set_level_loss(log_prob: torch.Tensor, reward: torch.Tensor) -> torch.Tensor:
+    """REINFORCE with a set-level reward only (exchanges off, the CaCoVID-AV variant), per
+    sample [B]. Without counterfactuals the baseline is the mean reward of the *other* samples
+    of the batch (leave-one-out), so that it does not depend on the sample's own action."""
+    _check_same_shape(log_prob=log_prob, reward=reward)
+    count = reward.shape[0]
+    if count < 2:
+        baseline = torch.zeros_like(reward)
+    else:
+        baseline = (reward.sum() - reward) / (count - 1)
+    return -(reward - baseline).detach() * log_prob
+
+
 def avex_objective(log_prob, anchor_reward, counterfactual_rewards, delta_f, valid,
                    *, lambda_ex: float = 1.0, use_rl: bool = True,
                    use_exchange: bool = True) -> dict[str, torch.Tensor]:

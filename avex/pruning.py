@@ -138,7 +138,7 @@ def expand_av_keep(av_keep: torch.Tensor, modality: torch.Tensor) -> torch.Tenso
     [B, S, M]) onto the sequence layout [B, S, L] that ``prune_inputs`` takes.
 
     Column j of ``av_keep`` is the j-th visual-or-audio position of the row; columns past a
-    row's AV count are ignored. Text is not set here (``prune_inputs`` always keeps it).
+    row's AV count are ignored. Text positions are True (text is never pruned), padding False.
     """
     _checks.tensor("av_keep", av_keep, ndim=(2, 3), boolean=True)
     _checks.tensor("modality", modality, ndim=2, integer=True)
@@ -157,6 +157,7 @@ def expand_av_keep(av_keep: torch.Tensor, modality: torch.Tensor) -> torch.Tenso
     av_keep = torch.cat([av_keep, av_keep.new_zeros(*av_keep.shape[:2], 1)], dim=2)
     column = torch.where(is_av, is_av.long().cumsum(1) - 1, av_keep.shape[-1] - 1)
     full = av_keep.gather(2, column[:, None, :].expand(-1, av_keep.shape[1], -1))
+    full = full | (modality == TEXT)[:, None, :]
     return full[:, 0] if squeeze else full
 
 

@@ -228,13 +228,15 @@ def test_exchange_sets_feed_prune_inputs_through_expand_av_keep():
     exchanges = build_exchanges(av_scores, indices, av_mod, g=2)
     keep = expand_av_keep(exchanges.sets(), modality)        # [B, 5, L]
     assert keep.shape == (3, 5, modality.shape[1])
-    assert torch.equal(keep.sum(-1), exchanges.sets().sum(-1))
-    pruned = prune_inputs(embeds, modality, keep=keep | (modality == TEXT)[:, None])
+    is_text = (modality == TEXT)[:, None]
+    assert torch.equal((keep & ~is_text).sum(-1), exchanges.sets().sum(-1))
+    assert keep[is_text.expand_as(keep)].all()  # text is always kept
+    pruned = prune_inputs(embeds, modality, keep=keep)
     assert pruned.inputs_embeds.shape[0] == 15
     # the anchor rows keep the same tokens as Top-K through scores
     direct = prune_inputs(embeds, modality, scores=scores, retention=0.5)
     assert torch.equal(pruned.inputs_embeds[::5], direct.inputs_embeds)
-    assert torch.equal(expand_av_keep(exchanges.anchor, modality), direct.keep[:, 0] & is_av)
+    assert torch.equal(expand_av_keep(exchanges.anchor, modality), direct.keep[:, 0])
     with pytest.raises(ValueError, match="av_keep has 3 columns but a row of modality has 13"):
         expand_av_keep(exchanges.anchor[:, :3], modality)
 

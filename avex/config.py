@@ -1,0 +1,185 @@
+"""Training configuration: defaults, presets, a YAML/JSON file, then command-line flags.
+
+Precedence, lowest first: the dataclass defaults (the embedded benchmark on a CPU), a preset
+(``--preset paper``: the paper's optimiser and decoding for a real backbone), a config file
+(``--config run.yaml``), then flags (``--lr 1e-4``). Every setting is validated before any work
+starts, with an error that names it.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from avex import _checks
+
+EXCHANGE_TYPES = ("vv", "aa", "va", "av")
+
+PRESETS = {
+    # Section 3.4 of the paper, for a real backbone (VideoLLaMA 2 / VILA features).
+    "paper": dict(lr=2e-5, weight_decay=0.01, lr_warmup=0.05, grad_clip=1.0, batch_size=64,
+                  epochs=3, num_beams=3, max_new_tokens=64, g=8, lambda_ex=1.0,
+                  policy_hidden=768),
+    # The embedded benchmark on a laptop-class CPU: a tiny policy learns fast at a larger lr.
+    "embedded": {},
+}
+
+
+@dataclass
+class TrainConfig:
+    # what to train on
+    data: str = "embedded"            # "embedded" or the path of a feature cache
+    benchmark_preset: str = "default"  # size of the generated benchmark when data="embedded"
+    captioner: str = "embedded"       # "embedded" or the path of a local Hugging Face causal LM
+    captioner_preset: str = "default"  # size of the embedded captioner
+    cache_dir: str | None = None      # embedded data and captioners; default $AVEX_CACHE or ~/.cache/avex
+    run_dir: str | None = None        # default runs/<date-time>; --resume alone takes the newest
+    device: str = "auto"
+    seed: int = 0
+    # the policy
+    policy_hidden: int | None = None  # None: the captioner's width, first block from its LLM
+    tau: float = 1.0
+    # the schedule
+    retention: float = 0.2
+    epochs: float = 3.0               # RL epochs, after the warmup
+    warmup_epochs: float = 0.5        # attention-matching warmup (the paper: half an epoch)
+    batch_size: int = 32
+    micro_batch_size: int = 16        # batch_size is reached by gradient accumulation
+    lr: float = 1e-3
+    warmup_lr: float = 3e-3
+    weight_decay: float = 0.01
+    lr_warmup: float = 0.05           # fraction of RL steps with a linear ramp, then cosine
+    grad_clip: float = 1.0
+    # the AVEX objective
+    g: int = 8
+    exchange_types: list = field(default_factory=lambda: list(EXCHANGE_TYPES))
+    exchanges: bool = True            # False: set-level reward only (the CaCoVID-AV variant)
+    warmup_only: bool = False
+    lambda_ex: float = 1.0
+    # reward decoding
+    num_beams: int = 1
+    max_new_tokens: int = 24
+    # evaluation and bookkeeping
+    evaluate: bool = True             # the results table at the end of training
+    eval_retentions: list = field(default_factory=lambda: [0.4, 0.2])
+    eval_split: str = "test"
+    max_eval_clips: int | None = None
+    checkpoint_every: int = 20        # optimiser steps
+    log_every: int = 5
+    deterministic: bool = False
+    progress: bool = True
+
+    def validate(self) -> "TrainConfig":
+        _checks.ratio("retention", self.retention)
+        for r in self.eval_retentions:
+            _checks.ratio("eval_retentions", r)
+        _checks.int_at_least("g", self.g, 1)
+        _checks.int_at_least("batch_size", self.batch_size, 1)
+        _checks.int_at_least("micro_batch_size", self.micro_batch_size, 1)
+        _checks.int_at_least("num_beams", self.num_beams, 1)
+        _checks.int_at_least("max_new_tokens", self.max_new_tokens, 1)
+        _checks.positive_float("tau", self.tau)
+        _checks.positive_float("lr", self.lr)
+        _checks.positive_float("warmup_lr", self.warmup_lr)
+        if self.batch_size % self.micro_batch_size:
+            raise ValueError(f"batch_size ({self.batch_size}) must be a multiple of "
+                             f"micro_batch_size ({self.micro_batch_size})")
+        if not self.exchange_types and self.exchanges:
+            raise ValueError("exchange_types is empty; pass --no-exchanges for the set-level "
+                             "reward variant")
+        for t in self.exchange_types:
+            if t not in EXCHANGE_TYPES:
+                raise ValueError(f"exchange_types must be drawn from {list(EXCHANGE_TYPES)}, "
+                                 f"got {t!r}")
+        if len(set(self.exchange_types)) != len(self.exchange_types):
+            raise ValueError(f"exchange_types has duplicates: {self.exchange_types}")
+        for name in ("epochs", "warmup_epochs", "lambda_ex", "weight_decay", "grad_clip"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if not 0 <= self.lr_warmup < 1:
+            raise ValueError(f"lr_warmup must be in [0, 1), got {self.lr_warmup}")
+        if self.data != "embedded" and not Path(self.data).exists():
+            raise FileNotFoundError(f"data: no feature cache at {self.data!r}")
+        if self.captioner != "embedded" and not Path(self.captioner).exists():
+            raise FileNotFoundError(f"captioner: no model directory at {self.captioner!r}")
+        _checks.choice("device", self.device.split(":")[0], {"auto", "cpu", "cuda"})
+        from avex.captioner.train import PRESETS as CAPTIONER_PRESETS
+        from avex.data import PRESETS as BENCHMARK_PRESETS
+        _checks.choice("benchmark_preset", self.benchmark_preset, set(BENCHMARK_PRESETS))
+        _checks.choice("captioner_preset", self.captioner_preset, set(CAPTIONER_PRESETS))
+        return self
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def load_config_file(path) -> dict:
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"config: no file at {str(path)!r}")
+    text = path.read_text()
+    if path.suffix in (".yaml", ".yml"):
+        import yaml
+        data = yaml.safe_load(text) or {}
+    else:
+        data = json.loads(text)
+    if not isinstance(data, dict):
+        raise ValueError(f"config {path}: expected a mapping of settings, got {type(data).__name__}")
+    return data
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _parse_list(kind):
+    def parse(text: str):
+        return [kind(item) for item in text.split(",") if item.strip()]
+    return parse
+
+
+def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser.add_argument("--config", help="a YAML or JSON file of settings")
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="embedded",
+                        help="defaults to start from (default: embedded)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the run in --run-dir from its latest checkpoint")
+    defaults = TrainConfig()
+    for f in dataclasses.fields(TrainConfig):
+        default = getattr(defaults, f.name)
+        help_text = f"default: {default}"
+        if isinstance(default, bool):
+            parser.add_argument(_flag(f.name), dest=f.name, action=argparse.BooleanOptionalAction,
+                                default=None, help=help_text)
+        elif isinstance(default, list):
+            kind = float if default and isinstance(default[0], float) else str
+            parser.add_argument(_flag(f.name), dest=f.name, type=_parse_list(kind), default=None,
+                                help=help_text + " (comma-separated)")
+        else:
+            kind = {int: int, float: float}.get(type(default), str)
+            if f.name in ("policy_hidden", "max_eval_clips"):
+                kind = int
+            elif f.name in ("run_dir", "cache_dir"):
+                kind = str
+            parser.add_argument(_flag(f.name), dest=f.name, type=kind, default=None,
+                                help=help_text)
+    return parser
+
+
+def resolve_config(args: argparse.Namespace) -> TrainConfig:
+    """Defaults < preset < config file < flags; then validate."""
+    values = dict(PRESETS[args.preset])
+    if args.config:
+        file_values = load_config_file(args.config)
+        unknown = set(file_values) - {f.name for f in dataclasses.fields(TrainConfig)}
+        if unknown:
+            raise ValueError(f"config {args.config}: unknown settings {sorted(unknown)}")
+        values.update(file_values)
+    for f in dataclasses.fields(TrainConfig):
+        flag_value = getattr(args, f.name, None)
+        if flag_value is not None:
+            values[f.name] = flag_value
+    return TrainConfig(**values).validate()

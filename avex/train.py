@@ -1,0 +1,509 @@
+"""``python -m avex.train``: warm up the AVEX policy, then train it with RL + exchange preferences.
+
+With no arguments it runs the whole pipeline on the embedded benchmark: build the data and the
+frozen captioner if missing, warm up on cached text-to-AV attention, train, evaluate at 40% and
+20% retention on the test split against full tokens, random selection and the warmup-only
+policy, and print the table. ``--config run.yaml`` and flags override any setting; ``--resume``
+continues a killed run from its latest checkpoint. Under ``torchrun`` it trains with
+DistributedDataParallel: each rank captions and scores its share of every batch.
+
+One RL step, per micro-batch (Sections 3.3 and 3.4):
+    scores      = policy(inputs_embeds, modality)                 on the AV axis [B, M]
+    S, log pi   = gumbel_topk(scores, K)                          the anchor
+    exchanges   = build_exchanges(scores, S, modality, g)         V>V, A>A, V>A, A>V
+    captions    = one generation over anchor + counterfactuals    compacted, original positions
+    R           = 100 * CIDEr-D(captions, AV references)
+    L           = L_RL + lambda_ex * L_ex
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+import zlib
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+import torch.distributed as torch_dist
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from avex.checkpoint import (latest_checkpoint, load_checkpoint, rng_state, save_checkpoint,
+                             set_rng_state)
+from avex.config import TrainConfig, build_parser, resolve_config
+from avex.evaluation import (caption_split, keep_all, policy_selector, random_selector,
+                             score_captions)
+from avex.kernels import build_exchanges, gumbel_topk
+from avex.losses import avex_objective, set_level_loss
+from avex.pruning import AUDIO, VISUAL
+from avex.rollout import AVLayout, caption_keep_sets
+
+
+# ----------------------------------------------------------------------------------------------
+# Processes and devices
+# ----------------------------------------------------------------------------------------------
+
+class Processes:
+    """This process's place in a torchrun job (a single process outside torchrun)."""
+
+    def __init__(self, device_kind: str):
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        if self.world > 1 and not torch_dist.is_initialized():
+            torch_dist.init_process_group("nccl" if device_kind == "cuda" else "gloo")
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def barrier(self):
+        if self.world > 1:
+            torch_dist.barrier()
+
+    def close(self):
+        if self.world > 1 and torch_dist.is_initialized():
+            torch_dist.destroy_process_group()
+
+
+def pick_device(cfg: TrainConfig, procs: Processes) -> torch.device:
+    kind = cfg.device
+    if kind == "auto":
+        kind = "cuda" if torch.cuda.is_available() else "cpu"
+    if kind.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise RuntimeError(f"device={cfg.device!r} but CUDA is not available")
+        return torch.device("cuda", procs.local_rank if procs.world > 1 else 0)
+    return torch.device("cpu")
+
+
+# ----------------------------------------------------------------------------------------------
+# Data, captioner, policy
+# ----------------------------------------------------------------------------------------------
+
+def prepare_assets(cfg: TrainConfig, procs: Processes):
+    """Feature cache + frozen captioner paths; the embedded ones are built if missing (by rank 0
+    while the others wait)."""
+    from avex.captioner.train import default_captioner_path, ensure_captioner
+    from avex.data import ensure_benchmark
+
+    cache_dir = cfg.cache_dir
+    if cfg.data == "embedded":
+        if procs.main:
+            ensure_benchmark(cfg.benchmark_preset, cache_dir=cache_dir, progress=cfg.progress)
+            if cfg.captioner == "embedded":
+                ensure_captioner(cfg.benchmark_preset, cfg.captioner_preset, cache_dir=cache_dir,
+                                 progress=cfg.progress)
+        procs.barrier()
+        data_path = ensure_benchmark(cfg.benchmark_preset, cache_dir=cache_dir, progress=False)
+    else:
+        data_path = Path(cfg.data)
+    if cfg.captioner == "embedded":
+        if cfg.data != "embedded":
+            raise ValueError("captioner='embedded' goes with data='embedded'; for your own "
+                             "feature cache pass --captioner PATH to its Hugging Face causal LM")
+        captioner_path = default_captioner_path(data_path.name, cfg.captioner_preset, cache_dir)
+    else:
+        captioner_path = Path(cfg.captioner)
+    return data_path, captioner_path
+
+
+def load_assets(cfg: TrainConfig, data_path, captioner_path, device):
+    from avex.captioner import FrozenCaptioner
+    from avex.data import FeatureCache
+    from avex.policy import AVEXPolicy
+
+    cache = FeatureCache(data_path)
+    captioner = FrozenCaptioner.load(captioner_path, device=device)
+    torch.manual_seed(cfg.seed)  # the policy's random init is part of the run's identity
+    policy = AVEXPolicy.from_llm(captioner.model, hidden_size=cfg.policy_hidden).to(device)
+    return cache, captioner, policy
+
+
+# ----------------------------------------------------------------------------------------------
+# Batches: a pure function of (seed, phase, step), so a resumed run reads what it would have
+# ----------------------------------------------------------------------------------------------
+
+def batch_indices(step: int, batch_size: int, n: int, seed: int, phase: str) -> list[int]:
+    """Clip indices of global batch ``step``: consecutive slices of per-epoch permutations."""
+    out = []
+    position = step * batch_size
+    while len(out) < batch_size:
+        epoch, offset = divmod(position, n)
+        gen = torch.Generator().manual_seed(zlib.crc32(f"{seed}:{phase}:{epoch}".encode()))
+        perm = torch.randperm(n, generator=gen).tolist()
+        take = perm[offset:offset + batch_size - len(out)]
+        out.extend(take)
+        position += len(take)
+    return out
+
+
+def micro_batches(indices: list[int], micro: int, procs: Processes) -> list[list[int]]:
+    """This rank's micro-batches of a global batch (rank r takes chunks r, r + W, ...)."""
+    chunks = [indices[i:i + micro] for i in range(0, len(indices), micro)]
+    return chunks[procs.rank::procs.world]
+
+
+def sample_seed(seed: int, step: int, chunk: int) -> int:
+    return zlib.crc32(f"gumbel:{seed}:{step}:{chunk}".encode())
+
+
+# ----------------------------------------------------------------------------------------------
+# Warmup: fit the policy to a balanced attention-based selection
+# ----------------------------------------------------------------------------------------------
+
+@torch.no_grad()
+def warmup_targets(captioner, clips, retention: float, batch_size: int = 64,
+                   progress: bool = False) -> list[torch.Tensor]:
+    """Per clip, bool [M]: K_a = round(K * Na / N) audio tokens and K - K_a visual tokens, each
+    the highest text-to-AV attention of the full-token prefill within its modality."""
+    targets = []
+    for start in tqdm(range(0, len(clips), batch_size), desc="warmup targets", unit="batch",
+                      disable=not progress, leave=False):
+        chunk = [clips[i] for i in range(start, min(start + batch_size, len(clips)))]
+        attention = captioner.text_to_av_attention(chunk)
+        for clip, att in zip(chunk, attention):
+            nv, na = clip.n_visual, clip.n_audio
+            n = nv + na
+            k = max(1, math.floor(retention * n + 0.5))
+            ka = min(na, math.floor(k * na / n + 0.5))
+            kv = min(nv, k - ka)
+            ka = k - kv
+            keep = torch.zeros(n, dtype=torch.bool)
+            keep[att[:nv].topk(kv).indices] = True
+            keep[nv + att[nv:].topk(ka).indices] = True
+            targets.append(keep)
+    return targets
+
+
+def warmup_loss(policy, batch, layout: AVLayout, targets: list[torch.Tensor]) -> torch.Tensor:
+    """Binary cross-entropy of the scores against the target keep-set, over AV tokens."""
+    scores = layout.gather(policy(batch.inputs_embeds, batch.modality), fill=0.0)
+    labels = torch.zeros_like(scores)
+    for row, target in enumerate(targets):
+        labels[row, :len(target)] = target.to(labels)
+    present = layout.modality >= 0
+    return F.binary_cross_entropy_with_logits(scores[present], labels[present])
+
+
+# ----------------------------------------------------------------------------------------------
+# RL + AVEX step
+# ----------------------------------------------------------------------------------------------
+
+def rl_loss(cfg: TrainConfig, policy, captioner, cider, batch, clips, seed: int) -> dict:
+    layout = AVLayout.of(batch.modality)
+    scores = layout.gather(policy(batch.inputs_embeds, batch.modality))
+    anchor_idx, log_prob = gumbel_topk(scores, layout.budget(cfg.retention), tau=cfg.tau,
+                                       seed=seed)
+    if cfg.exchanges:
+        exchanges = build_exchanges(scores, anchor_idx, layout.modality, g=cfg.g,
+                                    types=tuple(cfg.exchange_types))
+        sets = exchanges.sets()
+    else:
+        anchor = torch.zeros_like(scores, dtype=torch.bool)
+        sets = anchor.scatter_(1, anchor_idx.clamp_min(0), anchor_idx >= 0)[:, None]
+    captions = caption_keep_sets(captioner, batch.inputs_embeds, batch.modality, sets,
+                                 num_beams=cfg.num_beams, max_new_tokens=cfg.max_new_tokens)
+    num_sets = sets.shape[1]
+    flat = [c for row in captions for c in row]
+    refs = [clip.refs_av for clip in clips for _ in range(num_sets)]
+    rewards = torch.as_tensor(100.0 * cider.score(flat, refs), dtype=torch.float32,
+                              device=scores.device).view(-1, num_sets)
+    if cfg.exchanges:
+        terms = avex_objective(log_prob, rewards[:, 0], rewards[:, 1:], exchanges.delta_f,
+                               exchanges.valid, lambda_ex=cfg.lambda_ex)
+        terms["valid_exchanges"] = exchanges.valid.float().mean(0)
+    else:
+        terms = {"loss": set_level_loss(log_prob, rewards[:, 0]).mean()}
+        terms["rl"] = terms["loss"].detach()
+    terms["reward"] = rewards[:, 0].mean()
+    return terms
+
+
+def cosine_with_warmup(total_steps: int, warmup_fraction: float):
+    warm = max(1, round(total_steps * warmup_fraction)) if warmup_fraction > 0 else 0
+
+    def factor(step: int) -> float:
+        if step < warm:
+            return (step + 1) / warm
+        progress = (step - warm) / max(1, total_steps - warm)
+        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+    return factor
+
+
+# ----------------------------------------------------------------------------------------------
+# The run
+# ----------------------------------------------------------------------------------------------
+
+class Run:
+    def __init__(self, cfg: TrainConfig, resume: bool):
+        self.cfg = cfg
+        self.procs = Processes("cuda" if cfg.device.startswith("cuda") or (
+            cfg.device == "auto" and torch.cuda.is_available()) else "cpu")
+        if cfg.batch_size % (cfg.micro_batch_size * self.procs.world):
+            raise ValueError(f"batch_size ({cfg.batch_size}) must be a multiple of "
+                             f"micro_batch_size * processes ({cfg.micro_batch_size} * "
+                             f"{self.procs.world})")
+        if cfg.deterministic:
+            torch.use_deterministic_algorithms(True, warn_only=True)
+        self.device = pick_device(cfg, self.procs)
+        self.run_dir = Path(cfg.run_dir)
+        self.cfg.run_dir = str(self.run_dir)
+        self.checkpoint = latest_checkpoint(self.run_dir) if resume else None
+        if resume and self.checkpoint is None:
+            raise FileNotFoundError(f"--resume: no checkpoint under {self.run_dir}/checkpoints")
+        if not resume and latest_checkpoint(self.run_dir) is not None:
+            raise FileExistsError(f"{self.run_dir} already holds a run; pass --resume to "
+                                  "continue it or --run-dir for a new one")
+        if self.procs.main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            (self.run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+        self.log_file = self.run_dir / "metrics.jsonl"
+
+    # -- bookkeeping ------------------------------------------------------------------------
+    def log(self, record: dict):
+        if not self.procs.main:
+            return
+        record = {k: (v.tolist() if isinstance(v, torch.Tensor) else v) for k, v in record.items()}
+        with open(self.log_file, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def save(self, policy, phase, step, optimizer, scheduler):
+        if self.procs.main:
+            state = {"phase": phase, "step": step, "optimizer": optimizer.state_dict(),
+                     "scheduler": scheduler.state_dict() if scheduler else None,
+                     "rng": rng_state(), "config": self.cfg.to_dict()}
+            save_checkpoint(self.run_dir, self._global_step(phase, step), _unwrap(policy), state)
+        self.procs.barrier()
+
+    def _global_step(self, phase, step):
+        return step if phase == "warmup" else self.warmup_steps + step
+
+    # -- phases -----------------------------------------------------------------------------
+    def execute(self) -> dict:
+        cfg = self.cfg
+        data_path, captioner_path = prepare_assets(cfg, self.procs)
+        cache, captioner, policy = load_assets(cfg, data_path, captioner_path, self.device)
+        train = cache.split("train")
+        clips_train = [train[i] for i in range(len(train))]
+        n = len(clips_train)
+        if n == 0:
+            raise ValueError(f"{data_path}: the train split is empty")
+        self.warmup_steps = math.ceil(cfg.warmup_epochs * n / cfg.batch_size)
+        self.rl_steps = 0 if cfg.warmup_only else math.ceil(cfg.epochs * n / cfg.batch_size)
+
+        start_phase, start_step, saved = "warmup", 0, None
+        if self.checkpoint is not None:
+            saved = load_checkpoint(self.checkpoint, policy)
+            start_phase, start_step = saved["phase"], saved["step"]
+            if self.procs.main:
+                print(f"resuming {self.run_dir} at {start_phase} step {start_step}")
+
+        model = policy
+        if self.procs.world > 1:
+            model = torch.nn.parallel.DistributedDataParallel(
+                policy, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+
+        if start_phase == "warmup":
+            self.run_warmup(model, captioner, clips_train, start_step, saved)
+            saved, start_step = None, 0
+        warmup_policy_path = self.run_dir / "warmup_policy.safetensors"
+        if start_phase != "done":
+            self.run_rl(model, captioner, clips_train, cache, start_step, saved)
+        results = {}
+        if self.procs.main and cfg.evaluate:
+            results = self.evaluate(policy, captioner, cache, warmup_policy_path)
+        self.procs.barrier()
+        self.procs.close()
+        return results
+
+    def run_warmup(self, model, captioner, clips, start_step, saved):
+        cfg = self.cfg
+        optimizer = torch.optim.AdamW(_unwrap(model).parameters(), lr=cfg.warmup_lr,
+                                      weight_decay=cfg.weight_decay)
+        if saved is not None:
+            optimizer.load_state_dict(saved["optimizer"])
+            set_rng_state(saved["rng"])
+        targets_path = self.run_dir / "warmup_targets.pt"
+        if self.procs.main and not targets_path.exists():
+            targets = warmup_targets(captioner, clips, cfg.retention, progress=cfg.progress)
+            tmp = targets_path.with_suffix(".tmp")
+            torch.save(targets, tmp)
+            os.replace(tmp, targets_path)
+        self.procs.barrier()
+        targets = torch.load(targets_path)
+        bar = tqdm(range(start_step, self.warmup_steps), desc="warmup", unit="step",
+                   disable=not (cfg.progress and self.procs.main),
+                   initial=start_step, total=self.warmup_steps)
+        for step in bar:
+            chunks = micro_batches(batch_indices(step, cfg.batch_size, len(clips), cfg.seed,
+                                                 "warmup"), cfg.micro_batch_size, self.procs)
+            optimizer.zero_grad(set_to_none=True)
+            total = 0.0
+            for i, chunk in enumerate(chunks):
+                batch = captioner.embed([clips[j] for j in chunk])
+                with _no_sync(model, last=i == len(chunks) - 1):
+                    loss = warmup_loss(model, batch, AVLayout.of(batch.modality),
+                                       [targets[j] for j in chunk])
+                    (loss * len(chunk) * self.procs.world / cfg.batch_size).backward()
+                total += loss.item() * len(chunk) / (cfg.batch_size / self.procs.world)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            optimizer.step()
+            bar.set_postfix(bce=f"{total:.3f}")
+            self.log({"phase": "warmup", "step": step, "bce": total, "time": time.time()})
+            if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < self.warmup_steps:
+                self.save(model, "warmup", step + 1, optimizer, None)
+        if self.procs.main:
+            from safetensors.torch import save_file
+            weights = {k: v.detach().cpu().contiguous()
+                       for k, v in _unwrap(model).state_dict().items()}
+            tmp = self.run_dir / ".warmup_policy.tmp"
+            save_file(weights, str(tmp))
+            os.replace(tmp, self.run_dir / "warmup_policy.safetensors")
+        # the RL phase starts from here on resume
+        rl_optimizer, rl_scheduler = self.rl_optimizer(model)
+        self.save(model, "rl", 0, rl_optimizer, rl_scheduler)
+
+    def rl_optimizer(self, model):
+        cfg = self.cfg
+        optimizer = torch.optim.AdamW(_unwrap(model).parameters(), lr=cfg.lr,
+                                      weight_decay=cfg.weight_decay)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, cosine_with_warmup(max(1, self.rl_steps), cfg.lr_warmup))
+        return optimizer, scheduler
+
+    def run_rl(self, model, captioner, clips, cache, start_step, saved):
+        from avex.reward import CiderD
+
+        cfg = self.cfg
+        optimizer, scheduler = self.rl_optimizer(model)
+        if saved is not None:
+            optimizer.load_state_dict(saved["optimizer"])
+            scheduler.load_state_dict(saved["scheduler"])
+            set_rng_state(saved["rng"])
+        cider = CiderD(corpus_references=[c.refs_av for c in clips], tokenize=True)
+        bar = tqdm(range(start_step, self.rl_steps), desc="RL + AVEX", unit="step",
+                   disable=not (cfg.progress and self.procs.main),
+                   initial=start_step, total=self.rl_steps)
+        for step in bar:
+            chunks = micro_batches(batch_indices(step, cfg.batch_size, len(clips), cfg.seed,
+                                                 "rl"), cfg.micro_batch_size, self.procs)
+            optimizer.zero_grad(set_to_none=True)
+            sums: dict[str, float] = {}
+            for i, chunk in enumerate(chunks):
+                batch_clips = [clips[j] for j in chunk]
+                batch = captioner.embed(batch_clips)
+                chunk_id = step * (cfg.batch_size // cfg.micro_batch_size) + \
+                    self.procs.rank + i * self.procs.world
+                with _no_sync(model, last=i == len(chunks) - 1):
+                    terms = rl_loss(cfg, model, captioner, cider, batch, batch_clips,
+                                    sample_seed(cfg.seed, step, chunk_id))
+                    (terms["loss"] * len(chunk) * self.procs.world / cfg.batch_size).backward()
+                weight = len(chunk) / (cfg.batch_size / self.procs.world)
+                for name, value in terms.items():
+                    value = value.detach().float()
+                    sums[name] = sums.get(name, 0.0) + (value * weight).cpu()
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            optimizer.step()
+            scheduler.step()
+            record = {"phase": "rl", "step": step, "lr": scheduler.get_last_lr()[0],
+                      "grad_norm": float(grad_norm), "time": time.time(),
+                      **{k: v for k, v in sums.items()}}
+            self.log(record)
+            bar.set_postfix(reward=f"{float(sums['reward']):.1f}",
+                            loss=f"{float(sums['loss']):.3f}")
+            if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < self.rl_steps:
+                self.save(model, "rl", step + 1, optimizer, scheduler)
+        self.save(model, "done", self.rl_steps, optimizer, scheduler)
+
+    @torch.no_grad()
+    def evaluate(self, policy, captioner, cache, warmup_policy_path) -> dict:
+        from safetensors.torch import load_file
+
+        cfg = self.cfg
+        split = cache.split(cfg.eval_split)
+        count = len(split) if cfg.max_eval_clips is None else min(len(split), cfg.max_eval_clips)
+        clips = [split[i] for i in range(count)]
+        policy.eval()
+        warmup_policy = None
+        if warmup_policy_path.exists() and not cfg.warmup_only:
+            import copy
+            warmup_policy = copy.deepcopy(policy)
+            warmup_policy.load_state_dict(load_file(str(warmup_policy_path)))
+        methods = [("random", random_selector(cfg.seed))]
+        if warmup_policy is not None:
+            methods.append(("warmup only", policy_selector(warmup_policy)))
+        methods.append(("AVEX (this run)" if not cfg.warmup_only else "warmup only (this run)",
+                        policy_selector(policy)))
+        decode = dict(num_beams=cfg.num_beams, max_new_tokens=cfg.max_new_tokens,
+                      progress=cfg.progress)
+        rows = [{"method": "full tokens", "retention": 1.0,
+                 **score_captions(caption_split(captioner, clips, keep_all, 1.0, **decode,
+                                                desc="full tokens"), clips)}]
+        for retention in cfg.eval_retentions:
+            for name, selector in methods:
+                captions = caption_split(captioner, clips, selector, retention, **decode,
+                                         desc=f"{name} @ {retention:.0%}")
+                rows.append({"method": name, "retention": retention,
+                             **score_captions(captions, clips)})
+        table = results_table(rows, f"{cfg.eval_split} split, {len(clips)} clips")
+        (self.run_dir / "results.json").write_text(json.dumps(rows, indent=2))
+        (self.run_dir / "results.md").write_text(table + "\n")
+        print(table)
+        return {"rows": rows, "table": table}
+
+
+def results_table(rows: list[dict], caption: str) -> str:
+    lines = [f"Results on the {caption} (CIDEr points; pycocoevalcap):", "",
+             "| method | retention | C_av | C_v | C_a | BLEU-4 | METEOR |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['method']} | {r['retention']:.0%} | {r['C_av']:.1f} | "
+                     f"{r['C_v']:.1f} | {r['C_a']:.1f} | {r['BLEU-4']:.1f} | {r['METEOR']:.1f} |")
+    return "\n".join(lines)
+
+
+def _unwrap(model):
+    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+
+
+def _no_sync(model, last: bool):
+    """Skip DDP's gradient all-reduce on all but the last micro-batch of an accumulation."""
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel) and not last:
+        return model.no_sync()
+    return nullcontext()
+
+
+RUNS_ROOT = Path("runs")
+
+
+def choose_run_dir(cfg: TrainConfig, resume: bool) -> str:
+    if cfg.run_dir is not None:
+        return cfg.run_dir
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ValueError("under torchrun, pass --run-dir (every rank must write to the same one)")
+    if resume:
+        runs = sorted(p for p in RUNS_ROOT.glob("*") if (p / "checkpoints").is_dir())
+        if not runs:
+            raise FileNotFoundError(f"--resume: no run under {RUNS_ROOT}/; pass --run-dir")
+        return str(runs[-1])
+    return str(RUNS_ROOT / time.strftime("%Y%m%d-%H%M%S"))
+
+
+def main(argv=None) -> dict:
+    parser = build_parser("python -m avex.train", __doc__.split("\n\n")[0])
+    args = parser.parse_args(argv)
+    cfg = resolve_config(args)  # every setting is checked before any work starts
+    cfg.run_dir = choose_run_dir(cfg, args.resume)
+    if args.resume:
+        saved = Path(cfg.run_dir) / "config.json"
+        if saved.exists():  # a resumed run keeps its own settings
+            cfg = TrainConfig(**json.loads(saved.read_text())).validate()
+    return Run(cfg, resume=args.resume).execute()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,132 @@
+"""python -m avex.train on a tiny benchmark: end to end, bad configs, kill + resume, DDP."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from avex.captioner.train import PRESETS as CAPTIONER_PRESETS
+from avex.captioner.train import default_captioner_path, train_captioner
+from avex.data import ensure_benchmark
+from avex.train import main
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    """The tiny benchmark and a tiny captioner trained long enough to earn non-zero rewards."""
+    root = tmp_path_factory.mktemp("avex-cache")
+    bench = ensure_benchmark("tiny", cache_dir=root, progress=False)
+    cfg = replace(CAPTIONER_PRESETS["tiny"], steps=150, lr=1e-2)
+    train_captioner(bench, default_captioner_path(bench.name, "tiny", root), cfg, progress=False)
+    return root
+
+
+def tiny_args(cache_dir, run_dir, *extra):
+    return ["--benchmark-preset", "tiny", "--captioner-preset", "tiny",
+            "--cache-dir", str(cache_dir), "--run-dir", str(run_dir), "--batch-size", "8",
+            "--micro-batch-size", "4", "--epochs", "1", "--warmup-epochs", "0.5",
+            "--no-progress", "--seed", "3", *extra]
+
+
+def final_weights(run_dir) -> dict:
+    latest = (Path(run_dir) / "checkpoints" / "latest").read_text().strip()
+    return load_file(str(Path(run_dir) / "checkpoints" / latest / "policy.safetensors"))
+
+
+def test_tiny_end_to_end_run(cache_dir, tmp_path):
+    results = main(tiny_args(cache_dir, tmp_path / "run", "--eval-retentions", "0.4"))
+    methods = [(row["method"], row["retention"]) for row in results["rows"]]
+    assert methods == [("full tokens", 1.0), ("random", 0.4), ("warmup only", 0.4),
+                       ("AVEX (this run)", 0.4)]
+    assert results["rows"][0]["C_av"] > 0  # the captioner says something sensible
+    log = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    rl = [r for r in log if r["phase"] == "rl"]
+    assert rl and all(len(r["valid_exchanges"]) == 4 for r in rl)
+    assert any(r["reward"] > 0 for r in rl)
+    assert (tmp_path / "run" / "results.md").read_text().startswith("Results on the test split")
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["g"] == 8
+
+
+@pytest.mark.parametrize("flags,error,match", [
+    (["--retention", "1.5"], ValueError, r"retention must be in \(0, 1\], got 1.5"),
+    (["--g", "0"], ValueError, "g must be >= 1, got 0"),
+    (["--exchange-types", "vv,xa"], ValueError, "exchange_types must be drawn from .* got 'xa'"),
+    (["--captioner", "/no/such/model"], FileNotFoundError, "captioner: no model directory"),
+    (["--batch-size", "6"], ValueError, r"batch_size \(6\) must be a multiple"),
+    (["--benchmark-preset", "huge"], ValueError, "benchmark_preset must be one of"),
+])
+def test_bad_config_fails_before_any_work(cache_dir, tmp_path, flags, error, match):
+    with pytest.raises(error, match=match):
+        main(tiny_args(cache_dir, tmp_path / "run", *flags))
+    assert not (tmp_path / "run").exists()
+
+
+def test_config_file_and_flags_override_defaults(cache_dir, tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text("g: 4\nexchange_types: [vv, av]\nlr: 0.002\n")
+    main(tiny_args(cache_dir, tmp_path / "run", "--config", str(config), "--lr", "0.003",
+                   "--no-evaluate", "--epochs", "0.2"))
+    saved = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert (saved["g"], saved["exchange_types"], saved["lr"]) == (4, ["vv", "av"], 0.003)
+    with pytest.raises(ValueError, match="unknown settings"):
+        config.write_text("gg: 4\n")
+        main(tiny_args(cache_dir, tmp_path / "run2", "--config", str(config)))
+
+
+def _command(cache_dir, run_dir, *extra):
+    return [sys.executable, "-m", "avex.train",
+            *tiny_args(cache_dir, run_dir, "--no-evaluate", "--checkpoint-every", "1",
+                       "--epochs", "2", *extra)]
+
+
+def _env():
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
+
+
+def test_killed_run_resumes_to_the_same_policy(cache_dir, tmp_path):
+    subprocess.run(_command(cache_dir, tmp_path / "whole"), check=True, cwd=REPO, env=_env(),
+                   capture_output=True)
+    victim = subprocess.Popen(_command(cache_dir, tmp_path / "killed"), cwd=REPO, env=_env(),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    latest = tmp_path / "killed" / "checkpoints" / "latest"
+    deadline = time.time() + 300
+    # kill -9 once the RL phase has written a checkpoint or two
+    while time.time() < deadline and victim.poll() is None:
+        if latest.exists() and int(latest.read_text().strip().split("-")[1]) >= 5:
+            break
+        time.sleep(0.05)
+    assert victim.poll() is None, "the run finished before it could be killed"
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    killed_at = latest.read_text().strip()
+    subprocess.run(_command(cache_dir, tmp_path / "killed") + ["--resume"], check=True, cwd=REPO,
+                   env=_env(), capture_output=True)
+    whole, resumed = final_weights(tmp_path / "whole"), final_weights(tmp_path / "killed")
+    assert killed_at != (tmp_path / "killed" / "checkpoints" / "latest").read_text().strip()
+    for name in whole:
+        assert torch.equal(whole[name], resumed[name]), name
+
+
+def test_two_gloo_processes_match_one(cache_dir, tmp_path):
+    extra = ["--epochs", "0.5"]
+    subprocess.run(_command(cache_dir, tmp_path / "single", *extra), check=True, cwd=REPO,
+                   env=_env(), capture_output=True)
+    ddp = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           *_command(cache_dir, tmp_path / "ddp", *extra)[1:]]
+    done = subprocess.run(ddp, cwd=REPO, env=_env(), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    single, ddp_weights = final_weights(tmp_path / "single"), final_weights(tmp_path / "ddp")
+    for name in single:
+        torch.testing.assert_close(ddp_weights[name], single[name], rtol=1e-4, atol=1e-6,
+                                   msg=name)
+    assert any(not torch.equal(single[name], load_file(
+        str(tmp_path / "single" / "warmup_policy.safetensors"))[name]) for name in single)
