@@ -17,8 +17,12 @@ Java, thousands of times faster.
 from __future__ import annotations
 
 import atexit
+import contextlib
+import os
 import re
 import shutil
+import sys
+import tempfile
 import threading
 
 __all__ = ["caption_metrics", "caption_metrics_by_reference_type", "METRIC_NAMES"]
@@ -91,8 +95,29 @@ def _close_meteor() -> None:
 def _tokenized(captions_per_clip: list[list[str]]) -> dict[int, list[str]]:
     """One PTBTokenizer call over every caption, keyed by clip index."""
     from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer
-    return PTBTokenizer().tokenize({i: [{"caption": c} for c in caps]
-                                    for i, caps in enumerate(captions_per_clip)})
+    with _stderr_shown_only_on_error():  # Java reports "tokenized N tokens" on every call
+        return PTBTokenizer().tokenize({i: [{"caption": c} for c in caps]
+                                        for i, caps in enumerate(captions_per_clip)})
+
+
+@contextlib.contextmanager
+def _stderr_shown_only_on_error():
+    """Send the process's stderr (fd 2, which subprocesses inherit) to a temporary file, and
+    replay it only if the block raises."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        except BaseException:
+            os.dup2(saved, 2)
+            captured.seek(0)
+            sys.stderr.write(captured.read().decode(errors="replace"))
+            raise
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
 
 
 def _score(gts: dict, res: dict, meteor) -> dict[str, float]:
