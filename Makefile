@@ -3,8 +3,9 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.avex-installed
 PYTEST_ARGS ?=
+TRAIN_ARGS ?=
 
-.PHONY: test bench install clean
+.PHONY: test train bench install clean
 
 $(STAMP): setup.py pyproject.toml
 	@# A machine that already has torch (a GPU image with its CUDA build) keeps it: the venv
@@ -24,6 +25,9 @@ install: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest tests $(PYTEST_ARGS)
+
+train: $(STAMP)
+	$(PY) -m avex.train $(TRAIN_ARGS)
 
 bench: $(STAMP)
 	$(PY) -m pytest bench --benchmark-only $(PYTEST_ARGS)
