@@ -1,0 +1,121 @@
+"""python -m avex.captioner {train, caption}
+
+  train    train the embedded captioner on a benchmark's train split (building the embedded
+           benchmark first if it is missing) and save it under the cache directory
+  caption  caption a few clips of a feature cache with any captioner, full or pruned
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import time
+from pathlib import Path
+
+from .frozen import CAPTIONER_FILE
+from .train import PRESETS, default_captioner_path, train_captioner
+
+
+def cmd_train(args) -> int:
+    from avex.data import PRESETS as BENCHMARK_PRESETS
+    from avex.data import ensure_benchmark
+
+    if args.data:
+        bench = Path(args.data)
+    else:
+        if args.benchmark_preset not in BENCHMARK_PRESETS:
+            raise ValueError(f"benchmark_preset must be one of {sorted(BENCHMARK_PRESETS)}, "
+                             f"got {args.benchmark_preset!r}")
+        bench = ensure_benchmark(args.benchmark_preset, cache_dir=args.cache_dir,
+                                 seed=args.seed, progress=not args.no_progress)
+    out = Path(args.out) if args.out else default_captioner_path(bench.name, args.preset,
+                                                                  args.cache_dir)
+    if (out / CAPTIONER_FILE).is_file() and not args.overwrite:
+        print(f"captioner already trained at {out} (pass --overwrite to retrain)")
+        return 0
+    cfg = PRESETS[args.preset]
+    changes = {k: getattr(args, k) for k in ("steps", "batch_size", "lr")
+               if getattr(args, k) is not None}
+    cfg = dataclasses.replace(cfg, **changes)
+    started = time.perf_counter()
+    path = train_captioner(bench, out, cfg, device=args.device, progress=not args.no_progress,
+                           overwrite=args.overwrite)
+    print(f"trained captioner ({cfg.num_layers} layers, hidden {cfg.hidden_size}, {cfg.steps} "
+          f"steps) -> {path} in {time.perf_counter() - started:.1f} s")
+    return 0
+
+
+def cmd_caption(args) -> int:
+    import torch
+
+    from avex.data import FeatureCache
+
+    from .frozen import FrozenCaptioner
+
+    captioner = FrozenCaptioner.load(args.captioner, device=args.device)
+    cache = FeatureCache(args.data, expected_dim=captioner.feature_dim)
+    split = cache.split(args.split)
+    clips = [split[i] for i in range(min(args.n, len(split)))]
+    keep = None
+    if args.retention < 1:
+        gen = torch.Generator().manual_seed(args.seed)
+        keep = []
+        for clip in clips:
+            m = clip.n_visual + clip.n_audio
+            row = torch.zeros(m, dtype=torch.bool)
+            row[torch.randperm(m, generator=gen)[:max(1, round(args.retention * m))]] = True
+            keep.append(row)
+    captions = captioner.caption(clips, keep=keep, num_beams=args.num_beams)
+    for clip, text in zip(clips, captions):
+        print(f"{clip.clip_id}: {text}\n    reference: {clip.refs_av[0]}")
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m avex.captioner", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    train = sub.add_parser("train", help="train the embedded captioner")
+    train.add_argument("--preset", default="default", choices=sorted(PRESETS),
+                       help="captioner size: tiny (tests), default (2 layers, hidden 128), "
+                       "large (4 layers, hidden 256)")
+    train.add_argument("--benchmark-preset", default="default",
+                       help="embedded benchmark to train on (built if missing)")
+    train.add_argument("--seed", type=int, default=0, help="benchmark seed")
+    train.add_argument("--data", default=None, help="train on this feature cache instead")
+    train.add_argument("--out", default=None, help="save here instead of the cache directory")
+    train.add_argument("--cache-dir", default=None,
+                       help="root of the cache (default: $AVEX_CACHE, else ~/.cache/avex)")
+    train.add_argument("--steps", type=int, default=None)
+    train.add_argument("--batch-size", type=int, default=None)
+    train.add_argument("--lr", type=float, default=None)
+    train.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
+    train.add_argument("--overwrite", action="store_true")
+    train.add_argument("--no-progress", action="store_true")
+    train.set_defaults(run=cmd_train)
+
+    caption = sub.add_parser("caption", help="caption clips of a feature cache")
+    caption.add_argument("--captioner", default=None,
+                         help="captioner directory or any local HF causal LM (default: the "
+                         "embedded captioner)")
+    caption.add_argument("--data", required=True, help="feature cache directory")
+    caption.add_argument("--split", default="test")
+    caption.add_argument("-n", type=int, default=5, help="number of clips")
+    caption.add_argument("--retention", type=float, default=1.0,
+                         help="keep this share of AV tokens, chosen at random")
+    caption.add_argument("--num-beams", type=int, default=1)
+    caption.add_argument("--seed", type=int, default=0)
+    caption.add_argument("--device", default=None)
+    caption.set_defaults(run=cmd_caption)
+
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args)
+    except (FileNotFoundError, FileExistsError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,387 @@
+"""A frozen captioner: a Hugging Face causal LM, its tokenizer, and a projector from the cached
+feature dim d to the LM's hidden size D.
+
+Inputs are laid out as VideoLLaMA 2 lays them out: prompt prefix text, the video tokens, the
+audio tokens, then the prompt suffix text; the caption is generated after the suffix. Each
+position carries a modality code (:data:`PAD` -1, :data:`VISUAL` 0, :data:`AUDIO` 1,
+:data:`TEXT` 2). Batches are left-padded so that every row's generation starts at the last column.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from ..data.cache import Clip
+
+PAD, VISUAL, AUDIO, TEXT = -1, 0, 1, 2
+CAPTIONER_FILE = "avex_captioner.json"
+PROJECTOR_FILE = "avex_projector.safetensors"
+CAPTIONER_FORMAT = "avex-captioner"
+
+
+def tokenizer_dir(path) -> Path:
+    """Where a captioner directory keeps its tokenizer: a ``tokenizer/`` subfolder when there is
+    one, else the directory itself (an ordinary Hugging Face model). The embedded captioner uses
+    the subfolder: beside a ``qwen2`` config.json, ``AutoTokenizer`` would swap a word-level
+    tokenizer for Qwen2's byte-level one."""
+    path = Path(path)
+    return path / "tokenizer" if (path / "tokenizer" / "tokenizer_config.json").is_file() \
+        else path
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+class AVProjector(nn.Module):
+    """Maps cached features [N, d] to the LM's embedding space [N, D]: one two-layer MLP per
+    modality (VideoLLaMA 2 has separate visual and audio projectors), or the identity when the
+    cache already holds LM-space features (d == D, as a real backbone's projector outputs are)."""
+
+    def __init__(self, feature_dim: int, hidden_size: int, kind: str = "mlp"):
+        super().__init__()
+        if kind not in ("mlp", "identity"):
+            raise ValueError(f"projector kind must be 'mlp' or 'identity', got {kind!r}")
+        if kind == "identity" and feature_dim != hidden_size:
+            raise ValueError(f"an identity projector needs feature_dim == hidden_size, got "
+                             f"feature_dim={feature_dim}, hidden_size={hidden_size}")
+        self.feature_dim, self.hidden_size, self.kind = feature_dim, hidden_size, kind
+        if kind == "mlp":
+            def mlp():
+                return nn.Sequential(nn.Linear(feature_dim, hidden_size), nn.GELU(),
+                                     nn.Linear(hidden_size, hidden_size))
+            self.visual, self.audio = mlp(), mlp()
+        else:
+            self.visual, self.audio = nn.Identity(), nn.Identity()
+
+    def forward(self, features: torch.Tensor, modality: int) -> torch.Tensor:
+        if features.shape[-1] != self.feature_dim:
+            raise ValueError(f"features have dim {features.shape[-1]} but the projector expects "
+                             f"feature_dim={self.feature_dim}")
+        return (self.visual if modality == VISUAL else self.audio)(features)
+
+
+@dataclass
+class AVBatch:
+    """A batch laid out for the LM. Rows are left-padded; ``position_ids`` count real tokens from
+    0 (pads get 0). ``av_counts[b]`` = (Nv, Na) of row b."""
+
+    inputs_embeds: torch.Tensor      # [B, L, D]
+    attention_mask: torch.Tensor     # [B, L] int64, 1 = real token
+    modality: torch.Tensor           # [B, L] int64: -1 pad, 0 visual, 1 audio, 2 text
+    position_ids: torch.Tensor       # [B, L] int64
+    clip_ids: list
+    av_counts: list
+
+    def __len__(self) -> int:
+        return self.inputs_embeds.shape[0]
+
+    def av_positions(self, row: int) -> torch.Tensor:
+        """Sequence positions of row ``row``'s AV tokens, video first then audio."""
+        mod = self.modality[row]
+        return torch.nonzero((mod == VISUAL) | (mod == AUDIO)).flatten()
+
+
+def _left_pad(pieces: list, value, dtype=None) -> torch.Tensor:
+    length = max(p.shape[0] for p in pieces)
+    out = []
+    for p in pieces:
+        pad_shape = (length - p.shape[0],) + tuple(p.shape[1:])
+        out.append(torch.cat([torch.full(pad_shape, value, dtype=dtype or p.dtype,
+                                         device=p.device), p]))
+    return torch.stack(out)
+
+
+class FrozenCaptioner:
+    """A frozen causal LM that captions audio-visual token sets.
+
+    ``FrozenCaptioner.load(path)`` takes the embedded captioner's directory (written by
+    ``python -m avex.captioner train``), or any local Hugging Face causal-LM directory that
+    takes ``inputs_embeds`` (its features must then already be in the LM's hidden size, or a
+    projector file must sit beside it). ``path=None`` loads the default embedded captioner.
+    """
+
+    def __init__(self, model, tokenizer, projector: AVProjector, *, path=None,
+                 max_new_tokens: int = 32, info: dict | None = None):
+        self.model = model.eval()
+        for p in self.model.parameters():
+            p.requires_grad_(False)
+        self.projector = projector.to(self.device, self.dtype).eval()
+        for p in self.projector.parameters():
+            p.requires_grad_(False)
+        self.tokenizer = tokenizer
+        self.path = None if path is None else Path(path)
+        self.max_new_tokens = max_new_tokens
+        self.info = dict(info or {})
+        eos = tokenizer.eos_token_id
+        if eos is None:
+            raise ValueError("the tokenizer has no eos_token_id; captions could not end")
+        self.eos_token_id = eos
+
+    # -- loading --------------------------------------------------------------------------------
+    @classmethod
+    def load(cls, path=None, *, device=None, dtype: torch.dtype = torch.float32,
+             feature_dim: int | None = None) -> "FrozenCaptioner":
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if path is None or path == "embedded":
+            from .train import default_captioner_path
+            path = default_captioner_path()
+            if not (path / CAPTIONER_FILE).is_file():
+                raise FileNotFoundError(
+                    f"no embedded captioner at {path}; train it with `python -m avex.captioner "
+                    "train` (or call avex.captioner.ensure_captioner())")
+        path = Path(path)
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"{path} is not a Hugging Face model directory "
+                                    "(no config.json)")
+        device = torch.device(device) if device is not None else default_device()
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).to(device)
+        tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir(path)))
+        hidden = model.get_input_embeddings().embedding_dim
+        info, max_new = {}, 32
+        if (path / CAPTIONER_FILE).is_file():
+            info = json.loads((path / CAPTIONER_FILE).read_text())
+            if info.get("format") != CAPTIONER_FORMAT:
+                raise ValueError(f"{path / CAPTIONER_FILE}: 'format' must be "
+                                 f"{CAPTIONER_FORMAT!r}, got {info.get('format')!r}")
+            projector = AVProjector(info["feature_dim"], hidden, info.get("projector", "mlp"))
+            if projector.kind == "mlp":
+                from safetensors.torch import load_file
+                projector.load_state_dict(load_file(str(path / PROJECTOR_FILE)))
+            max_new = int(info.get("max_new_tokens", max_new))
+        else:  # a plain Hugging Face model: features must already be in its hidden size
+            projector = AVProjector(hidden, hidden, "identity")
+        if feature_dim is not None and feature_dim != projector.feature_dim:
+            raise ValueError(f"feature_dim={feature_dim} but the captioner at {path} takes "
+                             f"features of dim {projector.feature_dim}"
+                             + ("" if projector.kind == "mlp" else
+                                " (no avex projector beside it: features must be in the LM's "
+                                "hidden size)"))
+        return cls(model, tokenizer, projector, path=path, max_new_tokens=max_new, info=info)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    @property
+    def hidden_size(self) -> int:
+        return self.model.get_input_embeddings().embedding_dim
+
+    @property
+    def feature_dim(self) -> int:
+        return self.projector.feature_dim
+
+    # -- inputs ---------------------------------------------------------------------------------
+    def embed_text(self, ids) -> torch.Tensor:
+        """Token ids [L] -> the LM's input embeddings [L, D] (e.g. the policy's H_t)."""
+        ids = torch.as_tensor(ids, dtype=torch.long, device=self.device)
+        with torch.no_grad():
+            return self.model.get_input_embeddings()(ids)
+
+    def _prompt_side(self, clip: Clip, side: str) -> torch.Tensor:
+        ids = getattr(clip, f"prompt_{side}_ids")
+        if ids is not None:
+            return self.embed_text(ids)
+        embeds = getattr(clip, f"prompt_{side}_embeds")
+        if embeds is None or embeds.shape[-1] != self.hidden_size:
+            raise ValueError(f"clip {clip.clip_id!r}: prompt_{side} embeddings must have dim "
+                             f"{self.hidden_size}, got "
+                             f"{None if embeds is None else list(embeds.shape)}")
+        return embeds.to(self.device, self.dtype)
+
+    def embed(self, clips: Sequence[Clip]) -> AVBatch:
+        """Clips -> an :class:`AVBatch` (prefix text, video, audio, suffix text; left-padded)."""
+        if len(clips) == 0:
+            raise ValueError("clips is empty")
+        embeds, mods, counts = [], [], []
+        with torch.no_grad():
+            for clip in clips:
+                for name in ("visual", "audio"):
+                    tensor = getattr(clip, name)
+                    if tensor.dim() != 2 or tensor.shape[1] != self.feature_dim:
+                        raise ValueError(f"clip {clip.clip_id!r}: {name} has shape "
+                                         f"{list(tensor.shape)} but the captioner takes "
+                                         f"features of dim {self.feature_dim}")
+                prefix = self._prompt_side(clip, "prefix")
+                suffix = self._prompt_side(clip, "suffix")
+                visual = self.projector(clip.visual.to(self.device, self.dtype), VISUAL)
+                audio = self.projector(clip.audio.to(self.device, self.dtype), AUDIO)
+                embeds.append(torch.cat([prefix, visual, audio, suffix]))
+                mods.append(torch.cat([torch.full((len(prefix),), TEXT),
+                                       torch.full((len(visual),), VISUAL),
+                                       torch.full((len(audio),), AUDIO),
+                                       torch.full((len(suffix),), TEXT)]).to(self.device))
+                counts.append((len(visual), len(audio)))
+        masks = [torch.ones(len(m), dtype=torch.long, device=self.device) for m in mods]
+        attention_mask = _left_pad(masks, 0)
+        position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)
+        return AVBatch(inputs_embeds=_left_pad(embeds, 0.0), attention_mask=attention_mask,
+                       modality=_left_pad(mods, PAD), position_ids=position_ids,
+                       clip_ids=[c.clip_id for c in clips], av_counts=counts)
+
+    # -- generation -----------------------------------------------------------------------------
+    def _sequence_keep(self, batch: AVBatch, keep) -> torch.Tensor:
+        """``keep`` in any accepted form -> bool [B, L] in the sequence layout."""
+        from avex.pruning import expand_av_keep
+
+        device = batch.modality.device
+        if keep is None:
+            return batch.modality != PAD
+        if isinstance(keep, (list, tuple)):
+            width = max(sum(c) for c in batch.av_counts)
+            rows = torch.zeros(len(keep), width, dtype=torch.bool)
+            for b, row in enumerate(keep):
+                row = torch.as_tensor(row)
+                if row.dtype != torch.bool or row.dim() != 1 or row.numel() > width:
+                    raise ValueError(f"keep[{b}] must be a 1-D bool tensor over the row's AV "
+                                     f"tokens, got {row.dtype} of shape {list(row.shape)}")
+                rows[b, :row.numel()] = row
+            keep = rows
+        if not isinstance(keep, torch.Tensor) or keep.dtype != torch.bool or keep.dim() != 2:
+            raise ValueError("keep must be a bool tensor [B, M] over the AV tokens (video then "
+                             "audio), [B, L] over sequence positions, or a list of B bool "
+                             f"tensors; got {type(keep).__name__}")
+        if keep.shape[0] != len(batch):
+            raise ValueError(f"keep has {keep.shape[0]} rows but the batch has {len(batch)}")
+        keep = keep.to(device)
+        if keep.shape == batch.modality.shape:
+            return keep | (batch.modality == TEXT)
+        return expand_av_keep(keep, batch.modality)
+
+    @torch.no_grad()
+    def _generate(self, batch: AVBatch, keep, max_new_tokens: int, num_beams: int) -> list:
+        from avex.pruning import generate, prune_inputs
+
+        pruned = prune_inputs(batch.inputs_embeds, batch.modality,
+                              keep=self._sequence_keep(batch, keep), positions="original")
+        pad = self.tokenizer.pad_token_id
+        tokens = generate(self.model, pruned, max_new_tokens=max_new_tokens,
+                          num_beams=num_beams, do_sample=False, eos_token_id=self.eos_token_id,
+                          pad_token_id=self.eos_token_id if pad is None else pad)
+        texts = []
+        for row in tokens.tolist():
+            if self.eos_token_id in row:
+                row = row[:row.index(self.eos_token_id)]
+            texts.append(" ".join(self.tokenizer.decode(row, skip_special_tokens=True).split()))
+        return texts
+
+    def caption(self, inputs, *, keep=None, max_new_tokens: int | None = None,
+                num_beams: int = 1, batch_size: int = 128, progress: bool = False) -> list:
+        """One caption per clip (``inputs``: a sequence of :class:`Clip`) or per row of an
+        :class:`AVBatch`, from the full tokens or, with ``keep``, from the text plus the kept
+        AV tokens at their original positions (``avex.pruning.prune_inputs`` + ``generate``).
+
+        ``keep``: bool [N, M] over each row's AV tokens (video then audio; extra columns
+        ignored), a list of N bool tensors [M_i], or bool [N, L] over sequence positions (AVBatch
+        input only). Greedy decoding by default; ``num_beams=3`` is the paper's setting."""
+        max_new = self.max_new_tokens if max_new_tokens is None else max_new_tokens
+        if isinstance(max_new, bool) or not isinstance(max_new, int) or max_new < 1:
+            raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+        if isinstance(num_beams, bool) or not isinstance(num_beams, int) or num_beams < 1:
+            raise ValueError(f"num_beams must be an int >= 1, got {num_beams!r}")
+        if isinstance(inputs, AVBatch):
+            return self._generate(inputs, keep, max_new, num_beams)
+        clips = list(inputs)
+        if keep is not None and len(keep) != len(clips):
+            raise ValueError(f"keep has {len(keep)} rows but {len(clips)} clips were given")
+        texts = []
+        starts = range(0, len(clips), batch_size)
+        if progress:
+            from tqdm.auto import tqdm
+            starts = tqdm(starts, desc="captioning", unit="batch")
+        for start in starts:
+            chunk = self.embed(clips[start:start + batch_size])
+            part = None if keep is None else keep[start:start + batch_size]
+            texts.extend(self._generate(chunk, part, max_new, num_beams))
+        return texts
+
+    # -- attention ------------------------------------------------------------------------------
+    @torch.no_grad()
+    def text_to_av_attention(self, inputs, *, query: str = "suffix",
+                             batch_size: int = 64) -> list:
+        """Attention from prompt text to each AV token in the full-token prefill: the softmax
+        weight on the AV token, averaged over every layer, every head and the query positions
+        (``query="suffix"``: all prompt-suffix text tokens; ``"last"``: the last prompt token
+        only, as FastV scores). Returns one float32 tensor [M_b] per row, video then audio."""
+        if query not in ("suffix", "last"):
+            raise ValueError(f"query must be 'suffix' or 'last', got {query!r}")
+        if not isinstance(inputs, AVBatch):
+            clips = list(inputs)
+            out = []
+            for start in range(0, len(clips), batch_size):
+                out.extend(self.text_to_av_attention(self.embed(clips[start:start + batch_size]),
+                                                     query=query))
+            return out
+        batch = inputs
+        previous = self.model.config._attn_implementation
+        self.model.set_attn_implementation("eager")
+        try:
+            out = self.model(inputs_embeds=batch.inputs_embeds,
+                             attention_mask=batch.attention_mask,
+                             position_ids=batch.position_ids, output_attentions=True)
+        finally:
+            self.model.set_attn_implementation(previous)
+        # [B, L_query, L_key], averaged over layers and heads
+        weights = torch.stack([a.float().mean(1) for a in out.attentions]).mean(0)
+        results = []
+        for b in range(len(batch)):
+            mod = batch.modality[b]
+            av = torch.nonzero((mod == VISUAL) | (mod == AUDIO)).flatten()
+            after = torch.nonzero((mod == TEXT) & (torch.arange(len(mod), device=mod.device)
+                                                   > av.max())).flatten()
+            queries = after[-1:] if query == "last" else after
+            results.append(weights[b][queries][:, av].mean(0).cpu())
+        return results
+
+    def cached_text_to_av_attention(self, cache, split: str, *, query: str = "suffix",
+                                    cache_dir=None, batch_size: int = 64,
+                                    progress: bool = False) -> dict:
+        """:meth:`text_to_av_attention` for every clip of ``split`` of a
+        :class:`~avex.data.FeatureCache`, computed once and kept in a safetensors file under
+        ``<cache_dir>/attention/`` (default: the avex cache directory). The file is keyed by the
+        captioner (its directory and weight files' sizes and times), the cache (its meta.json)
+        and the split and query. Returns clip_id -> float32 [M]."""
+        from safetensors.torch import load_file, save_file
+
+        from avex.data.embedded import default_cache_dir
+
+        if self.path is None:
+            raise ValueError("only a captioner loaded from a directory has a stable identity to "
+                             "cache attention under; call text_to_av_attention instead")
+        identity = [str(self.path.resolve()), str(Path(cache.root).resolve()),
+                    (Path(cache.root) / "meta.json").read_text(), split, query]
+        for weights in sorted(self.path.glob("*.safetensors")):
+            stat = weights.stat()
+            identity.append(f"{weights.name}:{stat.st_size}:{stat.st_mtime_ns}")
+        key = hashlib.sha256("\n".join(identity).encode()).hexdigest()[:16]
+        root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+        path = root / "attention" / f"{key}.safetensors"
+        if path.is_file():
+            return load_file(str(path))
+        clips = cache.split(split)
+        out = {}
+        starts = range(0, len(clips), batch_size)
+        if progress:
+            from tqdm.auto import tqdm
+            starts = tqdm(starts, desc=f"attention ({split})", unit="batch")
+        for start in starts:
+            chunk = [clips[i] for i in range(start, min(start + batch_size, len(clips)))]
+            for clip, att in zip(chunk, self.text_to_av_attention(chunk, query=query)):
+                out[clip.clip_id] = att.float().contiguous()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staging = path.with_suffix(f".tmp-{os.getpid()}")
+        save_file(out, str(staging))
+        os.replace(staging, path)
+        return out

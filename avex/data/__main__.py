@@ -1,0 +1,159 @@
+"""python -m avex.data {build, verify, info, gates}
+
+  build   generate the embedded benchmark (default: preset "default", seed 0) into the cache
+  verify  check a feature cache completely (every row against its shard, every shard's SHA-256)
+  info    print a cache's splits, sizes and one clip
+  gates   measure the benchmark's gates with a frozen captioner and write them as Markdown + JSON
+"""
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from .cache import CacheError, FeatureCache
+from .embedded import (PRESETS, benchmark_name, build_benchmark, default_benchmark_path,
+                       resolve_config)
+
+SIZE_FLAGS = ("train", "val", "test", "transfer", "dim", "grid", "audio_per_frame", "n_frames")
+
+
+def _add_benchmark_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--preset", default="default", choices=sorted(PRESETS),
+                        help="size preset: tiny (tests), default (Nv=64, Na=16), paper "
+                        "(Nv=256, Na=64)")
+    parser.add_argument("--seed", type=int, default=0)
+    for name in SIZE_FLAGS:
+        parser.add_argument("--" + name.replace("_", "-"), dest=name, type=int, default=None,
+                            help=f"override the preset's {name}")
+    parser.add_argument("--cache-dir", default=None,
+                        help="root of the cache (default: $AVEX_CACHE, else ~/.cache/avex)")
+
+
+def _overrides(args) -> dict:
+    return {name: getattr(args, name) for name in SIZE_FLAGS if getattr(args, name) is not None}
+
+
+def cmd_build(args) -> int:
+    cfg = resolve_config(args.preset, seed=args.seed, **_overrides(args))
+    out = Path(args.out) if args.out else default_benchmark_path(
+        args.preset, args.cache_dir, seed=args.seed, **_overrides(args))
+    if (out / "meta.json").is_file() and not args.overwrite:
+        print(f"benchmark already built at {out} (pass --overwrite to rebuild)")
+        return 0
+    out.parent.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    build_benchmark(out, cfg, preset=args.preset, overwrite=args.overwrite,
+                    progress=not args.no_progress)
+    print(f"built {benchmark_name(cfg, args.preset)}: {cfg.train}/{cfg.val}/{cfg.test}/"
+          f"{cfg.transfer} train/val/test/transfer clips, Nv={cfg.n_visual}, Na={cfg.n_audio}, "
+          f"d={cfg.dim} -> {out} in {time.perf_counter() - started:.1f} s")
+    return 0
+
+
+def cmd_verify(args) -> int:
+    cache = FeatureCache(args.path, verify="hash")
+    cache.verify_all()
+    print(f"{args.path}: {len(cache)} clips in {len(cache.meta.shards)} shards, all rows and "
+          "shard hashes check out")
+    return 0
+
+
+def cmd_info(args) -> int:
+    cache = FeatureCache(args.path)
+    print(f"{args.path}: dim {cache.meta.dim}, {cache.meta.n_frames} frames, dtype "
+          f"{cache.meta.dtype}, tokenizer {cache.meta.tokenizer!r}")
+    for split, count in cache.meta.splits.items():
+        print(f"  {split}: {count} clips")
+    clip = cache[0]
+    print(f"first clip {clip.clip_id!r}: visual {list(clip.visual.shape)}, audio "
+          f"{list(clip.audio.shape)}")
+    for kind, refs in (("AV", clip.refs_av), ("V", clip.refs_v), ("A", clip.refs_a)):
+        for ref in refs:
+            print(f"  {kind}: {ref}")
+    return 0
+
+
+def cmd_gates(args) -> int:
+    from avex.captioner.train import default_captioner_path
+
+    from .gates import run_gates, write_report
+
+    bench = Path(args.benchmark) if args.benchmark else default_benchmark_path(
+        args.preset, args.cache_dir, seed=args.seed)
+    captioner = Path(args.captioner) if args.captioner else default_captioner_path(
+        bench.name, args.captioner_preset, args.cache_dir)
+    report = run_gates(bench, captioner, seeds=args.seeds,
+                       counterfactual_clips=args.counterfactual_clips, base_sets=args.base_sets,
+                       device=args.device, progress=not args.no_progress)
+    shown, skip = [], False  # the command as typed, minus the (long) timing note
+    for arg in args.argv:
+        if skip:
+            skip = False
+        elif arg == "--timing-note":
+            skip = True
+        elif not arg.startswith("--timing-note="):
+            shown.append(shlex.quote(arg))
+    command = "python -m avex.data gates " + " ".join(shown)
+    out = write_report(report, args.out, command.strip(), args.timing_note)
+    share = report["gate_random_lowest_share"]
+    print(f"full C_av {report['full']['C_av']:.1f}; random at the lowest retention keeps "
+          f"{share * 100:.1f}% of it (gate: below 60%); Spearman(attention, gain) per clip "
+          f"{report['phenomena']['attention_vs_gain']['spearman_per_clip_mean']:.3f}")
+    print(f"wrote {out} and {out.with_suffix('.json')}")
+    return 0 if share < 0.6 else 1
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(prog="python -m avex.data", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    build = sub.add_parser("build", help="generate the embedded benchmark")
+    _add_benchmark_flags(build)
+    build.add_argument("--out", default=None, help="write here instead of the cache directory")
+    build.add_argument("--overwrite", action="store_true")
+    build.add_argument("--no-progress", action="store_true")
+    build.set_defaults(run=cmd_build)
+
+    verify = sub.add_parser("verify", help="check a feature cache completely")
+    verify.add_argument("path")
+    verify.set_defaults(run=cmd_verify)
+
+    info = sub.add_parser("info", help="describe a feature cache")
+    info.add_argument("path")
+    info.set_defaults(run=cmd_info)
+
+    gates = sub.add_parser("gates", help="measure the benchmark's gates")
+    gates.add_argument("--benchmark", default=None, help="feature cache (default: the "
+                       "embedded benchmark of --preset / --seed)")
+    gates.add_argument("--preset", default="default", choices=sorted(PRESETS))
+    gates.add_argument("--seed", type=int, default=0)
+    gates.add_argument("--captioner", default=None, help="captioner directory (default: the "
+                       "embedded captioner trained on the benchmark)")
+    gates.add_argument("--captioner-preset", default="default")
+    gates.add_argument("--cache-dir", default=None)
+    gates.add_argument("--seeds", type=int, default=3, help="random-pruning seeds")
+    gates.add_argument("--counterfactual-clips", type=int, default=100)
+    gates.add_argument("--base-sets", type=int, default=3)
+    gates.add_argument("--device", default=None)
+    gates.add_argument("--out", default="bench/results/embedded-benchmark-gates.md")
+    gates.add_argument("--timing-note", default=None,
+                       help="a measured build/train timing line to include in the report")
+    gates.add_argument("--no-progress", action="store_true")
+    gates.set_defaults(run=cmd_gates)
+
+    args = parser.parse_args(argv)
+    args.argv = argv[1:]
+    try:
+        return args.run(args)
+    except (CacheError, FileNotFoundError, FileExistsError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,660 @@
+"""The feature-cache format: safetensors shards plus a JSON-lines manifest.
+
+A cache is a directory::
+
+    meta.json          dataset-wide facts: format version, feature dim, frames, tokenizer, shards
+    manifest.jsonl     one JSON object per clip (id, split, shard, token counts, references)
+    shards/*.safetensors   per clip: "<clip_id>/visual" [Nv, d], "<clip_id>/audio" [Na, d],
+                           "<clip_id>/prompt_prefix_ids" [Lp], "<clip_id>/prompt_suffix_ids" [Ls]
+                           (or "..._embeds" [L, D] instead of ids), optional annotations
+
+The README's "Feature-cache format" section is the user-facing specification; this module is its
+reference writer (:class:`CacheWriter`) and reader (:class:`FeatureCache`). Reading memory-maps the
+shards and copies out one clip at a time; nothing is loaded whole.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+FORMAT_NAME = "avex-feature-cache"
+FORMAT_VERSION = 1
+SPLITS = ("train", "val", "test", "transfer")
+META_FILE = "meta.json"
+MANIFEST_FILE = "manifest.jsonl"
+SHARD_DIR = "shards"
+
+CLIP_ID_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]{1,200}$")
+FLOAT_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+INT_DTYPES = {"I64": torch.int64, "I32": torch.int32}
+# Keys a row may carry per clip in its shard; the first four are the ones every row needs
+# (prompt ids or prompt embeddings for each side).
+FEATURE_KEYS = ("visual", "audio")
+PROMPT_SIDES = ("prefix", "suffix")
+ANNOTATION_KEYS = ("visual_role", "audio_role")
+REQUIRED_ROW_FIELDS = ("clip_id", "split", "shard", "n_visual", "n_audio", "refs_av", "refs_v",
+                       "refs_a")
+
+
+class CacheError(ValueError):
+    """A cache that cannot be read as written: the message names the file and, where one is at
+    fault, the manifest row (1-based line number) and clip id."""
+
+
+def _where(path, row: int | None = None, clip_id: str | None = None) -> str:
+    text = str(path)
+    if row is not None:
+        text += f" row {row}"
+    if clip_id is not None:
+        text += f" (clip {clip_id!r})"
+    return text
+
+
+@dataclass
+class Clip:
+    """One clip as read from a cache. Tensors are CPU copies; ``visual``/``audio`` keep the stored
+    dtype. Prompt ids are int64; a prompt side stored as embeddings has ``*_ids`` None and
+    ``*_embeds`` set."""
+
+    clip_id: str
+    split: str
+    visual: torch.Tensor                      # [Nv, d]
+    audio: torch.Tensor                       # [Na, d]
+    prompt_prefix_ids: torch.Tensor | None    # [Lp]
+    prompt_suffix_ids: torch.Tensor | None    # [Ls]
+    refs_av: list[str]
+    refs_v: list[str]
+    refs_a: list[str]
+    prompt_prefix_embeds: torch.Tensor | None = None
+    prompt_suffix_embeds: torch.Tensor | None = None
+    annotations: dict[str, torch.Tensor] = field(default_factory=dict)
+    info: dict = field(default_factory=dict)
+
+    @property
+    def n_visual(self) -> int:
+        return self.visual.shape[0]
+
+    @property
+    def n_audio(self) -> int:
+        return self.audio.shape[0]
+
+
+@dataclass(frozen=True)
+class CacheMeta:
+    dim: int
+    n_frames: int | None
+    dtype: str
+    tokenizer: str | None           # path relative to the cache root, or a model path / name
+    splits: dict
+    shards: dict                    # relative shard path -> {"bytes", "sha256", "clips"}
+    source: dict
+    version: int = FORMAT_VERSION
+
+
+# ---------------------------------------------------------------------------------------------
+# writing
+# ---------------------------------------------------------------------------------------------
+
+def _sha256(path: Path, chunk: int = 1 << 22) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _check_refs(name: str, refs, clip_id: str, *, required: bool) -> list[str]:
+    if not isinstance(refs, (list, tuple)) or not all(isinstance(r, str) and r.strip()
+                                                      for r in refs):
+        raise ValueError(f"{name} for clip {clip_id!r} must be a list of non-empty strings, "
+                         f"got {refs!r}")
+    if required and not refs:
+        raise ValueError(f"{name} for clip {clip_id!r} must hold at least one reference")
+    return list(refs)
+
+
+class CacheWriter:
+    """Writes a cache directory. Use as a context manager; nothing appears at ``root`` until the
+    writer closes without error (it builds in a sibling temporary directory, then renames).
+
+    ``tokenizer`` says how to read the prompt ids: a path relative to the cache root (a tokenizer
+    saved inside the cache), or a model path / hub name; None when prompts are stored as
+    embeddings. ``source`` is free-form provenance written into meta.json.
+    """
+
+    def __init__(self, root, *, dim: int, n_frames: int | None = None,
+                 dtype: torch.dtype = torch.float32, tokenizer: str | None = None,
+                 source: dict | None = None, clips_per_shard: int = 256, overwrite: bool = False):
+        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
+            raise ValueError(f"dim must be a positive int, got {dim!r}")
+        if dtype not in FLOAT_DTYPES.values():
+            raise ValueError(f"dtype must be one of float32, float16, bfloat16, got {dtype}")
+        if isinstance(clips_per_shard, bool) or not isinstance(clips_per_shard, int) \
+                or clips_per_shard < 1:
+            raise ValueError(f"clips_per_shard must be a positive int, got {clips_per_shard!r}")
+        self.root = Path(root)
+        if self.root.exists() and not overwrite:
+            raise FileExistsError(f"cache directory {self.root} already exists; pass "
+                                  "overwrite=True to replace it")
+        self.dim, self.n_frames, self.dtype = dim, n_frames, dtype
+        self.tokenizer, self.source = tokenizer, dict(source or {})
+        self.clips_per_shard, self.overwrite = clips_per_shard, overwrite
+        self.staging = self.root.parent / f".{self.root.name}.tmp-{os.getpid()}"
+        if self.staging.exists():
+            shutil.rmtree(self.staging)
+        (self.staging / SHARD_DIR).mkdir(parents=True)
+        self._pending: dict[str, list[tuple[dict, dict]]] = {}
+        self._shard_count: dict[str, int] = {}
+        self._rows: list[dict] = []
+        self._ids: set[str] = set()
+        self._shards: dict[str, dict] = {}
+        self._closed = False
+
+    @property
+    def staging_dir(self) -> Path:
+        """Where files written before :meth:`close` live (e.g. to save a tokenizer into)."""
+        return self.staging
+
+    def add(self, clip_id: str, split: str, visual: torch.Tensor, audio: torch.Tensor, *,
+            refs_av: Sequence[str], refs_v: Sequence[str] = (), refs_a: Sequence[str] = (),
+            prompt_prefix_ids=None, prompt_suffix_ids=None, prompt_prefix_embeds=None,
+            prompt_suffix_embeds=None, prompt_text: dict | None = None,
+            annotations: dict | None = None, info: dict | None = None) -> None:
+        if not isinstance(clip_id, str) or not CLIP_ID_PATTERN.match(clip_id):
+            raise ValueError("clip_id must match [A-Za-z0-9_.-]{1,200}, got " + repr(clip_id))
+        if clip_id in self._ids:
+            raise ValueError(f"clip_id {clip_id!r} was already added")
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {list(SPLITS)}, got {split!r}")
+        tensors = {}
+        for name, value in (("visual", visual), ("audio", audio)):
+            if not isinstance(value, torch.Tensor) or value.dim() != 2 \
+                    or value.shape[1] != self.dim or not value.is_floating_point():
+                shape = list(value.shape) if isinstance(value, torch.Tensor) else type(value)
+                raise ValueError(f"{name} for clip {clip_id!r} must be a float tensor "
+                                 f"[N, {self.dim}], got {shape}")
+            tensors[f"{clip_id}/{name}"] = value.detach().to("cpu", self.dtype).contiguous()
+        for side, ids, embeds in (("prefix", prompt_prefix_ids, prompt_prefix_embeds),
+                                  ("suffix", prompt_suffix_ids, prompt_suffix_embeds)):
+            if (ids is None) == (embeds is None):
+                raise ValueError(f"clip {clip_id!r}: give exactly one of prompt_{side}_ids and "
+                                 f"prompt_{side}_embeds")
+            if ids is not None:
+                ids = torch.as_tensor(ids)
+                if ids.dim() != 1 or ids.is_floating_point():
+                    raise ValueError(f"prompt_{side}_ids for clip {clip_id!r} must be a 1-D "
+                                     f"integer sequence, got shape {list(ids.shape)}")
+                tensors[f"{clip_id}/prompt_{side}_ids"] = ids.to(torch.int64).contiguous()
+            else:
+                if not isinstance(embeds, torch.Tensor) or embeds.dim() != 2 \
+                        or not embeds.is_floating_point():
+                    raise ValueError(f"prompt_{side}_embeds for clip {clip_id!r} must be a "
+                                     "float tensor [L, D]")
+                tensors[f"{clip_id}/prompt_{side}_embeds"] = \
+                    embeds.detach().to("cpu", self.dtype).contiguous()
+        for name, value in (annotations or {}).items():
+            if name not in ANNOTATION_KEYS:
+                raise ValueError(f"annotation {name!r} is not one of {list(ANNOTATION_KEYS)}")
+            tensors[f"{clip_id}/{name}"] = torch.as_tensor(value).to(torch.int8).contiguous()
+        row = {
+            "clip_id": clip_id,
+            "split": split,
+            "shard": None,  # filled when the shard is written
+            "n_visual": int(visual.shape[0]),
+            "n_audio": int(audio.shape[0]),
+            "refs_av": _check_refs("refs_av", refs_av, clip_id, required=True),
+            "refs_v": _check_refs("refs_v", refs_v, clip_id, required=False),
+            "refs_a": _check_refs("refs_a", refs_a, clip_id, required=False),
+        }
+        if prompt_text is not None:
+            row["prompt"] = {k: str(prompt_text[k]) for k in PROMPT_SIDES if k in prompt_text}
+        if info:
+            row["info"] = info
+        self._ids.add(clip_id)
+        self._pending.setdefault(split, []).append((row, tensors))
+        if len(self._pending[split]) >= self.clips_per_shard:
+            self._flush(split)
+
+    def _flush(self, split: str) -> None:
+        items = self._pending.pop(split, [])
+        if not items:
+            return
+        index = self._shard_count.get(split, 0)
+        self._shard_count[split] = index + 1
+        relative = f"{SHARD_DIR}/{split}-{index:05d}.safetensors"
+        tensors = {}
+        for row, clip_tensors in items:
+            row["shard"] = relative
+            tensors.update(clip_tensors)
+            self._rows.append(row)
+        path = self.staging / relative
+        # one metadata key only: safetensors writes the metadata map in hash order, so two
+        # keys would make byte-identical rebuilds impossible
+        save_file(tensors, str(path), metadata={"format": f"{FORMAT_NAME}/{FORMAT_VERSION}"})
+        self._shards[relative] = {"bytes": path.stat().st_size, "sha256": _sha256(path),
+                                  "clips": len(items)}
+
+    def close(self) -> Path:
+        if self._closed:
+            return self.root
+        for split in list(self._pending):
+            self._flush(split)
+        if not self._rows:
+            raise ValueError("no clips were added; an empty cache is not written")
+        order = {s: i for i, s in enumerate(SPLITS)}
+        self._rows.sort(key=lambda r: (order[r["split"]], r["shard"]))
+        with open(self.staging / MANIFEST_FILE, "w", encoding="utf-8") as handle:
+            for row in self._rows:
+                handle.write(json.dumps(row, ensure_ascii=True) + "\n")
+        counts = {s: sum(r["split"] == s for r in self._rows) for s in SPLITS}
+        meta = {
+            "format": FORMAT_NAME,
+            "version": FORMAT_VERSION,
+            "dim": self.dim,
+            "dtype": {v: k for k, v in FLOAT_DTYPES.items()}[self.dtype],
+            "n_frames": self.n_frames,
+            "tokenizer": self.tokenizer,
+            "token_order": ["video", "audio"],
+            "splits": {s: n for s, n in counts.items() if n},
+            "shards": dict(sorted(self._shards.items())),
+            "source": self.source,
+        }
+        with open(self.staging / META_FILE, "w", encoding="utf-8") as handle:
+            json.dump(meta, handle, indent=1, sort_keys=True)
+            handle.write("\n")
+        if self.root.exists():
+            if not self.overwrite:
+                raise FileExistsError(f"cache directory {self.root} appeared while writing")
+            shutil.rmtree(self.root)
+        os.replace(self.staging, self.root)
+        self._closed = True
+        return self.root
+
+    def abort(self) -> None:
+        shutil.rmtree(self.staging, ignore_errors=True)
+        self._closed = True
+
+    def __enter__(self) -> "CacheWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
+# ---------------------------------------------------------------------------------------------
+# reading
+# ---------------------------------------------------------------------------------------------
+
+def _read_meta(root: Path) -> CacheMeta:
+    path = root / META_FILE
+    if not path.is_file():
+        raise CacheError(f"{path}: missing; {root} is not a feature cache (no {META_FILE})")
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise CacheError(f"{path}: not valid JSON ({err})") from None
+    if not isinstance(raw, dict) or raw.get("format") != FORMAT_NAME:
+        raise CacheError(f"{path}: 'format' must be {FORMAT_NAME!r}, got {raw.get('format')!r}"
+                         if isinstance(raw, dict) else f"{path}: must hold a JSON object")
+    if raw.get("version") != FORMAT_VERSION:
+        raise CacheError(f"{path}: format version {raw.get('version')!r} is not supported "
+                         f"(this reader knows version {FORMAT_VERSION})")
+    dim = raw.get("dim")
+    if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
+        raise CacheError(f"{path}: 'dim' must be a positive int, got {dim!r}")
+    if raw.get("dtype") not in FLOAT_DTYPES:
+        raise CacheError(f"{path}: 'dtype' must be one of {list(FLOAT_DTYPES)}, "
+                         f"got {raw.get('dtype')!r}")
+    shards = raw.get("shards", {})
+    if not isinstance(shards, dict):
+        raise CacheError(f"{path}: 'shards' must be an object, got {type(shards).__name__}")
+    return CacheMeta(dim=dim, n_frames=raw.get("n_frames"), dtype=raw["dtype"],
+                     tokenizer=raw.get("tokenizer"), splits=raw.get("splits", {}),
+                     shards=shards, source=raw.get("source", {}))
+
+
+def _read_manifest(root: Path) -> list[dict]:
+    path = root / MANIFEST_FILE
+    if not path.is_file():
+        raise CacheError(f"{path}: missing")
+    rows, seen = [], {}
+    with open(path, encoding="utf-8") as handle:
+        for line_no, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise CacheError(f"{_where(path, line_no)}: not valid JSON ({err})") from None
+            if not isinstance(row, dict):
+                raise CacheError(f"{_where(path, line_no)}: must be a JSON object")
+            missing = [k for k in REQUIRED_ROW_FIELDS if k not in row]
+            if missing:
+                raise CacheError(f"{_where(path, line_no, row.get('clip_id'))}: missing "
+                                 f"field(s) {missing}")
+            clip_id = row["clip_id"]
+            if not isinstance(clip_id, str) or not CLIP_ID_PATTERN.match(clip_id):
+                raise CacheError(f"{_where(path, line_no)}: clip_id {clip_id!r} must match "
+                                 "[A-Za-z0-9_.-]{1,200}")
+            if clip_id in seen:
+                raise CacheError(f"{_where(path, line_no, clip_id)}: duplicate clip_id (first "
+                                 f"on row {seen[clip_id]})")
+            seen[clip_id] = line_no
+            if row["split"] not in SPLITS:
+                raise CacheError(f"{_where(path, line_no, clip_id)}: split must be one of "
+                                 f"{list(SPLITS)}, got {row['split']!r}")
+            for key in ("n_visual", "n_audio"):
+                value = row[key]
+                if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                    raise CacheError(f"{_where(path, line_no, clip_id)}: {key} must be an int "
+                                     f">= 0, got {value!r}")
+            for key in ("refs_av", "refs_v", "refs_a"):
+                refs = row[key]
+                if not isinstance(refs, list) or not all(isinstance(r, str) for r in refs):
+                    raise CacheError(f"{_where(path, line_no, clip_id)}: {key} must be a list "
+                                     "of strings")
+            if not row["refs_av"]:
+                raise CacheError(f"{_where(path, line_no, clip_id)}: refs_av is empty")
+            shard = row["shard"]
+            if not isinstance(shard, str) or Path(shard).is_absolute() or ".." in Path(shard).parts:
+                raise CacheError(f"{_where(path, line_no, clip_id)}: shard must be a path "
+                                 f"inside the cache, got {shard!r}")
+            row["_line"] = line_no
+            rows.append(row)
+    if not rows:
+        raise CacheError(f"{path}: holds no rows")
+    return rows
+
+
+class FeatureCache:
+    """Read access to a feature cache.
+
+    Opening reads ``meta.json`` and the manifest and checks every row against its shard's header
+    (shapes, dtypes, keys) without reading tensor data. ``verify="hash"`` also checks each shard's
+    SHA-256 against meta.json the first time a clip from it is read; ``verify="none"`` skips the
+    header checks. ``expected_dim`` (e.g. a captioner's feature dim) is checked against the cache's.
+
+    Errors are :class:`CacheError` naming the file and, for row problems, the manifest row.
+    """
+
+    def __init__(self, root, *, verify: str = "header", expected_dim: int | None = None,
+                 max_open_shards: int = 8):
+        if verify not in ("none", "header", "hash"):
+            raise ValueError(f"verify must be 'none', 'header' or 'hash', got {verify!r}")
+        self.root = Path(root)
+        if not self.root.is_dir():
+            raise CacheError(f"{self.root}: no such cache directory")
+        self.meta = _read_meta(self.root)
+        if expected_dim is not None and expected_dim != self.meta.dim:
+            raise CacheError(f"{self.root / META_FILE}: feature dim is {self.meta.dim} but "
+                             f"{expected_dim} was expected (expected_dim)")
+        self.rows = _read_manifest(self.root)
+        self._by_id = {row["clip_id"]: i for i, row in enumerate(self.rows)}
+        self.verify = verify
+        self._handles: OrderedDict[str, object] = OrderedDict()
+        self._max_open = max_open_shards
+        self._hashed: set[str] = set()
+        if verify != "none":
+            self._check_all_rows()
+
+    # -- checks ---------------------------------------------------------------------------------
+    def _row_where(self, row: dict) -> str:
+        return _where(self.root / MANIFEST_FILE, row["_line"], row["clip_id"])
+
+    def _shard_path(self, row: dict) -> Path:
+        path = self.root / row["shard"]
+        if not path.is_file():
+            raise CacheError(f"{path}: shard missing (named by {self._row_where(row)})")
+        return path
+
+    def _check_shard_size(self, path: Path, row: dict) -> None:
+        # Listing shards in meta.json is optional; a listed shard must have its recorded size.
+        record = self.meta.shards.get(row["shard"], {})
+        size = path.stat().st_size
+        if "bytes" in record and size != record["bytes"]:
+            raise CacheError(f"{path}: shard is {size} bytes but meta.json records "
+                             f"{record['bytes']} (truncated or replaced; named by "
+                             f"{self._row_where(row)})")
+
+    def _header(self, path: Path, row: dict) -> dict:
+        """Key -> (dtype string, shape) from a shard's header, without reading tensor data."""
+        with open(path, "rb") as handle:
+            head = handle.read(8)
+            if len(head) < 8:
+                raise CacheError(f"{path}: corrupted shard, shorter than a safetensors header "
+                                 f"(named by {self._row_where(row)})")
+            n = int.from_bytes(head, "little")
+            if n <= 0 or n > min(path.stat().st_size - 8, 100 << 20):
+                raise CacheError(f"{path}: corrupted shard, header length {n} does not fit the "
+                                 f"file (named by {self._row_where(row)})")
+            try:
+                header = json.loads(handle.read(n))
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                raise CacheError(f"{path}: corrupted shard, header is not valid JSON (named by "
+                                 f"{self._row_where(row)})") from None
+        data_size = path.stat().st_size - 8 - n
+        out = {}
+        for key, spec in header.items():
+            if key == "__metadata__":
+                continue
+            try:
+                start, end = spec["data_offsets"]
+                dtype, shape = spec["dtype"], list(spec["shape"])
+            except (KeyError, TypeError, ValueError):
+                raise CacheError(f"{path}: corrupted shard, bad header entry {key!r} (named by "
+                                 f"{self._row_where(row)})") from None
+            if not (0 <= start <= end <= data_size):
+                raise CacheError(f"{path}: corrupted shard, tensor {key!r} lies outside the "
+                                 f"file (named by {self._row_where(row)})")
+            out[key] = (dtype, shape)
+        return out
+
+    def _check_row(self, row: dict, header: dict, path: Path) -> None:
+        where, clip_id, dim = self._row_where(row), row["clip_id"], self.meta.dim
+        for name, count_key in (("visual", "n_visual"), ("audio", "n_audio")):
+            key = f"{clip_id}/{name}"
+            if key not in header:
+                raise CacheError(f"{where}: shard {path} has no tensor {key!r}")
+            dtype, shape = header[key]
+            if dtype not in FLOAT_DTYPES:
+                raise CacheError(f"{where}: {key} in {path} has dtype {dtype}; features must be "
+                                 f"one of {list(FLOAT_DTYPES)}")
+            if len(shape) != 2 or shape[1] != dim:
+                raise CacheError(f"{where}: {key} in {path} has shape {shape} but the feature "
+                                 f"dim is {dim} (meta.json 'dim'); expected [{row[count_key]}, "
+                                 f"{dim}]")
+            if shape[0] != row[count_key]:
+                raise CacheError(f"{where}: manifest says {count_key}={row[count_key]} but "
+                                 f"{key} in {path} has {shape[0]} tokens")
+        for side in PROMPT_SIDES:
+            ids_key, emb_key = f"{clip_id}/prompt_{side}_ids", f"{clip_id}/prompt_{side}_embeds"
+            if ids_key in header:
+                dtype, shape = header[ids_key]
+                if dtype not in INT_DTYPES or len(shape) != 1:
+                    raise CacheError(f"{where}: {ids_key} in {path} must be a 1-D int64/int32 "
+                                     f"tensor, got {dtype} {shape}")
+            elif emb_key in header:
+                dtype, shape = header[emb_key]
+                if dtype not in FLOAT_DTYPES or len(shape) != 2:
+                    raise CacheError(f"{where}: {emb_key} in {path} must be a float [L, D] "
+                                     f"tensor, got {dtype} {shape}")
+            else:
+                raise CacheError(f"{where}: shard {path} has neither {ids_key!r} nor "
+                                 f"{emb_key!r}")
+
+    def _check_all_rows(self) -> None:
+        by_shard: dict[str, list[dict]] = {}
+        for row in self.rows:
+            by_shard.setdefault(row["shard"], []).append(row)
+        for rows in by_shard.values():
+            path = self._shard_path(rows[0])
+            self._check_shard_size(path, rows[0])
+            header = self._header(path, rows[0])
+            for row in rows:
+                self._check_row(row, header, path)
+
+    def _check_hash(self, path: Path, row: dict) -> None:
+        if row["shard"] in self._hashed:
+            return
+        expected = self.meta.shards.get(row["shard"], {}).get("sha256")
+        if expected is None:
+            raise CacheError(f"{path}: meta.json records no sha256 for this shard; cannot "
+                             f"verify it (named by {self._row_where(row)})")
+        if _sha256(path) != expected:
+            raise CacheError(f"{path}: corrupted shard, SHA-256 differs from meta.json (named by "
+                             f"{self._row_where(row)})")
+        self._hashed.add(row["shard"])
+
+    def verify_all(self) -> None:
+        """Full check: every row against its shard header and every shard's SHA-256."""
+        self._check_all_rows()
+        for row in self.rows:
+            self._check_hash(self._shard_path(row), row)
+
+    # -- access ---------------------------------------------------------------------------------
+    def _handle(self, row: dict):
+        shard = row["shard"]
+        handle = self._handles.get(shard)
+        if handle is not None:
+            self._handles.move_to_end(shard)
+            return handle
+        path = self._shard_path(row)
+        if self.verify == "hash":
+            self._check_hash(path, row)
+        try:
+            handle = safe_open(str(path), framework="pt", device="cpu")
+        except Exception as err:  # safetensors raises its own error types
+            raise CacheError(f"{path}: corrupted shard, safetensors cannot open it ({err}; "
+                             f"named by {self._row_where(row)})") from None
+        self._handles[shard] = handle
+        if len(self._handles) > self._max_open:
+            self._handles.popitem(last=False)
+        return handle
+
+    def _tensor(self, handle, row: dict, name: str, *, optional: bool = False):
+        key = f"{row['clip_id']}/{name}"
+        if key not in handle.keys():
+            if optional:
+                return None
+            raise CacheError(f"{self._row_where(row)}: shard {self.root / row['shard']} has no "
+                             f"tensor {key!r}")
+        try:
+            return handle.get_tensor(key)
+        except Exception as err:
+            raise CacheError(f"{self.root / row['shard']}: corrupted shard, cannot read {key!r} "
+                             f"({err}; named by {self._row_where(row)})") from None
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> Clip:
+        if not -len(self.rows) <= index < len(self.rows):
+            raise IndexError(f"clip index {index} out of range for {len(self.rows)} clips")
+        row = self.rows[index]
+        handle = self._handle(row)
+        visual = self._tensor(handle, row, "visual")
+        audio = self._tensor(handle, row, "audio")
+        for name, tensor, count_key in (("visual", visual, "n_visual"),
+                                        ("audio", audio, "n_audio")):
+            if tensor.dim() != 2 or tensor.shape[1] != self.meta.dim \
+                    or tensor.shape[0] != row[count_key]:
+                raise CacheError(f"{self._row_where(row)}: {name} has shape "
+                                 f"{list(tensor.shape)}, expected [{row[count_key]}, "
+                                 f"{self.meta.dim}]")
+        prompt = {}
+        for side in PROMPT_SIDES:
+            ids = self._tensor(handle, row, f"prompt_{side}_ids", optional=True)
+            embeds = None if ids is not None else \
+                self._tensor(handle, row, f"prompt_{side}_embeds")
+            prompt[side] = (None if ids is None else ids.to(torch.int64), embeds)
+        annotations = {}
+        for name in ANNOTATION_KEYS:
+            value = self._tensor(handle, row, name, optional=True)
+            if value is not None:
+                annotations[name] = value
+        return Clip(clip_id=row["clip_id"], split=row["split"], visual=visual, audio=audio,
+                    prompt_prefix_ids=prompt["prefix"][0], prompt_suffix_ids=prompt["suffix"][0],
+                    prompt_prefix_embeds=prompt["prefix"][1],
+                    prompt_suffix_embeds=prompt["suffix"][1],
+                    refs_av=list(row["refs_av"]), refs_v=list(row["refs_v"]),
+                    refs_a=list(row["refs_a"]), annotations=annotations,
+                    info=dict(row.get("info", {})))
+
+    def __iter__(self) -> Iterator[Clip]:
+        for i in range(len(self.rows)):
+            yield self[i]
+
+    def get(self, clip_id: str) -> Clip:
+        if clip_id not in self._by_id:
+            raise KeyError(f"clip_id {clip_id!r} is not in {self.root / MANIFEST_FILE}")
+        return self[self._by_id[clip_id]]
+
+    @property
+    def clip_ids(self) -> list[str]:
+        return [row["clip_id"] for row in self.rows]
+
+    def split(self, name: str) -> "CacheSplit":
+        if name not in SPLITS:
+            raise ValueError(f"split must be one of {list(SPLITS)}, got {name!r}")
+        indices = [i for i, row in enumerate(self.rows) if row["split"] == name]
+        if not indices:
+            raise CacheError(f"{self.root / MANIFEST_FILE}: no rows with split {name!r} "
+                             f"(splits present: {sorted({r['split'] for r in self.rows})})")
+        return CacheSplit(self, indices, name)
+
+    def tokenizer_path(self) -> str | None:
+        """The tokenizer for prompt ids: a directory inside the cache when one was saved there,
+        otherwise meta.json's string as given (a model path or name)."""
+        name = self.meta.tokenizer
+        if name is None:
+            return None
+        inside = self.root / name
+        return str(inside) if inside.exists() else name
+
+    def close(self) -> None:
+        self._handles.clear()
+
+
+class CacheSplit(torch.utils.data.Dataset):
+    """The clips of one split, as a map-style dataset over the parent :class:`FeatureCache`."""
+
+    def __init__(self, cache: FeatureCache, indices: list[int], name: str):
+        self.cache, self.indices, self.name = cache, indices, name
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, index: int) -> Clip:
+        if not -len(self.indices) <= index < len(self.indices):
+            raise IndexError(f"index {index} out of range for split {self.name!r} with "
+                             f"{len(self.indices)} clips")
+        return self.cache[self.indices[index]]
+
+    def __iter__(self) -> Iterator[Clip]:
+        for i in range(len(self.indices)):
+            yield self[i]
+
+    @property
+    def clip_ids(self) -> list[str]:
+        return [self.cache.rows[i]["clip_id"] for i in self.indices]
+
+    def references(self, kind: str = "av") -> list[list[str]]:
+        """The references of every clip (from the manifest; no tensor is read)."""
+        key = {"av": "refs_av", "v": "refs_v", "a": "refs_a"}.get(kind)
+        if key is None:
+            raise ValueError(f"kind must be 'av', 'v' or 'a', got {kind!r}")
+        return [list(self.cache.rows[i][key]) for i in self.indices]
