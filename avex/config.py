@@ -58,6 +58,8 @@ class TrainConfig:
     exchanges: bool = True            # False: set-level reward only (the CaCoVID-AV variant)
     warmup_only: bool = False
     lambda_ex: float = 1.0
+    rl: bool = True                   # False: exchange preferences only (ablation)
+    normalize_rl: bool = False        # standardised advantages, log pi / K (not in the paper)
     # reward decoding
     num_beams: int = 1
     max_new_tokens: int = 24

@@ -36,15 +36,23 @@ def exchange_loss(delta_f: torch.Tensor, delta_reward: torch.Tensor,
 
 
 def policy_gradient_loss(log_prob: torch.Tensor, anchor_reward: torch.Tensor,
-                         counterfactual_rewards: torch.Tensor,
-                         valid: torch.Tensor) -> torch.Tensor:
+                         counterfactual_rewards: torch.Tensor, valid: torch.Tensor, *,
+                         normalize: bool = False, set_size=None) -> torch.Tensor:
     """L_RL, per sample [B]: -(R(S) - b) * log pi(S|x), with the baseline b the mean reward of
-    the anchor and its valid counterfactuals (no gradient flows through b)."""
+    the anchor and its valid counterfactuals (no gradient flows through b).
+
+    ``normalize`` (not in the paper; off in its preset) divides the advantages by their batch
+    standard deviation and log pi by the set size K (``set_size`` [B]), so that L_RL is O(1)
+    like L_ex whatever the reward scale and K.
+    """
     _check_same_shape(counterfactual_rewards=counterfactual_rewards, valid=valid)
     _check_same_shape(log_prob=log_prob, anchor_reward=anchor_reward)
     cf = torch.where(valid, counterfactual_rewards, torch.zeros_like(counterfactual_rewards))
     baseline = (anchor_reward + cf.sum(dim=1)) / (1 + valid.sum(dim=1))
     advantage = (anchor_reward - baseline).detach()
+    if normalize:
+        advantage = advantage / (advantage.std(unbiased=False) + 1e-6)
+        log_prob = log_prob / set_size.to(log_prob.dtype)
     return -advantage * log_prob
 
 
@@ -62,13 +70,14 @@ def set_level_loss(log_prob: torch.Tensor, reward: torch.Tensor) -> torch.Tensor
 
 
 def avex_objective(log_prob, anchor_reward, counterfactual_rewards, delta_f, valid,
-                   *, lambda_ex: float = 1.0, use_rl: bool = True,
-                   use_exchange: bool = True) -> dict[str, torch.Tensor]:
+                   *, lambda_ex: float = 1.0, use_rl: bool = True, use_exchange: bool = True,
+                   normalize_rl: bool = False, set_size=None) -> dict[str, torch.Tensor]:
     """The batch-mean losses: {"loss", "rl", "exchange"}. dR = R(S) - R(S') per exchange."""
     if lambda_ex < 0:
         raise ValueError(f"lambda_ex must be >= 0, got {lambda_ex}")
     delta_reward = anchor_reward[:, None] - counterfactual_rewards
-    rl = policy_gradient_loss(log_prob, anchor_reward, counterfactual_rewards, valid).mean()
+    rl = policy_gradient_loss(log_prob, anchor_reward, counterfactual_rewards, valid,
+                              normalize=normalize_rl, set_size=set_size).mean()
     ex = exchange_loss(delta_f, delta_reward, valid).mean()
     zero = torch.zeros((), dtype=rl.dtype, device=rl.device)
     loss = (rl if use_rl else zero) + (lambda_ex * ex if use_exchange else zero)

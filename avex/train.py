@@ -155,27 +155,25 @@ def sample_seed(seed: int, step: int, chunk: int) -> int:
 # Warmup: fit the policy to a balanced attention-based selection
 # ----------------------------------------------------------------------------------------------
 
-@torch.no_grad()
-def warmup_targets(captioner, clips, retention: float, batch_size: int = 64,
-                   progress: bool = False) -> list[torch.Tensor]:
+def warmup_targets(attention: dict, clips, retention: float) -> list[torch.Tensor]:
     """Per clip, bool [M]: K_a = round(K * Na / N) audio tokens and K - K_a visual tokens, each
-    the highest text-to-AV attention of the full-token prefill within its modality."""
+    the highest text-to-AV attention of the full-token prefill within its modality.
+
+    ``attention`` maps clip_id -> float [M] (``FrozenCaptioner.cached_text_to_av_attention``).
+    """
     targets = []
-    for start in tqdm(range(0, len(clips), batch_size), desc="warmup targets", unit="batch",
-                      disable=not progress, leave=False):
-        chunk = [clips[i] for i in range(start, min(start + batch_size, len(clips)))]
-        attention = captioner.text_to_av_attention(chunk)
-        for clip, att in zip(chunk, attention):
-            nv, na = clip.n_visual, clip.n_audio
-            n = nv + na
-            k = max(1, math.floor(retention * n + 0.5))
-            ka = min(na, math.floor(k * na / n + 0.5))
-            kv = min(nv, k - ka)
-            ka = k - kv
-            keep = torch.zeros(n, dtype=torch.bool)
-            keep[att[:nv].topk(kv).indices] = True
-            keep[nv + att[nv:].topk(ka).indices] = True
-            targets.append(keep)
+    for clip in clips:
+        att = attention[clip.clip_id]
+        nv, na = clip.n_visual, clip.n_audio
+        n = nv + na
+        k = max(1, math.floor(retention * n + 0.5))
+        ka = min(na, math.floor(k * na / n + 0.5))
+        kv = min(nv, k - ka)
+        ka = k - kv
+        keep = torch.zeros(n, dtype=torch.bool)
+        keep[att[:nv].topk(kv).indices] = True
+        keep[nv + att[nv:].topk(ka).indices] = True
+        targets.append(keep)
     return targets
 
 
@@ -196,8 +194,8 @@ def warmup_loss(policy, batch, layout: AVLayout, targets: list[torch.Tensor]) ->
 def rl_loss(cfg: TrainConfig, policy, captioner, cider, batch, clips, seed: int) -> dict:
     layout = AVLayout.of(batch.modality)
     scores = layout.gather(policy(batch.inputs_embeds, batch.modality))
-    anchor_idx, log_prob = gumbel_topk(scores, layout.budget(cfg.retention), tau=cfg.tau,
-                                       seed=seed)
+    budget = layout.budget(cfg.retention)
+    anchor_idx, log_prob = gumbel_topk(scores, budget, tau=cfg.tau, seed=seed)
     if cfg.exchanges:
         exchanges = build_exchanges(scores, anchor_idx, layout.modality, g=cfg.g,
                                     types=tuple(cfg.exchange_types))
@@ -214,7 +212,8 @@ def rl_loss(cfg: TrainConfig, policy, captioner, cider, batch, clips, seed: int)
                               device=scores.device).view(-1, num_sets)
     if cfg.exchanges:
         terms = avex_objective(log_prob, rewards[:, 0], rewards[:, 1:], exchanges.delta_f,
-                               exchanges.valid, lambda_ex=cfg.lambda_ex)
+                               exchanges.valid, lambda_ex=cfg.lambda_ex, use_rl=cfg.rl,
+                               normalize_rl=cfg.normalize_rl, set_size=budget)
         terms["valid_exchanges"] = exchanges.valid.float().mean(0)
     else:
         terms = {"loss": set_level_loss(log_prob, rewards[:, 0]).mean()}
@@ -287,6 +286,7 @@ class Run:
         cfg = self.cfg
         data_path, captioner_path = prepare_assets(cfg, self.procs)
         cache, captioner, policy = load_assets(cfg, data_path, captioner_path, self.device)
+        self.cache = cache
         train = cache.split("train")
         clips_train = [train[i] for i in range(len(train))]
         n = len(clips_train)
@@ -327,14 +327,14 @@ class Run:
         if saved is not None:
             optimizer.load_state_dict(saved["optimizer"])
             set_rng_state(saved["rng"])
-        targets_path = self.run_dir / "warmup_targets.pt"
-        if self.procs.main and not targets_path.exists():
-            targets = warmup_targets(captioner, clips, cfg.retention, progress=cfg.progress)
-            tmp = targets_path.with_suffix(".tmp")
-            torch.save(targets, tmp)
-            os.replace(tmp, targets_path)
+        # full-token attention is computed once per (captioner, cache) and kept in the cache dir
+        if self.procs.main:
+            captioner.cached_text_to_av_attention(self.cache, "train", cache_dir=cfg.cache_dir,
+                                                  progress=cfg.progress)
         self.procs.barrier()
-        targets = torch.load(targets_path)
+        attention = captioner.cached_text_to_av_attention(self.cache, "train",
+                                                          cache_dir=cfg.cache_dir)
+        targets = warmup_targets(attention, clips, cfg.retention)
         bar = tqdm(range(start_step, self.warmup_steps), desc="warmup", unit="step",
                    disable=not (cfg.progress and self.procs.main),
                    initial=start_step, total=self.warmup_steps)
