@@ -20,7 +20,7 @@ EXCHANGE_TYPES = ("vv", "aa", "va", "av")
 PRESETS = {
     # Section 3.4 of the paper, for a real backbone (VideoLLaMA 2 / VILA features).
     "paper": dict(lr=2e-5, weight_decay=0.01, lr_warmup=0.05, grad_clip=1.0, batch_size=64,
-                  epochs=3, num_beams=3, max_new_tokens=64, g=8, lambda_ex=1.0,
+                  epochs=3, num_beams=3, max_new_tokens=64, g=8, lambda_ex=1.0, rl=True,
                   policy_hidden=768),
     # The embedded benchmark on a laptop-class CPU: a tiny policy learns fast at a larger lr.
     "embedded": {},
@@ -58,7 +58,7 @@ class TrainConfig:
     exchanges: bool = True            # False: set-level reward only (the CaCoVID-AV variant)
     warmup_only: bool = False
     lambda_ex: float = 1.0
-    rl: bool = True                   # False: exchange preferences only (ablation)
+    rl: bool = False                  # L_RL on? On the embedded benchmark it hurt (README)
     normalize_rl: bool = False        # standardised advantages, log pi / K (not in the paper)
     # reward decoding
     num_beams: int = 1

@@ -436,8 +436,7 @@ class Run:
         methods = [("random", random_selector(cfg.seed))]
         if warmup_policy is not None:
             methods.append(("warmup only", policy_selector(warmup_policy)))
-        methods.append(("AVEX (this run)" if not cfg.warmup_only else "warmup only (this run)",
-                        policy_selector(policy)))
+        methods.append((run_label(cfg), policy_selector(policy)))
         decode = dict(num_beams=cfg.num_beams, max_new_tokens=cfg.max_new_tokens,
                       progress=cfg.progress)
         rows = [{"method": "full tokens", "retention": 1.0,
@@ -454,6 +453,15 @@ class Run:
         (self.run_dir / "results.md").write_text(table + "\n")
         print(table)
         return {"rows": rows, "table": table}
+
+
+def run_label(cfg: TrainConfig) -> str:
+    if cfg.warmup_only:
+        return "warmup only (this run)"
+    if not cfg.exchanges:
+        return "set-level reward, no exchanges (this run)"
+    objective = "L_RL + L_ex" if cfg.rl else "L_ex only"
+    return f"AVEX, {objective} (this run)"
 
 
 def results_table(rows: list[dict], caption: str) -> str:

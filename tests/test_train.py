@@ -46,7 +46,7 @@ def test_tiny_end_to_end_run(cache_dir, tmp_path):
     results = main(tiny_args(cache_dir, tmp_path / "run", "--eval-retentions", "0.4"))
     methods = [(row["method"], row["retention"]) for row in results["rows"]]
     assert methods == [("full tokens", 1.0), ("random", 0.4), ("warmup only", 0.4),
-                       ("AVEX (this run)", 0.4)]
+                       ("AVEX, L_ex only (this run)", 0.4)]
     assert results["rows"][0]["C_av"] > 0  # the captioner says something sensible
     log = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
     rl = [r for r in log if r["phase"] == "rl"]
