@@ -44,6 +44,28 @@ def resolve_backend(backend: str, device: torch.device, *, op: str) -> str:
     return "triton"
 
 
+def resolve_row_backend(backend: str, scores: torch.Tensor, *, op: str, max_width: int) -> str:
+    """``resolve_backend`` for kernels that hold one float32 row of ``scores`` in registers.
+
+    Under ``"auto"``, float64 scores and rows wider than ``max_width`` go to the reference; a
+    forced ``"triton"`` says why it can't take them.
+    """
+    path = resolve_backend(backend, scores.device, op=op)
+    if path != "triton":
+        return path
+    if scores.dtype == torch.float64:
+        if backend == "triton":
+            raise TypeError(f"{op}: the Triton path computes in float32; got scores of dtype "
+                            "torch.float64 (use backend='torch' for float64)")
+        return "torch"
+    if scores.shape[1] > max_width:
+        if backend == "triton":
+            raise ValueError(f"{op}: the Triton path holds a row in registers and takes at most "
+                             f"{max_width} tokens, got {scores.shape[1]}")
+        return "torch"
+    return path
+
+
 def next_power_of_2(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 

@@ -17,9 +17,9 @@ import torch
 
 from avex import _checks
 
-from ._utils import next_power_of_2, resolve_backend, row_launch_config
+from ._utils import next_power_of_2, resolve_row_backend, row_launch_config
 from .exchange_ref import (EXCHANGE_TYPES, build_exchanges_ref, group_width, type_codes)
-from .gumbel_topk import _check_selection
+from .gumbel_topk import check_selection
 from .gumbel_topk_ref import compute_dtype
 
 try:
@@ -94,7 +94,8 @@ def build_exchanges(scores: torch.Tensor, indices: torch.Tensor, modality: torch
     types = _check_args(scores, indices, modality, g, types)
     indices = indices.to(torch.int64)
     codes = type_codes(types)
-    path = _backend_for(scores, backend)
+    path = resolve_row_backend(backend, scores, op="build_exchanges",
+                               max_width=MAX_TRITON_WIDTH)
     if path == "torch":
         out = build_exchanges_ref(scores, indices, modality, g, codes)
     else:
@@ -145,26 +146,10 @@ def _check_args(scores, indices, modality, g, types) -> tuple:
     # Shared with gumbel_topk: -1 only as trailing padding, in range, no repeats, no -inf.
     k_rows = (indices >= 0).sum(dim=1)
     lengths = torch.full((batch,), width, dtype=torch.int64, device=scores.device)
-    _check_selection(scores, indices.to(torch.int64), k_rows, lengths)
+    check_selection(scores, indices.to(torch.int64), k_rows, lengths)
     if stats[4]:
         raise ValueError("indices: a chosen position is padding (modality -1)")
     return tuple(types)
-
-
-def _backend_for(scores, backend):
-    path = resolve_backend(backend, scores.device, op="build_exchanges")
-    if path == "triton":
-        if scores.dtype == torch.float64:
-            if backend == "triton":
-                raise TypeError("build_exchanges: the Triton path ranks in float32; got scores of "
-                                "dtype torch.float64 (use backend='torch' for float64)")
-            return "torch"
-        if scores.shape[1] > MAX_TRITON_WIDTH:
-            if backend == "triton":
-                raise ValueError(f"build_exchanges: the Triton path holds a row in registers and "
-                                 f"takes at most {MAX_TRITON_WIDTH} tokens, got {scores.shape[1]}")
-            return "torch"
-    return path
 
 
 # ----------------------------------------------------------------------------------------------

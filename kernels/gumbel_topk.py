@@ -24,7 +24,7 @@ import torch
 
 from avex import _checks
 
-from ._utils import next_power_of_2, resolve_backend, row_launch_config
+from ._utils import next_power_of_2, resolve_row_backend, row_launch_config
 from .gumbel_topk_ref import compute_dtype, gumbel_topk_ref, plackett_luce_log_prob_ref
 
 try:
@@ -63,7 +63,7 @@ def gumbel_topk(scores: torch.Tensor, k, *, tau: float = 1.0, lengths=None, seed
     """
     scores, k_rows, kmax, lengths = _check_common(scores, k, lengths, tau)
     seed = _check_seed(seed) if sample else 0
-    path = _backend_for(scores, backend, "gumbel_topk")
+    path = resolve_row_backend(backend, scores, op="gumbel_topk", max_width=MAX_TRITON_WIDTH)
     if path == "torch":
         return gumbel_topk_ref(scores, k_rows, kmax, lengths, tau, seed, bool(sample))
     return _GumbelTopK.apply(scores, k_rows, kmax, lengths, float(tau), seed, bool(sample))
@@ -84,8 +84,9 @@ def plackett_luce_log_prob(scores: torch.Tensor, indices: torch.Tensor, *, tau: 
     k_rows = (indices >= 0).sum(dim=1)
     scores, k_rows, kmax, lengths = _check_common(scores, k_rows, lengths, tau,
                                                   k_name="indices (its non-negative prefix)")
-    indices = _check_selection(scores, indices.to(torch.int64), k_rows, lengths)
-    path = _backend_for(scores, backend, "plackett_luce_log_prob")
+    indices = check_selection(scores, indices.to(torch.int64), k_rows, lengths)
+    path = resolve_row_backend(backend, scores, op="plackett_luce_log_prob",
+                               max_width=MAX_TRITON_WIDTH)
     if path == "torch":
         return plackett_luce_log_prob_ref(scores, indices, k_rows, lengths, tau)
     return _PlackettLuceLogProb.apply(scores, indices, k_rows, lengths, float(tau))
@@ -155,7 +156,7 @@ def _check_seed(seed) -> int:
     return seed
 
 
-def _check_selection(scores, indices, k_rows, lengths):
+def check_selection(scores, indices, k_rows, lengths):
     batch, width = scores.shape
     kmax = indices.shape[1]
     pos = torch.arange(kmax, device=indices.device)
@@ -177,22 +178,6 @@ def _check_selection(scores, indices, k_rows, lengths):
     if stats[3]:
         raise ValueError("indices: a row chooses the same position twice")
     return indices
-
-
-def _backend_for(scores, backend, op):
-    path = resolve_backend(backend, scores.device, op=op)
-    if path == "triton":
-        if scores.dtype == torch.float64:
-            if backend == "triton":
-                raise TypeError(f"{op}: the Triton path computes in float32; got scores of dtype "
-                                "torch.float64 (use backend='torch' for float64)")
-            return "torch"
-        if scores.shape[1] > MAX_TRITON_WIDTH:
-            if backend == "triton":
-                raise ValueError(f"{op}: the Triton path holds a row in registers and takes at "
-                                 f"most {MAX_TRITON_WIDTH} tokens, got {scores.shape[1]}")
-            return "torch"
-    return path
 
 
 # ----------------------------------------------------------------------------------------------
