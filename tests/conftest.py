@@ -23,3 +23,10 @@ requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
 @pytest.fixture
 def device():
     return DEVICE
+
+
+def poisoned_alloc(shape, dtype, device):
+    """Stand-in for a kernel module's ``_alloc``: outputs start as NaN / -7, so an element the
+    kernel never writes fails the comparison (the interpreter catches no out-of-bounds)."""
+    fill = float("nan") if dtype.is_floating_point else -7
+    return torch.full(shape, fill, dtype=dtype, device=device)

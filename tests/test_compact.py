@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from avex.kernels.compact import Compacted, compact
 from avex.kernels.compact_ref import compact_naive
-from conftest import DEVICE
+from conftest import DEVICE, poisoned_alloc
 
 # the module, not the function of the same name that avex.kernels re-exports
 compact_mod = importlib.import_module("avex.kernels.compact")
@@ -17,11 +17,7 @@ compact_mod = importlib.import_module("avex.kernels.compact")
 
 @pytest.fixture(autouse=True)
 def poisoned_outputs(monkeypatch):
-    """Kernel outputs start as NaN / -7 so an element the kernels never write fails the test."""
-    def alloc(shape, dtype, device):
-        fill = float("nan") if dtype.is_floating_point else -7
-        return torch.full(shape, fill, dtype=dtype, device=device)
-    monkeypatch.setattr(compact_mod, "_alloc", alloc)
+    monkeypatch.setattr(compact_mod, "_alloc", poisoned_alloc)
 
 
 def make_case(seed, batch, sets, width, features, p=0.5, dtype=torch.float32):

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from avex.kernels.exchange import EXCHANGE_TYPES, Exchanges, build_exchanges
 from avex.kernels.exchange_ref import build_exchanges_loop, type_codes
 from avex.kernels.gumbel_topk import gumbel_topk
-from conftest import DEVICE
+from conftest import DEVICE, poisoned_alloc
 
 # the module, not the function of the same name that avex.kernels re-exports
 exchange_mod = importlib.import_module("avex.kernels.exchange")
@@ -18,11 +18,7 @@ exchange_mod = importlib.import_module("avex.kernels.exchange")
 
 @pytest.fixture(autouse=True)
 def poisoned_outputs(monkeypatch):
-    """Kernel outputs start as NaN / -7 so an element the kernel never writes fails the test."""
-    def alloc(shape, dtype, device):
-        fill = float("nan") if dtype.is_floating_point else -7
-        return torch.full(shape, fill, dtype=dtype, device=device)
-    monkeypatch.setattr(exchange_mod, "_alloc", alloc)
+    monkeypatch.setattr(exchange_mod, "_alloc", poisoned_alloc)
 
 
 def make_case(seed, batch, width, k, *, ties=False, missing=None, pad=0, neg_inf=0):

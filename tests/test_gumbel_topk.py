@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from avex.kernels import gumbel_topk, plackett_luce_log_prob
 from avex.kernels.gumbel_topk_ref import (gumbel_noise, gumbel_topk_stepwise,
                                           plackett_luce_log_prob_stepwise)
-from conftest import DEVICE, requires_cuda
+from conftest import DEVICE, requires_cuda, poisoned_alloc
 
 # the module, not the function of the same name that avex.kernels re-exports
 gt = importlib.import_module("avex.kernels.gumbel_topk")
@@ -19,11 +19,7 @@ gt = importlib.import_module("avex.kernels.gumbel_topk")
 
 @pytest.fixture(autouse=True)
 def poisoned_outputs(monkeypatch):
-    """Kernel outputs start as NaN / -7 so an element the kernel never writes fails the test."""
-    def alloc(shape, dtype, device):
-        fill = float("nan") if dtype.is_floating_point else -7
-        return torch.full(shape, fill, dtype=dtype, device=device)
-    monkeypatch.setattr(gt, "_alloc", alloc)
+    monkeypatch.setattr(gt, "_alloc", poisoned_alloc)
 
 
 def make_case(gen, batch, width, *, kind="normal", ragged=False, neg_inf=False, per_row_k=False,
