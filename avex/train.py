@@ -278,6 +278,16 @@ class Run:
             save_checkpoint(self.run_dir, self._global_step(phase, step), _unwrap(policy), state)
         self.procs.barrier()
 
+    def steps_bar(self, desc: str, start: int, total: int):
+        return tqdm(range(start, total), desc=desc, unit="step", initial=start, total=total,
+                    disable=not (self.cfg.progress and self.procs.main))
+
+    def my_chunks(self, step: int, n: int, phase: str) -> list[list[int]]:
+        """This rank's micro-batches of global batch ``step`` of ``phase``."""
+        cfg = self.cfg
+        return micro_batches(batch_indices(step, cfg.batch_size, n, cfg.seed, phase),
+                             cfg.micro_batch_size, self.procs)
+
     def _global_step(self, phase, step):
         return step if phase == "warmup" else self.warmup_steps + step
 
@@ -335,12 +345,9 @@ class Run:
         attention = captioner.cached_text_to_av_attention(self.cache, "train",
                                                           cache_dir=cfg.cache_dir)
         targets = warmup_targets(attention, clips, cfg.retention)
-        bar = tqdm(range(start_step, self.warmup_steps), desc="warmup", unit="step",
-                   disable=not (cfg.progress and self.procs.main),
-                   initial=start_step, total=self.warmup_steps)
+        bar = self.steps_bar("warmup", start_step, self.warmup_steps)
         for step in bar:
-            chunks = micro_batches(batch_indices(step, cfg.batch_size, len(clips), cfg.seed,
-                                                 "warmup"), cfg.micro_batch_size, self.procs)
+            chunks = self.my_chunks(step, len(clips), "warmup")
             optimizer.zero_grad(set_to_none=True)
             total = 0.0
             for i, chunk in enumerate(chunks):
@@ -385,12 +392,9 @@ class Run:
             scheduler.load_state_dict(saved["scheduler"])
             set_rng_state(saved["rng"])
         cider = CiderD(corpus_references=[c.refs_av for c in clips], tokenize=True)
-        bar = tqdm(range(start_step, self.rl_steps), desc="RL + AVEX", unit="step",
-                   disable=not (cfg.progress and self.procs.main),
-                   initial=start_step, total=self.rl_steps)
+        bar = self.steps_bar("RL + AVEX", start_step, self.rl_steps)
         for step in bar:
-            chunks = micro_batches(batch_indices(step, cfg.batch_size, len(clips), cfg.seed,
-                                                 "rl"), cfg.micro_batch_size, self.procs)
+            chunks = self.my_chunks(step, len(clips), "rl")
             optimizer.zero_grad(set_to_none=True)
             sums: dict[str, float] = {}
             for i, chunk in enumerate(chunks):
