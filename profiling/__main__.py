@@ -1,0 +1,61 @@
+"""``python -m avex.profiling``: the paper's Table 4 for a backbone on this machine."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .suite import FLOPS_ONLY_METHODS, METHODS, ProfileSettings, profile
+
+
+def main(argv=None) -> int:
+    d = ProfileSettings()
+    p = argparse.ArgumentParser(prog="python -m avex.profiling", description=__doc__)
+    p.add_argument("--backbone", default=d.backbone,
+                   help="qwen2-7b, llama3-8b, or a path to a Hugging Face config")
+    p.add_argument("--retention", type=float, default=d.retention, help="rho in (0, 1]")
+    p.add_argument("--methods", default=",".join(d.methods),
+                   help=f"comma-separated, from {list(METHODS + FLOPS_ONLY_METHODS)} "
+                        "(fastv: FLOPs row only, not timed)")
+    p.add_argument("--visual-tokens", type=int, default=d.visual_tokens)
+    p.add_argument("--audio-tokens", type=int, default=d.audio_tokens)
+    p.add_argument("--text-before", type=int, default=d.text_before,
+                   help="prompt tokens before the AV tokens")
+    p.add_argument("--text-after", type=int, default=d.text_after,
+                   help="prompt tokens after the AV tokens")
+    p.add_argument("--decode-tokens", type=int, default=d.decode_tokens,
+                   help="forced decode length, the same for every method")
+    p.add_argument("--device", default=d.device, help="auto, cpu, cuda, cuda:1, ...")
+    p.add_argument("--dtype", default=d.dtype,
+                   help="auto (bfloat16 on CUDA, float32 on CPU), bfloat16, float16, float32")
+    p.add_argument("--policy-hidden-size", type=int, default=d.policy_hidden_size,
+                   help="policy width at the real size (768: the paper's ~30M policy; 0: as "
+                        "wide as the LLM); scaled with the model for the CPU configuration")
+    p.add_argument("--runs", type=int, default=None, help="timed runs (default 50 CUDA, 5 CPU)")
+    p.add_argument("--warmup", type=int, default=None)
+    p.add_argument("--no-latency", action="store_true", help="FLOPs only")
+    p.add_argument("--full-size-latency", action="store_true",
+                   help="time the real-size model even on a CPU")
+    p.add_argument("--out-dir", default=d.out_dir)
+    p.add_argument("--name", default=None, help="file stem: profiling-<name>.{md,json,png}")
+    p.add_argument("--no-progress", action="store_true")
+    a = p.parse_args(argv)
+    settings = ProfileSettings(
+        backbone=a.backbone, retention=a.retention,
+        methods=tuple(m.strip() for m in a.methods.split(",") if m.strip()),
+        visual_tokens=a.visual_tokens, audio_tokens=a.audio_tokens, text_before=a.text_before,
+        text_after=a.text_after, decode_tokens=a.decode_tokens, device=a.device, dtype=a.dtype,
+        policy_hidden_size=a.policy_hidden_size, runs=a.runs, warmup=a.warmup,
+        latency=not a.no_latency, full_size_latency=True if a.full_size_latency else None,
+        out_dir=a.out_dir, name=a.name, progress=not a.no_progress)
+    try:
+        results = profile(settings)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(results["markdown"])
+    print("wrote " + ", ".join(results["files"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

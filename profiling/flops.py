@@ -1,0 +1,339 @@
+"""FLOP counting with fvcore, plus the analytic cross-check.
+
+Convention: fvcore's, **one multiply-add = one flop** (so 2 * params * tokens "FLOPs" in the
+other convention is params * tokens here). Every number this module returns is in that unit
+(MACs); multiply by 2 for the multiply-and-add convention.
+
+What fvcore does not count by itself gets a handle here:
+
+* ``aten::scaled_dot_product_attention``: Q K^T plus A V over the key positions each query may
+  see. With ``is_causal`` that is the causal triangle (query i of Lq sees Lk - Lq + i + 1 keys);
+  with an explicit mask or none it is the dense Lq x Lk product (what the kernel computes).
+* ``avex::topk_select`` and ``avex::compact``: the project's selection and compaction kernels
+  (:func:`avex.kernels.gumbel_topk`, :func:`avex.kernels.compact`) registered as
+  ``torch.library`` custom ops, so a traced pipeline shows them as single nodes. Their formulas:
+  selection counts one comparison per element per sort stage, B * M * ceil(log2 M); compaction
+  is a gather with no arithmetic, 0 flops.
+
+Real sizes cost no full model: :func:`backbone_flops` traces the model built with 1 and with 2
+decoder layers (random weights, real width and vocabulary), and extrapolates exactly: every
+decoder layer has the same shapes, so F(n layers) = F(1) + (n - 1) * (F(2) - F(1)). Decode
+steps are traced at two KV-cache lengths; their cost is affine in the cache length (only the
+attention term grows), so the sum over the forced decode length is exact too.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import warnings
+from collections import Counter
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from avex.kernels import compact as _compact
+from avex.kernels import gumbel_topk as _gumbel_topk
+
+UNIT = "fvcore flops (1 multiply-add = 1 flop, i.e. MACs)"
+
+# ----------------------------------------------------------------------------------------------
+# The project's kernels as custom ops
+# ----------------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op("avex::topk_select", mutates_args=())
+def topk_select(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """Deterministic Top-K indices [B, k] of ``scores`` [B, M] (``gumbel_topk(sample=False)``)."""
+    return _gumbel_topk(scores, k, sample=False)[0].clone()
+
+
+@topk_select.register_fake
+def _(scores, k):
+    return scores.new_empty((scores.shape[0], k), dtype=torch.long)
+
+
+@torch.library.custom_op("avex::compact", mutates_args=())
+def compact_op(hidden: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """The kept tokens of ``hidden`` [B, L, D] under ``keep`` [B, L], left-padded [B, L', D]."""
+    return _compact(hidden, keep, layout="padded", positions="contiguous",
+                    padding_side="left").hidden.clone()
+
+
+def _shape(value) -> list[int]:
+    return list(value.type().sizes())
+
+
+_CAUSAL_MASKS = [False]
+
+
+def _sdpa_flops(inputs, outputs) -> Counter:
+    q, k, v = (_shape(x) for x in inputs[:3])
+    *batch, lq, dqk = q
+    lk, dv = k[-2], v[-1]
+    is_causal = bool(inputs[5].toIValue()) if len(inputs) > 5 else False
+    has_mask = inputs[3].type().kind() == "TensorType"
+    group = 1
+    if has_mask:
+        # transformers folds grouped query heads into the query length for single-token
+        # decoding ([B, kv_heads, n_rep * Lq, D]); the mask keeps the real Lq
+        mq = _shape(inputs[3])[-2]
+        if mq != lq and lq % mq == 0:
+            group, lq = lq // mq, mq
+    # Under tracing, transformers passes the causal mask as an explicit tensor; inside
+    # :func:`llm_flops` (batch 1, no padding) a masked multi-query attention is that causal mask.
+    if is_causal or (has_mask and lq > 1 and _CAUSAL_MASKS[0]):
+        # query i (0-based) sees keys 0 .. lk - lq + i
+        pairs = lq * (lk - lq) + lq * (lq + 1) // 2
+    else:
+        pairs = lq * lk
+    pairs *= group
+    return Counter({"scaled_dot_product_attention": math.prod(batch) * pairs * (dqk + dv)})
+
+
+def _topk_select_flops(inputs, outputs) -> Counter:
+    b, m = _shape(inputs[0])
+    return Counter({"topk_select": b * m * max(1, math.ceil(math.log2(max(m, 2))))})
+
+
+def _zero(name):
+    return lambda inputs, outputs: Counter({name: 0})
+
+
+def _mha_flops(inputs, outputs) -> Counter:
+    # aten::_native_multi_head_attention(query, key, value, embed_dim, num_head, qkv_weight, ...)
+    q, k = _shape(inputs[0]), _shape(inputs[1])
+    b, lq, e = q
+    lk = k[1]
+    proj = b * (2 * lq + 2 * lk) * e * e   # q, out projections on lq; k, v on lk
+    attn = b * lq * lk * 2 * e
+    return Counter({"native_multi_head_attention": proj + attn})
+
+
+HANDLES = {
+    "aten::scaled_dot_product_attention": _sdpa_flops,
+    "aten::_native_multi_head_attention": _mha_flops,
+    "avex::topk_select": _topk_select_flops,
+    "avex::compact": _zero("compact"),
+}
+
+# Elementwise ops fvcore leaves out on purpose (norms, activations, rotary, masks): O(L * D)
+# next to the O(L * D^2) matmuls. They are listed, not counted, by :func:`count`.
+
+
+@dataclass
+class Count:
+    total: int
+    by_operator: dict
+    unsupported: dict
+
+
+def count(module: nn.Module, inputs: tuple) -> Count:
+    """fvcore count of ``module(*inputs)`` with this module's handles (unit: :data:`UNIT`)."""
+    from fvcore.nn import FlopCountAnalysis
+
+    analysis = FlopCountAnalysis(module, inputs).set_op_handle(**HANDLES)
+    analysis.unsupported_ops_warnings(False)
+    analysis.uncalled_modules_warnings(False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        total = analysis.total()
+        return Count(int(total), dict(analysis.by_operator()), dict(analysis.unsupported_ops()))
+
+
+# ----------------------------------------------------------------------------------------------
+# LLM prefill and decode
+# ----------------------------------------------------------------------------------------------
+
+class _Prefill(nn.Module):
+    """Prefill as ``generate`` runs it: all tokens through the decoder, logits at the last one."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, inputs_embeds):
+        return self.model(inputs_embeds=inputs_embeds, use_cache=False, logits_to_keep=1).logits
+
+
+class _DecodeStep(nn.Module):
+    """One cached decode step: one new token against a KV cache of the given length."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, inputs_embeds, keys, values):
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.model.config)
+        for i, (k, v) in enumerate(zip(keys, values)):
+            cache.update(k, v, i)
+        past = keys[0].shape[2]
+        position_ids = torch.full((1, 1), past, dtype=torch.long)
+        return self.model(inputs_embeds=inputs_embeds, past_key_values=cache, use_cache=True,
+                          position_ids=position_ids, logits_to_keep=1).logits
+
+
+def _layers(config) -> int:
+    return int(config.num_hidden_layers)
+
+
+def build_model(config, num_layers: int | None = None, *, dtype=torch.float32,
+                device="cpu", random_weights: bool = True):
+    """A causal LM from ``config`` (``num_layers`` overrides the depth).
+
+    ``random_weights=False`` skips the (slow, at real size) random initialisation and zeroes the
+    weights instead: enough for counting FLOPs, which do not depend on the values.
+    """
+    from transformers import AutoModelForCausalLM
+
+    config = copy.deepcopy(config)
+    if num_layers is not None:
+        config.num_hidden_layers = num_layers
+        if getattr(config, "layer_types", None) is not None:
+            config.layer_types = list(config.layer_types)[:num_layers]
+    config._attn_implementation = "sdpa"
+    with torch.device(device), _skip_init(random_weights):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    if not random_weights:   # values are irrelevant to a count; uninitialised memory may be NaN
+        with torch.no_grad():
+            for p in model.parameters():
+                p.zero_()
+    return model.eval()
+
+
+def _skip_init(random_weights: bool):
+    import contextlib
+
+    if random_weights:
+        return contextlib.nullcontext()
+    from transformers.initialization import no_init_weights
+
+    return no_init_weights()
+
+
+def _head_dim(config) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def _prefill_count(model, tokens: int) -> Count:
+    embeds = torch.zeros(1, tokens, model.config.hidden_size,
+                         dtype=next(model.parameters()).dtype)
+    with torch.no_grad():
+        return count(_Prefill(model), (embeds,))
+
+
+def _decode_count(model, cache_len: int) -> Count:
+    c = model.config
+    dtype = next(model.parameters()).dtype
+    kv = (1, c.num_key_value_heads, cache_len, _head_dim(c))
+    n = _layers(c)
+    keys = tuple(torch.zeros(kv, dtype=dtype) for _ in range(n))
+    embeds = torch.zeros(1, 1, c.hidden_size, dtype=dtype)
+    with torch.no_grad():
+        return count(_DecodeStep(model), (embeds, keys, keys))
+
+
+@dataclass
+class LLMFlops:
+    prefill: int
+    decode: int
+    prefill_tokens: int
+    decode_tokens: int
+
+
+def llm_flops(models: tuple, config, prefill_tokens: int, decode_tokens: int) -> LLMFlops:
+    """Prefill of ``prefill_tokens`` plus ``decode_tokens`` cached decode steps, for the full
+    depth of ``config``, from the 1- and 2-layer ``models`` (see the module docstring).
+
+    The first decoded token comes from the prefill's logits, so the decode steps feed tokens
+    1 .. decode_tokens - 1 (``generate``'s count of forward passes).
+    """
+    one, two = models
+    n = _layers(config)
+    _CAUSAL_MASKS[0] = True
+    try:
+        return _llm_flops(one, two, n, prefill_tokens, decode_tokens)
+    finally:
+        _CAUSAL_MASKS[0] = False
+
+
+def _llm_flops(one, two, n, prefill_tokens, decode_tokens):
+
+    def extrapolate(f1: int, f2: int) -> int:
+        return f1 + (n - 1) * (f2 - f1)
+
+    prefill = extrapolate(_prefill_count(one, prefill_tokens).total,
+                          _prefill_count(two, prefill_tokens).total)
+    steps = max(decode_tokens - 1, 0)
+    decode = 0
+    if steps:
+        a, b = prefill_tokens, prefill_tokens + 1
+        fa = extrapolate(_decode_count(one, a).total, _decode_count(two, a).total)
+        fb = extrapolate(_decode_count(one, b).total, _decode_count(two, b).total)
+        slope = fb - fa   # per extra cached token
+        # step t (1-based) sees a cache of prefill_tokens + t - 1 tokens
+        decode = steps * fa + slope * (steps * (steps - 1) // 2)
+    return LLMFlops(prefill, decode, prefill_tokens, decode_tokens)
+
+
+def analytic_llm_flops(config, prefill_tokens: int, decode_tokens: int) -> LLMFlops:
+    """The hand count, in the same unit: matmul weights x tokens + causal attention.
+
+    Per layer and token: (q + k + v + o projections) + 3 MLP matrices; the LM head on the last
+    prefill position and on every decode step; attention 2 * head_dim * heads per visible
+    (query, key) pair. Embedding lookups are free.
+    """
+    c = config
+    d, h, kvh, hd = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, _head_dim(c)
+    per_token = d * h * hd * 2 + d * kvh * hd * 2 + 3 * d * c.intermediate_size
+    n = _layers(c)
+    head = d * c.vocab_size
+    attn_pair = 2 * h * hd
+    p = prefill_tokens
+    prefill = n * (per_token * p + attn_pair * p * (p + 1) // 2) + head
+    steps = max(decode_tokens - 1, 0)
+    visible = sum(p + t for t in range(1, steps + 1))   # step t sees p + t - 1 cached + itself
+    decode = steps * (n * per_token + head) + n * attn_pair * visible
+    return LLMFlops(prefill, decode, prefill_tokens, decode_tokens)
+
+
+def policy_flops(policy, hidden_size: int, modality: torch.Tensor, retention: float) -> dict:
+    """fvcore count of the policy pass, the Top-K selection and the compaction (custom ops)."""
+    from avex.pruning import AUDIO, VISUAL, num_kept
+
+    dtype = next(policy.parameters()).dtype
+    embeds = torch.randn(1, modality.shape[1], hidden_size, dtype=dtype)
+    with torch.no_grad():
+        scores_count = count(policy, (embeds, modality))
+    is_av = (modality == VISUAL) | (modality == AUDIO)
+    k = int(num_kept(retention, is_av.sum(1))[0])
+    scores = torch.randn(1, int(is_av.sum()))
+
+    class Select(nn.Module):
+        def forward(self, s, hidden, keep):
+            return torch.ops.avex.topk_select(s, k), torch.ops.avex.compact(hidden, keep)
+
+    keep = torch.ones(modality.shape, dtype=torch.bool)
+    select_count = count(Select(), (scores, embeds.float(), keep))
+    return {"policy": scores_count.total, "selection": select_count.total,
+            "policy_unsupported": scores_count.unsupported,
+            "selection_by_operator": select_count.by_operator}
+
+
+def layer_prefill_flops(models: tuple, tokens: int) -> int:
+    """One decoder layer's prefill of ``tokens`` tokens (causal), from the 1- and 2-layer
+    ``models``: F(2 layers) - F(1 layer)."""
+    one, two = models
+    _CAUSAL_MASKS[0] = True
+    try:
+        return _prefill_count(two, tokens).total - _prefill_count(one, tokens).total
+    finally:
+        _CAUSAL_MASKS[0] = False
+
+
+def selection_flops(num_av: int) -> int:
+    """The Top-K selection over ``num_av`` scores (batch 1), by the ``avex::topk_select``
+    formula."""
+    return num_av * max(1, math.ceil(math.log2(max(num_av, 2))))
