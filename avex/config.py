@@ -56,6 +56,7 @@ class TrainConfig:
     g: int = 8
     exchange_types: list = field(default_factory=lambda: list(EXCHANGE_TYPES))
     exchanges: bool = True            # False: set-level reward only (the CaCoVID-AV variant)
+    exchange_selection: str = "confidence"  # "random": groups drawn at random (ablation)
     warmup_only: bool = False
     lambda_ex: float = 1.0
     rl: bool = False                  # L_RL on? On the embedded benchmark it hurt (README)
@@ -106,6 +107,7 @@ class TrainConfig:
             raise FileNotFoundError(f"data: no feature cache at {self.data!r}")
         if self.captioner != "embedded" and not Path(self.captioner).exists():
             raise FileNotFoundError(f"captioner: no model directory at {self.captioner!r}")
+        _checks.choice("exchange_selection", self.exchange_selection, {"confidence", "random"})
         _checks.choice("device", self.device.split(":")[0], {"auto", "cpu", "cuda"})
         from avex.captioner.train import PRESETS as CAPTIONER_PRESETS
         from avex.data import PRESETS as BENCHMARK_PRESETS

@@ -1,8 +1,11 @@
 """Caption a split under a selection method and score it as the paper does.
 
 A *selector* maps a micro-batch to keep-sets on the AV axis:
-``selector(batch, layout, retention) -> bool [B, M]``. C_av, C_v and C_a are pycocoevalcap's
-CIDEr (x 100) of the same captions against the AV, visual-only and audio-only references.
+``selector(batch, layout, retention) -> bool [B, M]``, or a ``(keep, inputs_embeds)`` pair
+(``avex.baselines.Selection``) when the method also rewrites the kept tokens' embeddings (token
+merging). ``avex.baselines`` holds every method behind this interface. C_av, C_v and C_a are
+pycocoevalcap's CIDEr (x 100) of the same captions against the AV, visual-only and audio-only
+references.
 """
 from __future__ import annotations
 
@@ -42,9 +45,16 @@ def policy_selector(policy) -> Selector:
     def select(batch, layout, retention):
         scores = layout.gather(policy(batch.inputs_embeds, batch.modality))
         idx, _ = gumbel_topk(scores, layout.budget(retention), sample=False)
-        keep = torch.zeros_like(scores, dtype=torch.bool)
-        return keep.scatter_(1, idx.clamp_min(0), idx >= 0)
+        return indices_to_keep(idx, scores.shape[1])
     return select
+
+
+def indices_to_keep(idx: torch.Tensor, width: int) -> torch.Tensor:
+    """int64 [B, K] indices (-1 past a row's K) -> bool [B, width]. The -1 slots write into a
+    spare column, so they cannot clear a chosen column 0."""
+    spare = torch.where(idx >= 0, idx, torch.full_like(idx, width))
+    keep = torch.zeros(idx.shape[0], width + 1, dtype=torch.bool, device=idx.device)
+    return keep.scatter_(1, spare, True)[:, :width]
 
 
 def caption_split(captioner, clips, selector: Selector, retention: float, *,
@@ -57,7 +67,10 @@ def caption_split(captioner, clips, selector: Selector, retention: float, *,
         batch = captioner.embed(chunk)
         layout = AVLayout.of(batch.modality)
         keep = selector(batch, layout, retention)
-        sets = caption_keep_sets(captioner, batch.inputs_embeds, batch.modality, keep[:, None],
+        embeds = batch.inputs_embeds
+        if isinstance(keep, tuple):  # (keep, inputs_embeds): a merging method
+            keep, embeds = keep
+        sets = caption_keep_sets(captioner, embeds, batch.modality, keep[:, None],
                                  num_beams=num_beams, max_new_tokens=max_new_tokens)
         captions.extend(s[0] for s in sets)
     return captions

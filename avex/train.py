@@ -34,8 +34,8 @@ from tqdm.auto import tqdm
 from avex.checkpoint import (latest_checkpoint, load_checkpoint, rng_state, save_checkpoint,
                              set_rng_state)
 from avex.config import TrainConfig, build_parser, resolve_config
-from avex.evaluation import (caption_split, keep_all, policy_selector, random_selector,
-                             score_captions)
+from avex.evaluation import (caption_split, indices_to_keep, keep_all, policy_selector,
+                             random_selector, score_captions)
 from avex.kernels import build_exchanges, gumbel_topk
 from avex.losses import avex_objective, set_level_loss
 from avex.pruning import AUDIO, VISUAL
@@ -197,12 +197,14 @@ def rl_loss(cfg: TrainConfig, policy, captioner, cider, batch, clips, seed: int)
     budget = layout.budget(cfg.retention)
     anchor_idx, log_prob = gumbel_topk(scores, budget, tau=cfg.tau, seed=seed)
     if cfg.exchanges:
-        exchanges = build_exchanges(scores, anchor_idx, layout.modality, g=cfg.g,
-                                    types=tuple(cfg.exchange_types))
+        if cfg.exchange_selection == "random":
+            exchanges = random_exchanges(scores, anchor_idx, layout.modality, cfg, seed)
+        else:
+            exchanges = build_exchanges(scores, anchor_idx, layout.modality, g=cfg.g,
+                                        types=tuple(cfg.exchange_types))
         sets = exchanges.sets()
     else:
-        anchor = torch.zeros_like(scores, dtype=torch.bool)
-        sets = anchor.scatter_(1, anchor_idx.clamp_min(0), anchor_idx >= 0)[:, None]
+        sets = indices_to_keep(anchor_idx, scores.shape[1])[:, None]
     captions = caption_keep_sets(captioner, batch.inputs_embeds, batch.modality, sets,
                                  num_beams=cfg.num_beams, max_new_tokens=cfg.max_new_tokens)
     num_sets = sets.shape[1]
@@ -220,6 +222,24 @@ def rl_loss(cfg: TrainConfig, policy, captioner, cider, batch, clips, seed: int)
         terms["rl"] = terms["loss"].detach()
     terms["reward"] = rewards[:, 0].mean()
     return terms
+
+
+def random_exchanges(scores, anchor_idx, modality, cfg: TrainConfig, seed: int):
+    """The "random exchange" ablation: the same number and size of exchanges, but G and G' are
+    drawn uniformly at random (from seeded noise) instead of by lowest / highest score; delta F
+    is still sum s_G - sum s_G' of the policy's scores, so L_ex trains the same parameters."""
+    gen = torch.Generator().manual_seed(zlib.crc32(f"random-exchange:{seed}".encode()))
+    noise = torch.rand(scores.shape, generator=gen, dtype=torch.float32).to(scores.device)
+    noise = noise.masked_fill(~torch.isfinite(scores.detach()), float("-inf"))
+    drawn = build_exchanges(noise, anchor_idx, modality, g=cfg.g,
+                            types=tuple(cfg.exchange_types))
+    finite = scores.masked_fill(~torch.isfinite(scores), 0.0)
+
+    def group_sum(index):
+        values = finite.gather(1, index.clamp_min(0).flatten(1)).view(index.shape)
+        return values.masked_fill(index < 0, 0.0).sum(-1)
+    delta_f = (group_sum(drawn.removed) - group_sum(drawn.inserted)).to(drawn.delta_f.dtype)
+    return drawn._replace(delta_f=torch.where(drawn.valid, delta_f, torch.zeros_like(delta_f)))
 
 
 def cosine_with_warmup(total_steps: int, warmup_fraction: float):
@@ -464,6 +484,8 @@ def run_label(cfg: TrainConfig) -> str:
         return "warmup only (this run)"
     if not cfg.exchanges:
         return "set-level reward, no exchanges (this run)"
+    if cfg.exchange_selection == "random":
+        return "random exchanges (this run)"
     objective = "L_RL + L_ex" if cfg.rl else "L_ex only"
     return f"AVEX, {objective} (this run)"
 

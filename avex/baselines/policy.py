@@ -1,0 +1,61 @@
+"""Learned selectors: AVEX-Prune (the trained policy) and CaCoVID-AV.
+
+Both score every AV token with an :class:`avex.policy.AVEXPolicy` and keep the deterministic
+Top-K (``gumbel_topk(..., sample=False)``) over the joint AV span, at original positions.
+
+CaCoVID-AV is CaCoVID's recipe (an RL policy trained with one set-level caption reward for
+the sampled keep-set) on audio + visual tokens: the same policy network, warmup and budget as
+AVEX-Prune, trained with ``python -m avex.train --no-exchanges`` (set-level REINFORCE, no token
+exchanges). Deviation from CaCoVID: its own scorer architecture and video-only token pool are
+replaced by the AVEX policy over both modalities, so the two learned rows differ only in the
+training signal.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from avex.evaluation import policy_selector as _policy_selector
+
+
+def policy_selector(policy):
+    """Deterministic Top-K of ``policy``'s scores."""
+    inner = _policy_selector(policy)
+
+    def select(batch, layout, retention):
+        from avex.baselines import check_retention
+        return inner(batch, layout, check_retention(retention))
+    return select
+
+
+def load_policy(run_dir, captioner, *, checkpoint: str = "latest"):
+    """The policy of a ``python -m avex.train`` run directory (``checkpoints/latest`` unless
+    ``checkpoint`` names a step directory, or ``"warmup"`` for warmup_policy.safetensors)."""
+    from safetensors.torch import load_file
+
+    from avex.checkpoint import POLICY_FILE, latest_checkpoint
+    from avex.policy import AVEXPolicy
+
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"run_dir: no run directory at {str(run_dir)!r}")
+    config = run_dir / "config.json"
+    if not config.is_file():
+        raise FileNotFoundError(f"run_dir: {run_dir} has no config.json (not a "
+                                "`python -m avex.train` run)")
+    cfg = json.loads(config.read_text())
+    if checkpoint == "warmup":
+        weights = run_dir / "warmup_policy.safetensors"
+    elif checkpoint == "latest":
+        latest = latest_checkpoint(run_dir)
+        if latest is None:
+            raise FileNotFoundError(f"run_dir: {run_dir} has no checkpoints/latest")
+        weights = latest / POLICY_FILE
+    else:
+        weights = run_dir / "checkpoints" / checkpoint / POLICY_FILE
+    if not weights.is_file():
+        raise FileNotFoundError(f"run_dir: no policy weights at {weights}")
+    policy = AVEXPolicy.from_llm(captioner.model, hidden_size=cfg.get("policy_hidden"),
+                                 init_from_llm=False)
+    policy.load_state_dict(load_file(str(weights)))
+    return policy.to(captioner.device).eval()

@@ -1,0 +1,173 @@
+"""python -m avex.evaluate on the tiny benchmark: the sweep (training its policies, then reusing
+given runs with several seeds), Rel. as the paper defines it, the motivation figure, bad
+arguments."""
+import dataclasses
+import json
+
+import pytest
+
+from avex.baselines import METHODS
+from avex.captioner.train import PRESETS, default_captioner_path, train_captioner
+from avex.data import ensure_benchmark
+from avex.evaluate import main, relative_performance
+
+TRAIN = "--batch-size 8 --micro-batch-size 4 --epochs 0.5 --warmup-epochs 0.5"
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("avex-cache")
+    bench = ensure_benchmark("tiny", cache_dir=root, progress=False)
+    cfg = dataclasses.replace(PRESETS["tiny"], steps=150, lr=1e-2)
+    train_captioner(bench, default_captioner_path(bench.name, "tiny", root), cfg, progress=False)
+    return root
+
+
+def tiny(cache_dir, out, *extra):
+    return ["--benchmark-preset", "tiny", "--captioner-preset", "tiny", "--cache-dir",
+            str(cache_dir), "--out", str(out), "--no-progress", "--max-new-tokens", "12", *extra]
+
+
+@pytest.fixture(scope="module")
+def trained_sweep(cache_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("sweep")
+    result = main(["sweep", *tiny(cache_dir, out, "--retentions", "0.4,0.2",
+                                  "--train-args", TRAIN, "--qualitative", "2")])
+    return out, result
+
+
+def test_relative_performance_is_the_papers_definition():
+    full = {"C_av": 56.8, "C_v": 52.1, "C_a": 51.9, "C_T": 80.5}
+    row = {"C_av": 55.3, "C_v": 50.7, "C_a": 50.5, "C_T": 78.3}  # the paper's AVEX at 20%
+    assert relative_performance(row, full) == pytest.approx(97.3, abs=0.05)
+    assert relative_performance(full, full) == pytest.approx(100.0)
+    # without a transfer column: the mean of the three ratios
+    assert relative_performance({"C_av": 10, "C_v": 20, "C_a": 30},
+                                {"C_av": 20, "C_v": 20, "C_a": 20}) == pytest.approx(100.0)
+
+
+def test_sweep_writes_table_json_figure_and_examples(trained_sweep):
+    out, result = trained_sweep
+    rows = json.loads((out / "sweep.json").read_text())["rows"]
+    assert [r["method"] for r in rows[:1]] == ["full"] and rows[0]["Rel"] == 100.0
+    assert len(rows) == 1 + len(METHODS) * 2
+    assert {(r["method"], r["retention"]) for r in rows[1:]} == \
+        {(m, r) for m in METHODS for r in (0.4, 0.2)}
+    full = rows[0]
+    assert full["C_av"] > 0 and full["C_T"] > 0
+    for r in rows[1:]:
+        assert r["Rel"] == pytest.approx(relative_performance(r, full))
+        assert r["seed"] == 0
+    assert all(r["run"].endswith(f"{r['method']}-seed0") for r in rows
+               if r["method"] in ("avex", "cacovid"))
+    cacovid = json.loads((out / "runs" / "cacovid-seed0" / "config.json").read_text())
+    assert cacovid["exchanges"] is False
+    md = (out / "sweep.md").read_text()
+    assert "| method | retention | C_av | C_v | C_a | transfer C | Rel. | seeds |" in md
+    for label, _ in METHODS.values():
+        assert f"| {label} | 40% |" in md and f"| {label} | 20% |" in md
+    assert md.count("| Full tokens |") == 1 + 2  # the table + two qualitative clips
+    assert (out / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert len(result["qualitative"]) == 2 and set(METHODS) <= set(result["qualitative"][0])
+
+
+def test_seeds_give_mean_and_std_and_given_runs_are_reused(trained_sweep, cache_dir, tmp_path):
+    first, _ = trained_sweep
+    result = main(["sweep", *tiny(cache_dir, tmp_path, "--retentions", "0.2", "--seeds", "0,1",
+                                  "--avex-run", str(first / "runs" / "avex-seed0"),
+                                  "--cacovid-run", str(first / "runs" / "cacovid-seed0"),
+                                  "--methods", "random,tome,avex,cacovid", "--qualitative",
+                                  "1")])
+    assert not (tmp_path / "runs").exists()  # nothing trained
+    rows = result["rows"]
+    random_rows = [r for r in rows if r["method"] == "random"]
+    assert [r["seed"] for r in random_rows] == [0, 1]
+    assert random_rows[0]["C_av"] != random_rows[1]["C_av"] or \
+        random_rows[0]["C_v"] != random_rows[1]["C_v"]
+    tome = [r for r in rows if r["method"] == "tome"]
+    assert tome[0]["C_av"] == tome[1]["C_av"]
+    agg = {r["method"]: r for r in result["aggregate"]}
+    assert agg["random"]["C_av_std"] > 0 or agg["random"]["C_v_std"] > 0
+    assert agg["tome"]["C_av_std"] == 0
+    assert " ± " in result["table"]
+    # the same policy at the same retention gives the same numbers as in the first sweep
+    before = {r["method"]: r for r in json.loads((first / "sweep.json").read_text())["rows"]
+              if r["retention"] == 0.2}
+    assert agg["avex"]["C_av"] == pytest.approx(before["avex"]["C_av"])
+
+
+def test_motivation_writes_figure_and_numbers(cache_dir, tmp_path):
+    numbers = main(["motivation", *tiny(cache_dir, tmp_path, "--clips", "4",
+                                        "--base-sets", "2", "--base-retention", "0.05")])
+    saved = json.loads((tmp_path / "motivation.json").read_text())
+    assert saved["clips"] == 4
+    rho = saved["spearman_attention_gain_pooled"]  # NaN when the tiny captioner's gains are flat
+    assert rho != rho or -1 <= rho <= 1
+    assert len(saved["pairs"]) == saved["non_additivity"]["clips"]
+    assert saved["pairs"] and all(p["deviation"] == pytest.approx(
+        p["d_av"] - p["d_v"] - p["d_a"]) for p in saved["pairs"])
+    assert (tmp_path / "motivation.png").read_bytes()[:4] == b"\x89PNG"
+    assert "Spearman" in (tmp_path / "motivation.md").read_text()
+    assert numbers["non_additivity"]["group_size"] == 2
+
+
+@pytest.mark.parametrize("flags,error,match", [
+    (["--methods", "random,fastvv"], SystemExit, None),
+    (["--retentions", "0.4,0"], SystemExit, None),
+    (["--avex-run", "/no/such/run"], FileNotFoundError, "--avex-run: no run directory"),
+    (["--batch-size", "0"], ValueError, "batch_size must be >= 1, got 0"),
+])
+def test_bad_arguments(cache_dir, tmp_path, flags, error, match, capsys):
+    with pytest.raises(error, match=match):
+        main(["sweep", *tiny(cache_dir, tmp_path / "out", *flags)])
+    if error is SystemExit:
+        assert "must be" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_ablation_trains_variants_and_reuses_given_runs(trained_sweep, cache_dir, tmp_path):
+    first, _ = trained_sweep
+    result = main(["ablation", *tiny(cache_dir, tmp_path, "--variants", "warmup,random,full",
+                                     "--train-args", TRAIN, "--run",
+                                     f"full={first / 'runs' / 'avex-seed0'}")])
+    assert [r["variant"] for r in result["rows"]] == ["warmup", "random", "full"]
+    assert not (tmp_path / "runs" / "full").exists()
+    cfg = json.loads((tmp_path / "runs" / "random" / "config.json").read_text())
+    assert (cfg["exchange_selection"], cfg["exchange_types"], cfg["retention"]) == \
+        ("random", ["va", "av"], 0.2)
+    assert json.loads((tmp_path / "runs" / "warmup" / "config.json").read_text())["warmup_only"]
+    md = (tmp_path / "ablation.md").read_text()
+    assert "| Random exchange | ✗ | ✗ | mixed | mixed |" in md
+    assert all(r["C_av"] >= 0 for r in result["rows"])
+    with pytest.raises(ValueError, match="--run must be VARIANT=DIR"):
+        main(["ablation", *tiny(cache_dir, tmp_path / "x", "--run", "nope=/tmp")])
+
+
+def test_random_exchanges_keep_delta_f_on_the_policy_scores():
+    import torch
+
+    from avex.config import TrainConfig
+    from avex.kernels import build_exchanges, gumbel_topk
+    from avex.train import random_exchanges
+
+    torch.manual_seed(0)
+    scores = torch.randn(3, 40, requires_grad=True)
+    modality = torch.tensor([0] * 32 + [1] * 8).repeat(3, 1)
+    idx, _ = gumbel_topk(scores.detach(), 8, sample=False)
+    cfg = TrainConfig(g=2, exchange_types=["va", "av"])
+    ex = random_exchanges(scores, idx, modality, cfg, seed=7)
+    again = random_exchanges(scores, idx, modality, cfg, seed=7)
+    assert torch.equal(ex.removed, again.removed)  # seeded
+    ranked = build_exchanges(scores.detach(), idx, modality, g=2, types=("va", "av"))
+    assert not torch.equal(ex.removed, ranked.removed)  # not the lowest-score groups
+    s = scores.detach()
+    for b in range(3):
+        for t in range(2):
+            rem = [i for i in ex.removed[b, t].tolist() if i >= 0]
+            ins = [i for i in ex.inserted[b, t].tolist() if i >= 0]
+            assert set(rem) <= set(idx[b].tolist()) and not set(ins) & set(idx[b].tolist())
+            torch.testing.assert_close(ex.delta_f[b, t], s[b, rem].sum() - s[b, ins].sum())
+    ex.delta_f.sum().backward()
+    assert scores.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="exchange_selection must be one of"):
+        TrainConfig(exchange_selection="greedy").validate()
