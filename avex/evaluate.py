@@ -214,25 +214,13 @@ def parse_args(argv):
 
 def load_assets(args):
     from avex.captioner import FrozenCaptioner
-    from avex.captioner.train import default_captioner_path, ensure_captioner
-    from avex.data import FeatureCache, ensure_benchmark
+    from avex.captioner.train import resolve_asset_paths
+    from avex.data import FeatureCache
 
-    if args.data == "embedded":
-        data_path = ensure_benchmark(args.benchmark_preset, cache_dir=args.cache_dir,
-                                     progress=args.progress)
-        if args.captioner == "embedded":
-            ensure_captioner(args.benchmark_preset, args.captioner_preset,
-                             cache_dir=args.cache_dir, progress=args.progress)
-    else:
-        data_path = Path(args.data)
-    if args.captioner == "embedded":
-        if args.data != "embedded":
-            raise ValueError("--captioner embedded goes with --data embedded; pass --captioner "
-                             "PATH for your own cache")
-        captioner_path = default_captioner_path(data_path.name, args.captioner_preset,
-                                                args.cache_dir)
-    else:
-        captioner_path = Path(args.captioner)
+    data_path, captioner_path = resolve_asset_paths(
+        args.data, args.captioner, benchmark_preset=args.benchmark_preset,
+        captioner_preset=args.captioner_preset, cache_dir=args.cache_dir,
+        progress=args.progress)
     device = None if args.device == "auto" else args.device
     return FeatureCache(data_path), FrozenCaptioner.load(captioner_path, device=device)
 

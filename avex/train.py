@@ -87,28 +87,14 @@ def pick_device(cfg: TrainConfig, procs: Processes) -> torch.device:
 def prepare_assets(cfg: TrainConfig, procs: Processes):
     """Feature cache + frozen captioner paths; the embedded ones are built if missing (by rank 0
     while the others wait)."""
-    from avex.captioner.train import default_captioner_path, ensure_captioner
-    from avex.data import ensure_benchmark
+    from avex.captioner.train import resolve_asset_paths
 
-    cache_dir = cfg.cache_dir
-    if cfg.data == "embedded":
-        if procs.main:
-            ensure_benchmark(cfg.benchmark_preset, cache_dir=cache_dir, progress=cfg.progress)
-            if cfg.captioner == "embedded":
-                ensure_captioner(cfg.benchmark_preset, cfg.captioner_preset, cache_dir=cache_dir,
-                                 progress=cfg.progress)
-        procs.barrier()
-        data_path = ensure_benchmark(cfg.benchmark_preset, cache_dir=cache_dir, progress=False)
-    else:
-        data_path = Path(cfg.data)
-    if cfg.captioner == "embedded":
-        if cfg.data != "embedded":
-            raise ValueError("captioner='embedded' goes with data='embedded'; for your own "
-                             "feature cache pass --captioner PATH to its Hugging Face causal LM")
-        captioner_path = default_captioner_path(data_path.name, cfg.captioner_preset, cache_dir)
-    else:
-        captioner_path = Path(cfg.captioner)
-    return data_path, captioner_path
+    settings = dict(benchmark_preset=cfg.benchmark_preset, captioner_preset=cfg.captioner_preset,
+                    cache_dir=cfg.cache_dir)
+    if procs.main:
+        resolve_asset_paths(cfg.data, cfg.captioner, progress=cfg.progress, **settings)
+    procs.barrier()
+    return resolve_asset_paths(cfg.data, cfg.captioner, progress=False, **settings)
 
 
 def load_assets(cfg: TrainConfig, data_path, captioner_path, device):

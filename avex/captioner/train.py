@@ -250,3 +250,21 @@ def ensure_captioner(benchmark_preset: str = "default", captioner_preset: str = 
     if not (path / CAPTIONER_FILE).is_file():
         train_captioner(bench, path, PRESETS[captioner_preset], progress=progress)
     return path
+
+
+def resolve_asset_paths(data: str, captioner: str, *, benchmark_preset: str = "default",
+                        captioner_preset: str = "default", cache_dir=None,
+                        progress: bool = True) -> tuple[Path, Path]:
+    """(feature cache, captioner directory) for ``data`` / ``captioner`` settings: "embedded"
+    (built and trained first if missing) or a path. Training and evaluation share this."""
+    if data == "embedded":
+        data_path = ensure_benchmark(benchmark_preset, cache_dir=cache_dir, progress=progress)
+    else:
+        data_path = Path(data)
+    if captioner != "embedded":
+        return data_path, Path(captioner)
+    if data != "embedded":
+        raise ValueError("captioner='embedded' goes with data='embedded'; for your own feature "
+                         "cache pass --captioner PATH to its Hugging Face causal LM")
+    ensure_captioner(benchmark_preset, captioner_preset, cache_dir=cache_dir, progress=progress)
+    return data_path, default_captioner_path(data_path.name, captioner_preset, cache_dir)
