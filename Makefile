@@ -5,7 +5,7 @@ STAMP  := $(VENV)/.avex-installed
 PYTEST_ARGS ?=
 TRAIN_ARGS ?=
 
-.PHONY: test train bench install clean
+.PHONY: test train bench install cuda-lib clean
 
 $(STAMP): setup.py pyproject.toml
 	@# A machine that already has torch (a GPU image with its CUDA build) keeps it: the venv
@@ -23,7 +23,15 @@ $(STAMP): setup.py pyproject.toml
 
 install: $(STAMP)
 
-test: $(STAMP)
+# The CUDA C++ library (kernels/csrc) needs only nvcc and CMake; without nvcc its tests skip.
+cuda-lib:
+	@if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then \
+	    cmake -S . -B build && cmake --build build -j 2; \
+	else \
+	    echo "nvcc not found: not building the CUDA C++ library (its tests will skip)"; \
+	fi
+
+test: $(STAMP) cuda-lib
 	$(PY) -m pytest tests $(PYTEST_ARGS)
 
 train: $(STAMP)

@@ -4,7 +4,8 @@ text and ~40% of the AV tokens (ragged, ~208 tokens), D in {1024, 3584}; bf16 on
 CPU.
 
 Baseline: boolean indexing per set, then ``pad_sequence`` (the obvious PyTorch code).
-Compared: the vectorised PyTorch reference (the CPU path), on CUDA the Triton kernels, and two
+Compared: the vectorised PyTorch reference (the CPU path), on CUDA the Triton kernels and the
+CUDA C++ library (``backend="cuda"``, kernels/csrc), and two
 copy ceilings moving as many bytes as the compaction reads and writes: ``Tensor.copy_`` into a
 reused buffer, and ``clone()`` (a fresh output, as compaction needs).
 """
@@ -61,6 +62,7 @@ IMPLEMENTATIONS = {
     "bool-index + pad_sequence (baseline)": lambda h, k: (lambda: compact_naive(h, k)),
     "torch-reference": lambda h, k: (lambda: compact(h, k, backend="torch")),
     "triton": lambda h, k: (lambda: compact(h, k, backend="triton")),
+    "cuda-library": lambda h, k: (lambda: compact(h, k, backend="cuda")),
     "copy_ of the same bytes (ceiling)": copy_ceiling,
     "clone() of the same bytes (fresh output)": clone_ceiling,
 }
@@ -69,8 +71,9 @@ IMPLEMENTATIONS = {
 @pytest.mark.parametrize("impl", list(IMPLEMENTATIONS))
 @pytest.mark.parametrize("features", [1024, 3584])
 def test_compact_forward(benchmark, impl, features):
-    if impl == "triton" and DEVICE.type != "cuda":
-        pytest.skip("Triton timing needs a CUDA GPU; on a CPU it would time the interpreter")
+    if impl in ("triton", "cuda-library") and DEVICE.type != "cuda":
+        pytest.skip("GPU kernels: timing needs a CUDA GPU (Triton on a CPU would time the "
+                    "interpreter)")
     hidden, keep = make_case(features)
     step = IMPLEMENTATIONS[impl](hidden, keep)
     benchmark.group = (f"compact fwd B={BATCH} L={WIDTH} S={SETS} D={features} "

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Everything that needs a GPU, in one call: the CUDA tests (compiled Triton kernels against their
-# references), the kernel benchmarks and their Markdown table. Meant for a lent H100/H200 whose
+# references; the CUDA C++ library built with CMake and its example run), the kernel benchmarks
+# and their Markdown table. Meant for a lent H100/H200 whose
 # image already has torch + triton and no internet:
 #
 #   here:      bash bench/fetch_gpu_wheels.sh          # wheels of packages the GPU image lacks
@@ -17,6 +18,10 @@ if ls .whl/*.whl >/dev/null 2>&1; then
         --target /tmp/avex-site .whl/*.whl || exit 1
     export PYTHONPATH=/tmp/avex-site${PYTHONPATH:+:$PYTHONPATH}
 fi
+# The CUDA C++ library (kernels/csrc), built here with the image's nvcc and CMake.
+cmake -S . -B build -DAVEX_CUDA_ARCHITECTURES=90 > "$OUT/cmake.log" 2>&1 \
+    && cmake --build build -j 8 >> "$OUT/cmake.log" 2>&1 || { tail -20 "$OUT/cmake.log"; exit 1; }
+./build/avex_prune_example | tee "$OUT/example.log" || status_example=1
 # Offline editable install: maps kernels/ to avex.kernels and keeps the image's torch/triton.
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . || exit 1
 
@@ -30,7 +35,7 @@ commit=${AVEX_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
 } > "$OUT/machine.txt"
 cat "$OUT/machine.txt"
 
-status=0
+status=${status_example:-0}
 # The kernel suites (on CUDA they compare the compiled kernels with the references); the
 # metric tests need pycocoevalcap, which is too big to carry, and no GPU.
 kernel_tests=$(ls tests/test_gumbel_topk.py tests/test_exchange.py tests/test_compact.py \

@@ -6,7 +6,7 @@ import os
 
 import torch
 
-BACKENDS = ("auto", "triton", "torch")
+BACKENDS = ("auto", "triton", "torch", "cuda")
 
 
 @functools.lru_cache(maxsize=None)
@@ -27,12 +27,18 @@ def resolve_backend(backend: str, device: torch.device, *, op: str) -> str:
     """Pick the implementation: CUDA tensors go to Triton, everything else to the reference.
 
     ``backend="triton"`` forces the kernel, which on a CPU tensor needs ``TRITON_INTERPRET=1``
-    set before ``avex.kernels`` is imported.
+    set before ``avex.kernels`` is imported. ``backend="cuda"`` is the CUDA C++ library
+    (``kernels/csrc``, see ``cuda_lib.py``); it is never picked by ``"auto"``.
     """
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if backend == "torch":
         return "torch"
+    if backend == "cuda":
+        if device.type != "cuda":
+            raise ValueError(f"{op}: backend='cuda' (the CUDA C++ library) needs CUDA tensors, "
+                             f"got tensors on {device}")
+        return "cuda"
     if backend == "auto":
         return "triton" if device.type == "cuda" and triton_available() else "torch"
     if not triton_available():
@@ -51,6 +57,13 @@ def resolve_row_backend(backend: str, scores: torch.Tensor, *, op: str, max_widt
     forced ``"triton"`` says why it can't take them.
     """
     path = resolve_backend(backend, scores.device, op=op)
+    if path == "cuda":
+        if scores.dtype == torch.float64:
+            raise TypeError(f"{op}: the CUDA library ranks in float32; got scores of dtype "
+                            "torch.float64 (use backend='torch' for float64)")
+        if scores.shape[1] > max_width:
+            raise ValueError(f"{op}: the CUDA library sorts a row in shared memory and takes at "
+                             f"most {max_width} tokens, got {scores.shape[1]}")
     if path != "triton":
         return path
     if scores.dtype == torch.float64:

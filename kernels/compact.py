@@ -21,6 +21,7 @@ from avex import _checks
 
 from ._utils import next_power_of_2, resolve_backend, row_launch_config
 from .compact_ref import compact_ref
+from .cuda_lib import load as load_cuda_library
 
 try:
     import triton
@@ -89,7 +90,8 @@ def compact(hidden: torch.Tensor, keep: torch.Tensor, *, layout: str = "padded",
         positions: ``"original"`` (each token's index along L, as FastV / PruneVid keep
             them) or ``"contiguous"`` (0..n-1).
         padding_side: ``"right"`` or ``"left"``; padded layout only.
-        backend: ``"auto"`` (CUDA -> Triton, CPU -> PyTorch), ``"triton"`` or ``"torch"``.
+        backend: ``"auto"`` (CUDA -> Triton, CPU -> PyTorch), ``"triton"``, ``"torch"`` or
+            ``"cuda"`` (the CUDA C++ library; its backward is a PyTorch ``index_add_``).
 
     Returns:
         :class:`Compacted`.
@@ -98,6 +100,8 @@ def compact(hidden: torch.Tensor, keep: torch.Tensor, *, layout: str = "padded",
     path = resolve_backend(backend, hidden.device, op="compact")
     if path == "torch":
         return Compacted(*compact_ref(hidden, keep, layout, positions, padding_side))
+    if path == "cuda":
+        return _compact_cuda(hidden, keep, layout, positions, padding_side)
     return _compact_triton(hidden, keep, layout, positions, padding_side)
 
 
@@ -296,3 +300,33 @@ def _compact_triton(hidden, keep, layout, positions, padding_side):
         keep, layout, positions, padding_side)
     out = _GatherRows.apply(hidden, index, dest, keep.shape[1])
     return Compacted(out, position_ids, index, cu_seqlens, max_seqlen, attention_mask)
+
+
+class _CudaCompact(torch.autograd.Function):
+    """The CUDA library's compaction; backward scatters each output row's gradient home."""
+
+    @staticmethod
+    def forward(ctx, hidden, keep, layout, positions, padding_side):
+        out, position_ids, index, cu_seqlens, max_seqlen, attention_mask = \
+            load_cuda_library().compact(hidden, keep, layout=layout, positions=positions,
+                                        padding_side=padding_side)
+        ctx.save_for_backward(index)
+        ctx.hidden_shape = hidden.shape
+        ctx.mark_non_differentiable(position_ids, index, cu_seqlens)
+        extras = (attention_mask,) if attention_mask is not None else ()
+        ctx.mark_non_differentiable(*extras)
+        return out, position_ids, index, cu_seqlens, max_seqlen, attention_mask
+
+    @staticmethod
+    def backward(ctx, grad_out, *unused):
+        (index,) = ctx.saved_tensors
+        batch, width, features = ctx.hidden_shape
+        flat_index = index.reshape(-1)
+        rows = flat_index >= 0
+        grad = grad_out.new_zeros(batch * width, features)
+        grad.index_add_(0, flat_index[rows], grad_out.reshape(-1, features)[rows])
+        return grad.view(batch, width, features), None, None, None, None
+
+
+def _compact_cuda(hidden, keep, layout, positions, padding_side):
+    return Compacted(*_CudaCompact.apply(hidden, keep, layout, positions, padding_side))

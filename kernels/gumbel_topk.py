@@ -25,6 +25,7 @@ import torch
 from avex import _checks
 
 from ._utils import next_power_of_2, resolve_row_backend, row_launch_config
+from .cuda_lib import load as load_cuda_library
 from .gumbel_topk_ref import compute_dtype, gumbel_topk_ref, plackett_luce_log_prob_ref
 
 try:
@@ -35,7 +36,8 @@ except ImportError:  # the PyTorch reference still works
 
 __all__ = ["gumbel_topk", "plackett_luce_log_prob"]
 
-MAX_TRITON_WIDTH = 16384  # one row lives in registers; wider rows use the reference
+MAX_TRITON_WIDTH = 16384  # one row lives in registers (CUDA library: shared memory); wider rows
+#                           use the reference
 
 
 # ----------------------------------------------------------------------------------------------
@@ -54,7 +56,9 @@ def gumbel_topk(scores: torch.Tensor, k, *, tau: float = 1.0, lengths=None, seed
         seed: int; the noise is a function of ``(seed, b * M + m)``. ``None`` draws one from
             torch's global generator, so ``torch.manual_seed`` makes runs repeatable.
         sample: ``False`` gives deterministic Top-K (the inference path).
-        backend: ``"auto"`` (CUDA -> Triton, CPU -> PyTorch), ``"triton"`` or ``"torch"``.
+        backend: ``"auto"`` (CUDA -> Triton, CPU -> PyTorch), ``"triton"``, ``"torch"``, or
+            ``"cuda"``: the CUDA C++ library picks the tokens (``sample=False`` only) and the
+            log-probability comes from ``plackett_luce_log_prob``.
 
     Returns:
         indices: int64 [B, Kmax], chosen tokens in sampled order, ``-1`` past a row's K.
@@ -66,6 +70,12 @@ def gumbel_topk(scores: torch.Tensor, k, *, tau: float = 1.0, lengths=None, seed
     path = resolve_row_backend(backend, scores, op="gumbel_topk", max_width=MAX_TRITON_WIDTH)
     if path == "torch":
         return gumbel_topk_ref(scores, k_rows, kmax, lengths, tau, seed, bool(sample))
+    if path == "cuda":
+        if sample:
+            raise ValueError("gumbel_topk: backend='cuda' is deterministic Top-K only; pass "
+                             "sample=False, or use backend='triton' to sample")
+        indices = load_cuda_library().topk_rows(scores.float(), k_rows, kmax, lengths, tau)
+        return indices, plackett_luce_log_prob(scores, indices, tau=tau, lengths=lengths)
     return _GumbelTopK.apply(scores, k_rows, kmax, lengths, float(tau), seed, bool(sample))
 
 
