@@ -11,7 +11,7 @@ import torch
 from avex.kernels.exchange import EXCHANGE_TYPES, build_exchanges
 from avex.kernels.exchange_ref import build_exchanges_loop, type_codes
 from avex.kernels.gumbel_topk import gumbel_topk
-from conftest import DEVICE, requires_cuda, synchronized
+from conftest import DEVICE, label, requires_cuda, synchronized
 
 BATCH, VISUAL, AUDIO, K, G = 64, 256, 64, 128, 8
 WIDTH = VISUAL + AUDIO
@@ -46,12 +46,8 @@ def run_case(benchmark, impl, backward):
             delta_f.sum().backward()
         return delta_f
 
-    benchmark.group = (f"build_exchanges {'fwd+bwd' if backward else 'fwd'} B={BATCH} "
-                       f"M={WIDTH} K={K} g={G} T=4")
-    benchmark.extra_info["impl"] = impl
-    benchmark.extra_info["baseline"] = impl.endswith("(baseline)")
-    if DEVICE.type == "cuda":
-        benchmark.extra_info["device_name"] = torch.cuda.get_device_name()
+    label(benchmark, f"build_exchanges {'fwd+bwd' if backward else 'fwd'} B={BATCH} "
+          f"M={WIDTH} K={K} g={G} T=4", impl)
     out = benchmark(synchronized(step))
     assert out.shape == (BATCH, 4) and torch.isfinite(out).all()
 

@@ -8,7 +8,7 @@ import torch
 
 from avex.kernels import gumbel_topk
 from avex.kernels.gumbel_topk_ref import gumbel_topk_stepwise
-from conftest import DEVICE, requires_cuda, synchronized
+from conftest import DEVICE, label, requires_cuda, synchronized
 
 BATCH, WIDTH = 64, 320
 
@@ -38,11 +38,8 @@ def run_case(benchmark, impl, k, backward):
             log_prob.sum().backward()
         return log_prob
 
-    benchmark.group = f"gumbel_topk {'fwd+bwd' if backward else 'fwd'} B={BATCH} M={WIDTH} K={k}"
-    benchmark.extra_info["impl"] = impl
-    benchmark.extra_info["baseline"] = impl.endswith("(baseline)")
-    if DEVICE.type == "cuda":
-        benchmark.extra_info["device_name"] = torch.cuda.get_device_name()
+    label(benchmark, f"gumbel_topk {'fwd+bwd' if backward else 'fwd'} B={BATCH} M={WIDTH} "
+          f"K={k}", impl)
     out = benchmark(synchronized(step))
     assert torch.isfinite(out).all()
 

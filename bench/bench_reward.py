@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from avex.reward import CiderD
+from conftest import label
 
 CLIPS, CANDIDATES_PER_CLIP, REFS_PER_CLIP = 64, 5, 5
 GROUP = f"cider-d {CLIPS} clips x {CANDIDATES_PER_CLIP} candidates x {REFS_PER_CLIP} refs"
@@ -76,9 +77,7 @@ IMPLEMENTATIONS = {
 
 @pytest.mark.parametrize("impl", list(IMPLEMENTATIONS))
 def test_cider_d(benchmark, impl, expected):
-    benchmark.group = GROUP
-    benchmark.extra_info["impl"] = impl
-    benchmark.extra_info["baseline"] = impl.endswith("(baseline)")
+    label(benchmark, GROUP, impl)
     scores = benchmark(IMPLEMENTATIONS[impl]())
     assert scores.shape == (CLIPS * CANDIDATES_PER_CLIP,)
     np.testing.assert_allclose(scores, expected, rtol=0, atol=1e-9)

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from avex.kernels import gumbel_topk
-from conftest import DEVICE, synchronized
+from conftest import DEVICE, label, synchronized
 
 cuda_lib = importlib.import_module("avex.kernels.cuda_lib")
 
@@ -42,11 +42,8 @@ def test_inference_topk(benchmark, impl, k):
         pytest.skip("GPU kernels: timing needs a CUDA GPU")
     scores = torch.randn(BATCH, WIDTH, device=DEVICE)
     step = IMPLEMENTATIONS[impl](scores, k)
-    benchmark.group = f"inference top-k (sample=False) B={BATCH} M={WIDTH} K={k} float32"
-    benchmark.extra_info["impl"] = impl
-    benchmark.extra_info["baseline"] = impl.endswith("(baseline)")
-    if DEVICE.type == "cuda":
-        benchmark.extra_info["device_name"] = torch.cuda.get_device_name()
+    label(benchmark, f"inference top-k (sample=False) B={BATCH} M={WIDTH} K={k} float32",
+          impl)
     out = benchmark(synchronized(step))
     chosen = out[0] if isinstance(out, tuple) else out
     want = torch.sort(scores.topk(k, dim=1).indices, dim=1).values

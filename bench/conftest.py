@@ -30,6 +30,16 @@ def synchronized(fn):
     return run
 
 
+def label(benchmark, group: str, impl: str) -> None:
+    """Name an entry for bench/summarize.py: its group, its implementation, whether it is the
+    group's baseline (the name ends in "(baseline)"), and the GPU it ran on."""
+    benchmark.group = group
+    benchmark.extra_info["impl"] = impl
+    benchmark.extra_info["baseline"] = impl.endswith("(baseline)")
+    if HAS_CUDA:
+        benchmark.extra_info["device_name"] = torch.cuda.get_device_name()
+
+
 @pytest.fixture
 def device():
     return DEVICE
