@@ -54,6 +54,16 @@ def library():
     return cuda_lib.load()
 
 
+@pytest.fixture(params=["forward", "reverse", "scrambled"])
+def thread_order(request, hostsim):
+    """Each simulated step runs its threads in this order. A result that changes with it means
+    a race between the threads of one step, which the real GPU could hit."""
+    order = ["forward", "reverse", "scrambled"].index(request.param)
+    assert hostsim.raw.avex_hostsim_set_thread_order(order) == 0
+    yield request.param
+    hostsim.raw.avex_hostsim_set_thread_order(0)
+
+
 @pytest.fixture
 def poisoned(monkeypatch):
     monkeypatch.setattr(cuda_lib, "_alloc", poisoned_alloc)
@@ -98,6 +108,7 @@ def test_status_names_match_the_binding(library, hostsim):
         for status, name in enumerate(cuda_lib.STATUS_NAMES):
             assert lib.status_name(status) == name
         assert lib.status_name(99) == "AVEX_UNKNOWN_STATUS"
+    assert hostsim.raw.avex_hostsim_set_thread_order(3) == -1
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path; a GPU is here")
@@ -158,7 +169,8 @@ TOPK_CASES = [
 
 @pytest.mark.parametrize("tau", [1.0, 0.5, 0.07])
 @pytest.mark.parametrize("seed,batch,width,options", TOPK_CASES)
-def test_topk_simulation_matches_reference(hostsim, poisoned, seed, batch, width, options, tau):
+def test_topk_simulation_matches_reference(hostsim, thread_order, poisoned, seed, batch, width,
+                                           options, tau):
     scores, k, lengths = _topk_case(seed, batch, width, **options)
     kmax = int(k.max())
     want, _ = gumbel_topk_ref(scores, k, kmax, lengths, tau, 0, False)
@@ -167,7 +179,7 @@ def test_topk_simulation_matches_reference(hostsim, poisoned, seed, batch, width
     assert torch.equal(got, want)
 
 
-def test_topk_simulation_extremes(hostsim):
+def test_topk_simulation_extremes(hostsim, thread_order):
     """Large scores with a small tau, -0.0 against +0.0, and the widest row."""
     scores = torch.tensor([[1e4, 1e4 - 0.03, -1e4, 1e4, -0.0, 0.0, 3.0, -0.0]])
     k = torch.tensor([8])
@@ -217,8 +229,8 @@ def _assert_compacted_equal(got, want):
     (6, 40, 1, 50, 2, 0.7, torch.bfloat16),
     (7, 3, 1, 2049, 1, 0.95, torch.float32),
 ])
-def test_compact_simulation_matches_reference(hostsim, poisoned, seed, batch, sets, width,
-                                              features, p, dtype, layout, positions, side):
+def test_compact_simulation_matches_reference(hostsim, thread_order, poisoned, seed, batch, sets,
+                                              width, features, p, dtype, layout, positions, side):
     g = torch.Generator().manual_seed(seed)
     hidden = torch.randn(batch, width, features, generator=g).to(dtype)
     keep = torch.rand(batch, sets, width, generator=g) < p
@@ -227,7 +239,7 @@ def test_compact_simulation_matches_reference(hostsim, poisoned, seed, batch, se
     _assert_compacted_equal(got, compact_ref(hidden, keep, layout, positions, side))
 
 
-def test_compact_simulation_empty_inputs(hostsim):
+def test_compact_simulation_empty_inputs(hostsim, thread_order):
     for shape in [(0, 1, 5), (2, 1, 0), (2, 3, 4)]:
         hidden = torch.randn(shape[0], shape[2], 3)
         keep = torch.zeros(shape, dtype=torch.bool)

@@ -278,10 +278,11 @@ avex_status check_device_errors(cudaStream_t stream) {
 #else  // AVEX_HOST_SIMULATION
 
 avex::DeviceError g_host_error{};
+int g_host_thread_order = avex::kForward;
 
 avex_status launch_topk(const char *, const TopkArgs &a, cudaStream_t) {
     std::vector<unsigned char> shared(avex::topk_shared_bytes(a.sorted_width, a.threads));
-    const avex::HostBlock blk{a.threads, &g_host_error};
+    const avex::HostBlock blk{a.threads, &g_host_error, g_host_thread_order};
     for (int64_t row = 0; row < a.batch; ++row) {
         avex::topk_row(blk, a.scores, a.width, a.lengths, a.k, a.kmax, a.tau, a.indices, row,
                        a.sorted_width, shared.data());
@@ -293,11 +294,12 @@ avex_status launch_compact(const CompactArgs &a, cudaStream_t) {
     const int seq_threads = avex::block_threads(a.seq_len);
     const int scan_threads = avex::block_threads(a.num_seqs);
     std::vector<int64_t> scratch(3 * 1024);
-    const avex::HostBlock seq_block{seq_threads, &g_host_error};
+    const avex::HostBlock seq_block{seq_threads, &g_host_error, g_host_thread_order};
     for (int64_t seq = 0; seq < a.num_seqs; ++seq) {
         avex::count_kept(seq_block, a.keep, a.seq_len, seq, a.cu_seqlens, scratch.data());
     }
-    avex::scan_lengths(avex::HostBlock{scan_threads, &g_host_error}, a.cu_seqlens, a.num_seqs,
+    avex::scan_lengths(avex::HostBlock{scan_threads, &g_host_error, g_host_thread_order},
+                       a.cu_seqlens, a.num_seqs,
                        a.layout.padded ? kInt64Max : a.layout.capacity,
                        a.layout.padded ? a.layout.padded_width : kInt64Max, a.max_seqlen,
                        scratch.data());
@@ -480,5 +482,15 @@ avex_status avex_compact_padded(const void *hidden, int64_t element_size, int64_
     AVEX_TRY(check_compact(a));
     return launch_compact(a, stream);
 }
+
+#ifdef AVEX_HOST_SIMULATION
+// Host simulation only (not in avex_prune.h): the order in which a step runs the threads,
+// 0 forward, 1 reverse, 2 scrambled; returns -1 for another value.
+AVEX_API int avex_hostsim_set_thread_order(int order) {
+    if (order < avex::kForward || order > avex::kScrambled) return -1;
+    g_host_thread_order = order;
+    return 0;
+}
+#endif
 
 }  // extern "C"

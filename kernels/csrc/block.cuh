@@ -74,13 +74,23 @@ struct CudaBlock {
 };
 #endif
 
+// Thread order of a HostBlock step. A step whose result depends on it has a race between the
+// threads of one step (a thread reads what another writes): the tests run all three.
+enum HostThreadOrder { kForward = 0, kReverse = 1, kScrambled = 2 };
+
 struct HostBlock {
     int threads;
     DeviceError *error;
+    int order = kForward;
     int size() const { return threads; }
     template <class Step>
     void each(Step step) const {
-        for (int t = 0; t < threads; ++t) step(t);
+        for (int i = 0; i < threads; ++i) {
+            int t = i;
+            if (order == kReverse) t = threads - 1 - i;
+            if (order == kScrambled) t = (i * 37 + 11) % threads;  // a bijection: threads is 2^n
+            step(t);
+        }
     }
     void sync() const {}
     void report(DeviceErrorKind kind, int64_t row, int64_t value, int64_t limit) const {
