@@ -1,10 +1,12 @@
-"""``python -m avex.profiling``: the paper's Table 4 for a backbone on this machine."""
+"""``python -m avex.profiling``: the paper's Table 4 for a backbone on this machine: FLOPs at
+real size (fvcore, 1 multiply-add = 1 flop), then prefill / end-to-end latency, selection
+overhead and peak memory per method (on a CPU, of a scaled-down model)."""
 from __future__ import annotations
 
 import argparse
 import sys
 
-from .suite import FLOPS_ONLY_METHODS, METHODS, ProfileSettings, profile
+from .suite import METHODS, ProfileSettings, profile
 
 
 def main(argv=None) -> int:
@@ -14,8 +16,8 @@ def main(argv=None) -> int:
                    help="qwen2-7b, llama3-8b, or a path to a Hugging Face config")
     p.add_argument("--retention", type=float, default=d.retention, help="rho in (0, 1]")
     p.add_argument("--methods", default=",".join(d.methods),
-                   help=f"comma-separated, from {list(METHODS + FLOPS_ONLY_METHODS)} "
-                        "(fastv: FLOPs row only, not timed)")
+                   help=f"comma-separated, from {list(METHODS)} (fastv: FastV-AV, tome: "
+                        "ToMe-AV, fastav: FastAV, as avex.baselines runs them)")
     p.add_argument("--visual-tokens", type=int, default=d.visual_tokens)
     p.add_argument("--audio-tokens", type=int, default=d.audio_tokens)
     p.add_argument("--text-before", type=int, default=d.text_before,

@@ -14,6 +14,10 @@ What fvcore does not count by itself gets a handle here:
   ``torch.library`` custom ops, so a traced pipeline shows them as single nodes. Their formulas:
   selection counts one comparison per element per sort stage, B * M * ceil(log2 M); compaction
   is a gather with no arithmetic, 0 flops.
+* ``aten::sort`` (the baselines' rankings): the same formula as ``avex::topk_select``.
+
+The baselines of :mod:`avex.baselines` are counted by tracing their selectors as they are
+(:func:`fastv_flops`, :func:`tome_flops`, :func:`fastav_flops`), each next to a hand count.
 
 Real sizes cost no full model: :func:`backbone_flops` traces the model built with 1 and with 2
 decoder layers (random weights, real width and vocabulary), and extrapolates exactly: every
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import math
+import types
 import warnings
 from collections import Counter
 from dataclasses import dataclass
@@ -34,6 +39,8 @@ from torch import nn
 
 from avex.kernels import compact as _compact
 from avex.kernels import gumbel_topk as _gumbel_topk
+
+from .methods import FASTAV_STAGE1_DROP, av_batch
 
 UNIT = "fvcore flops (1 multiply-add = 1 flop, i.e. MACs)"
 
@@ -96,6 +103,15 @@ def _topk_select_flops(inputs, outputs) -> Counter:
     return Counter({"topk_select": b * m * max(1, math.ceil(math.log2(max(m, 2))))})
 
 
+def _sort_flops(inputs, outputs) -> Counter:
+    # like avex::topk_select: one comparison per element per sort stage, along the sorted dim
+    shape = _shape(inputs[0])
+    # sort(self, dim, descending) or sort(self, stable, dim, descending): the first int is dim
+    dims = [v for v in (i.toIValue() for i in inputs[1:]) if type(v) is int]
+    m = shape[dims[0] if dims else -1] if shape else 1
+    return Counter({"sort": math.prod(shape) * max(1, math.ceil(math.log2(max(m, 2))))})
+
+
 def _zero(name):
     return lambda inputs, outputs: Counter({name: 0})
 
@@ -115,6 +131,7 @@ HANDLES = {
     "aten::_native_multi_head_attention": _mha_flops,
     "avex::topk_select": _topk_select_flops,
     "avex::compact": _zero("compact"),
+    "aten::sort": _sort_flops,
 }
 
 # Elementwise ops fvcore leaves out on purpose (norms, activations, rotary, masks): O(L * D)
@@ -278,6 +295,26 @@ def _llm_flops(one, two, n, prefill_tokens, decode_tokens):
     return LLMFlops(prefill, decode, prefill_tokens, decode_tokens)
 
 
+def _per_token(config) -> int:
+    """One decoder layer's matmul weights: q, k, v, o projections and 3 MLP matrices."""
+    c = config
+    d, h, kvh, hd = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, _head_dim(c)
+    return d * h * hd * 2 + d * kvh * hd * 2 + 3 * d * c.intermediate_size
+
+
+def _attention_pair(config) -> int:
+    """QK^T + AV per (query, key) pair, over all heads."""
+    return 2 * config.num_attention_heads * _head_dim(config)
+
+
+def analytic_layer_flops(config, tokens: int, *, causal: bool = True) -> int:
+    """One decoder layer over ``tokens`` tokens: weights x tokens + attention over the causal
+    triangle, or over the dense ``tokens`` x ``tokens`` square (eager attention computes every
+    pair before masking)."""
+    pairs = tokens * (tokens + 1) // 2 if causal else tokens * tokens
+    return _per_token(config) * tokens + _attention_pair(config) * pairs
+
+
 def analytic_llm_flops(config, prefill_tokens: int, decode_tokens: int) -> LLMFlops:
     """The hand count, in the same unit: matmul weights x tokens + causal attention.
 
@@ -286,16 +323,13 @@ def analytic_llm_flops(config, prefill_tokens: int, decode_tokens: int) -> LLMFl
     (query, key) pair. Embedding lookups are free.
     """
     c = config
-    d, h, kvh, hd = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, _head_dim(c)
-    per_token = d * h * hd * 2 + d * kvh * hd * 2 + 3 * d * c.intermediate_size
     n = _layers(c)
-    head = d * c.vocab_size
-    attn_pair = 2 * h * hd
+    head = c.hidden_size * c.vocab_size
     p = prefill_tokens
-    prefill = n * (per_token * p + attn_pair * p * (p + 1) // 2) + head
+    prefill = n * analytic_layer_flops(c, p) + head
     steps = max(decode_tokens - 1, 0)
     visible = sum(p + t for t in range(1, steps + 1))   # step t sees p + t - 1 cached + itself
-    decode = steps * (n * per_token + head) + n * attn_pair * visible
+    decode = steps * (n * _per_token(c) + head) + n * _attention_pair(c) * visible
     return LLMFlops(prefill, decode, prefill_tokens, decode_tokens)
 
 
@@ -322,18 +356,148 @@ def policy_flops(policy, hidden_size: int, modality: torch.Tensor, retention: fl
             "selection_by_operator": select_count.by_operator}
 
 
-def layer_prefill_flops(models: tuple, tokens: int) -> int:
-    """One decoder layer's prefill of ``tokens`` tokens (causal), from the 1- and 2-layer
-    ``models``: F(2 layers) - F(1 layer)."""
-    one, two = models
-    _CAUSAL_MASKS[0] = True
-    try:
-        return _prefill_count(two, tokens).total - _prefill_count(one, tokens).total
-    finally:
-        _CAUSAL_MASKS[0] = False
-
-
 def selection_flops(num_av: int) -> int:
     """The Top-K selection over ``num_av`` scores (batch 1), by the ``avex::topk_select``
     formula."""
     return num_av * max(1, math.ceil(math.log2(max(num_av, 2))))
+
+
+# ----------------------------------------------------------------------------------------------
+# The baselines' selection work (the selectors of avex.baselines, traced)
+# ----------------------------------------------------------------------------------------------
+
+class _Selector(nn.Module):
+    """A selector of :mod:`avex.baselines` on one batch-1 sequence, for fvcore.
+
+    It returns the keep-set, ToMe-AV's merged embeddings, and the last hidden state of every
+    decoder pass the selector runs: a trace drops work whose result is unused, and the
+    selectors run whole decoder passes but read only their attention maps.
+    """
+
+    def __init__(self, selector, modality, retention, model=None):
+        from avex.rollout import AVLayout
+
+        super().__init__()
+        self.selector, self.modality, self.retention = selector, modality, retention
+        self.model = model   # a submodule, so the trace takes its weights as parameters
+        self.layout = AVLayout.of(modality)   # bookkeeping, built once outside the count
+
+    def forward(self, inputs_embeds):
+        passes = []
+        hook = None
+        if self.model is not None:
+            hook = self.model.get_decoder().register_forward_hook(
+                lambda module, args, out: passes.append(out.last_hidden_state))
+        try:
+            out = self.selector(av_batch(inputs_embeds, self.modality), self.layout,
+                                self.retention)
+        finally:
+            if hook is not None:
+                hook.remove()
+        if isinstance(out, tuple):   # ToMe-AV: Selection(keep, merged inputs_embeds)
+            return (out.keep, out.inputs_embeds, *passes)
+        return (out, *passes)
+
+
+def selector_count(selector, modality, retention: float, hidden_size: int, model=None) -> Count:
+    """fvcore count of one call of ``selector`` on random embeddings [1, L, hidden_size]."""
+    dtype = next(model.parameters()).dtype if model is not None else torch.float32
+    embeds = torch.randn(1, modality.shape[1], hidden_size, dtype=dtype)
+    with torch.no_grad():
+        return count(_Selector(selector, modality, retention, model), (embeds,))
+
+
+class _Rollout(nn.Module):
+    def forward(self, *maps):
+        from avex.baselines.fastav import attention_rollout
+
+        return attention_rollout(list(maps))
+
+
+@dataclass
+class SelectionFlops:
+    fvcore: int
+    analytic: int
+    detail: dict
+
+
+def _av_counts(modality) -> tuple[int, int, int]:
+    from avex.pruning import AUDIO, VISUAL
+
+    nv, na = int((modality == VISUAL).sum()), int((modality == AUDIO).sum())
+    return nv, na, modality.shape[1] - nv - na
+
+
+def fastv_flops(models: tuple, config, modality, retention: float,
+                layer: int = 2) -> SelectionFlops:
+    """FastV-AV's selection (``avex.baselines.fastv`` on the first K = ``layer`` layers): K
+    layers over every token with eager attention (the dense Q K^T and A V), then a sort of the
+    AV scores. Traced on the 1- and 2-layer ``models`` and extrapolated to K layers."""
+    from avex.baselines import fastv_selector
+
+    k = min(layer, _layers(config))
+    counts = [selector_count(fastv_selector(types.SimpleNamespace(model=m), layer=n), modality,
+                             retention, config.hidden_size, m).total
+              for n, m in enumerate(models, 1)]
+    fv = counts[0] + (k - 1) * (counts[1] - counts[0])
+    nv, na, _ = _av_counts(modality)
+    length = modality.shape[1]
+    analytic = k * analytic_layer_flops(config, length, causal=False) + selection_flops(nv + na)
+    return SelectionFlops(fv, analytic, dict(layers=k))
+
+
+def fastav_flops(models: tuple, config, modality, retention: float) -> SelectionFlops:
+    """FastAV's selection as ``avex.baselines.fastav`` runs it (rollout over E = depth // 2
+    layers, the fine prune at the last layer): stage 1, the whole decoder over every token
+    (eager); the rollout products of E attention maps; stage 2, the whole decoder over the text
+    and the K1 stage-1 survivors; a sort of the AV scores in each stage. The decoder passes are
+    traced on the 1- and 2-layer ``models`` and extrapolated; the rollout is traced at E."""
+    from avex.baselines import fastav_selector
+    from avex.pruning import num_kept
+
+    n = _layers(config)
+    rollout_layers = max(1, n // 2)
+    counts = [selector_count(
+        fastav_selector(types.SimpleNamespace(model=m), rollout_layers=1, late_layer=depth,
+                        stage1_drop=FASTAV_STAGE1_DROP),
+        modality, retention, config.hidden_size, m).total
+        for depth, m in enumerate(models, 1)]
+    length = modality.shape[1]
+    maps = tuple(torch.rand(1, length, length) for _ in range(rollout_layers))
+    with torch.no_grad():
+        rollout = count(_Rollout(), maps).total
+    fv = counts[0] + (n - 1) * (counts[1] - counts[0]) + rollout
+
+    nv, na, text = _av_counts(modality)
+    k = int(num_kept(retention, torch.tensor([nv + na]))[0])
+    k1 = nv + na - math.ceil(FASTAV_STAGE1_DROP * (nv + na - k))
+    stage1 = n * analytic_layer_flops(config, length, causal=False)
+    stage2 = n * analytic_layer_flops(config, text + k1, causal=False)
+    analytic = stage1 + (rollout_layers - 1) * length ** 3 + stage2 \
+        + 2 * selection_flops(nv + na)
+    # stage 1 reads only layers 0..E-1; the rest of its pass is the implementation's
+    unread = (n - rollout_layers) * analytic_layer_flops(config, length, causal=False)
+    return SelectionFlops(fv, analytic, dict(rollout_layers=rollout_layers, late_layer=n,
+                                             stage2_tokens=text + k1,
+                                             stage1_unread_layers=unread))
+
+
+def tome_flops(config, modality, retention: float) -> SelectionFlops:
+    """ToMe-AV's matching (``avex.baselines.tome`` on the input embeddings): per merge round
+    the cosine similarities of the source and destination halves, |A| x |B| x D, and a sort of
+    the |A| best matches. The size-weighted averages of the merges are elementwise (not
+    counted, fvcore's convention)."""
+    from avex.baselines import split_budget, tome_selector
+    from avex.pruning import num_kept
+
+    fv = selector_count(tome_selector(), modality, retention, config.hidden_size).total
+    nv, na, _ = _av_counts(modality)
+    k = int(num_kept(retention, torch.tensor([nv + na]))[0])
+    analytic, rounds = 0, 0
+    for n, target in zip((nv, na), split_budget(k, nv, na)):
+        while target and n > target and n >= 2:   # merge_modality's loop
+            src, dst = (n + 1) // 2, n // 2
+            analytic += src * dst * config.hidden_size + selection_flops(src)
+            n -= min(n - target, src)
+            rounds += 1
+    return SelectionFlops(fv, analytic, dict(rounds=rounds))

@@ -1,24 +1,33 @@
-"""Prefill / end-to-end latency, policy overhead and peak memory, batch 1.
+"""Prefill / end-to-end latency, selection overhead and peak memory, batch 1.
+
+Every method runs the project's code (:mod:`avex.profiling.methods`): AVEX's policy and Top-K,
+the selectors of :mod:`avex.baselines`, then :func:`avex.prune_inputs` and
+:func:`avex.generate`.
 
 On CUDA the timings are CUDA events after warm-up, the median of many runs, and memory is
-``torch.cuda.max_memory_allocated`` over one end-to-end run. On a CPU the timings are
-``time.perf_counter`` medians; there is no allocator statistic like CUDA's, so ``memory_gb``
-is None and ``cpu_rss_growth_gb`` records how far the process's resident set size rises
-during one end-to-end run (Linux: peak ``VmHWM``, reset through ``/proc/self/clear_refs``,
-minus ``VmRSS`` before it). After warm-up that is ~0: the allocator reuses freed memory, so it
-is not a peak-memory figure.
+``torch.cuda.max_memory_allocated`` over one end-to-end run (everything allocated: weights,
+activations, KV cache). On a CPU the timings are ``time.perf_counter`` medians, and memory is
+the peak, during one end-to-end run, of the bytes of CPU tensors allocated in that run and not
+yet freed (:func:`cpu_peak_bytes`, from the profiler's allocation events): activations, the KV
+cache, logits and the selection's intermediates, **not** the weights or the inputs, which exist
+before the run.
 
 Every method decodes exactly ``decode_tokens`` tokens (greedy, ``min_new_tokens`` =
 ``max_new_tokens``), so end-to-end times compare the same amount of decoding.
 """
 from __future__ import annotations
 
+import contextlib
+import gc
+import os
 import statistics
 import time
 
 import torch
 
-from avex.pruning import generate, prune_inputs
+from avex.pruning import generate
+
+from .methods import selection
 
 
 class Timer:
@@ -49,94 +58,93 @@ class Timer:
         return statistics.median(times)
 
 
-def _reset_peak_rss() -> bool:
-    """Reset this process's peak resident set size (Linux: ``/proc/self/clear_refs``)."""
+@contextlib.contextmanager
+def _quiet_stderr():
+    """Silence file descriptor 2: the profiler's C++ side logs every start and stop there."""
     try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
+        saved = os.dup(2)
     except OSError:
-        return False
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
-def _status_gb(field: str):
-    """A ``/proc/self/status`` size field (``VmRSS:``, ``VmHWM:``) in GB; None if unavailable."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field):
-                    return int(line.split()[1]) * 1024 / 2**30
-    except OSError:
-        pass
-    return None
+def cpu_peak_bytes(fn):
+    """``(fn(), peak)``: the peak over the call of the bytes of CPU tensors allocated during it
+    and still alive, from the profiler's allocation and free events in order. Tensors that
+    exist before the call (weights, inputs) are not counted."""
+    from torch.profiler import DeviceType, ProfilerActivity, profile
+
+    gc.collect()
+    with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as p:
+        result = fn()
+    events = [e for e in p.profiler.kineto_results.events()
+              if e.name() == "[memory]" and e.device_type() == DeviceType.CPU]
+    live = peak = 0
+    for e in sorted(events, key=lambda e: e.start_ns()):
+        live += e.nbytes()   # negative for a free
+        peak = max(peak, live)
+    return result, peak
 
 
 def _generate_kwargs(n: int) -> dict:
     return dict(max_new_tokens=n, min_new_tokens=n, do_sample=False, num_beams=1)
 
 
+def _peak_memory(e2e, device):
+    """(tokens, bytes): CUDA, max allocated (weights included); CPU, :func:`cpu_peak_bytes`."""
+    if device.type != "cuda":
+        return cpu_peak_bytes(e2e)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    tokens = e2e()
+    torch.cuda.synchronize()
+    return tokens, torch.cuda.max_memory_allocated()
+
+
 def measure(model, policy, inputs_embeds, modality, *, retention: float, decode_tokens: int,
             runs: int, warmup: int, methods=("full", "avex"), progress=None) -> dict:
-    """Latency (ms) and peak memory (GB, CUDA only) per method; see the module docstring.
+    """Latency (ms) and peak memory per method; see the module docstring.
 
     Keys per method: ``prefill_ms`` (LLM prefill of the sequence the method feeds it),
-    ``policy_ms`` (scoring + Top-K selection + compaction; 0 for full), ``e2e_ms`` (policy,
-    selection, compaction, prefill and ``decode_tokens`` greedy tokens), ``memory_gb`` (CUDA
-    peak allocated; None on CPU), ``cpu_rss_growth_gb``,
-    ``prefill_tokens``, ``generated_tokens``.
+    ``selection_ms`` (the method's scoring, selection and compaction; 0 for full), ``e2e_ms``
+    (selection, prefill and ``decode_tokens`` greedy tokens), ``memory_bytes`` and
+    ``memory_counts`` (what the peak includes), ``prefill_tokens``, ``generated_tokens``.
     """
     device = inputs_embeds.device
     timer = Timer(device)
     out = {}
-    full_keep = torch.ones_like(modality, dtype=torch.bool) & (modality >= 0)
-
-    def select():
-        scores = policy(inputs_embeds, modality)
-        return prune_inputs(inputs_embeds, modality, scores=scores, retention=retention)
-
     with torch.inference_mode():
         for method in methods:
-            if method == "full":
-                pruned = prune_inputs(inputs_embeds, modality, keep=full_keep)
-                policy_ms = 0.0
-
-                def e2e(pruned=pruned):
-                    return generate(model, pruned, **_generate_kwargs(decode_tokens))
-            elif method == "avex":
-                pruned = select()
-                policy_ms = timer(select, runs, warmup, progress)
-
-                def e2e():
-                    return generate(model, select(), **_generate_kwargs(decode_tokens))
-            else:
-                raise ValueError(f"methods: latency is implemented for 'full' and 'avex', got "
-                                 f"{method!r}")
+            select = selection(method, model, policy, inputs_embeds, modality, retention)
+            pruned = select()
+            selection_ms = 0.0 if method == "full" else timer(select, runs, warmup, progress)
 
             def prefill(pruned=pruned):
                 return model(inputs_embeds=pruned.inputs_embeds,
                              attention_mask=pruned.attention_mask,
                              position_ids=pruned.position_ids, use_cache=True, logits_to_keep=1)
 
+            def e2e(select=select):
+                return generate(model, select(), **_generate_kwargs(decode_tokens))
+
             prefill_ms = timer(prefill, runs, warmup, progress)
             e2e_ms = timer(e2e, runs, warmup, progress)
-            memory = rss_growth = None
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-                torch.cuda.reset_peak_memory_stats()
-                tokens = e2e()
-                torch.cuda.synchronize()
-                memory = torch.cuda.max_memory_allocated() / 2**30
-            else:
-                reset = _reset_peak_rss()
-                before = _status_gb("VmRSS:")
-                tokens = e2e()
-                peak = _status_gb("VmHWM:")
-                rss_growth = peak - before if reset and peak is not None else None
+            tokens, memory = _peak_memory(e2e, device)
             generated = tokens.shape[-1]
             if generated != decode_tokens:
                 raise RuntimeError(f"{method} generated {generated} tokens, expected the forced "
                                    f"{decode_tokens}")
-            out[method] = dict(prefill_ms=prefill_ms, policy_ms=policy_ms, e2e_ms=e2e_ms,
-                               memory_gb=memory, prefill_tokens=int(pruned.inputs_embeds.shape[1]),
-                               generated_tokens=generated, cpu_rss_growth_gb=rss_growth)
+            counts = ("all CUDA allocations (weights included)" if device.type == "cuda" else
+                      "CPU tensors allocated during the run (weights and inputs excluded)")
+            out[method] = dict(prefill_ms=prefill_ms, selection_ms=selection_ms, e2e_ms=e2e_ms,
+                               memory_bytes=int(memory), memory_counts=counts,
+                               prefill_tokens=int(pruned.inputs_embeds.shape[1]),
+                               generated_tokens=generated)
     return out

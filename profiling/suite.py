@@ -15,11 +15,8 @@ from avex.backbones import backbone_config
 from avex.pruning import AUDIO, TEXT, VISUAL, num_kept
 
 from . import flops as F
+from .methods import FASTV_LAYER, METHODS, NAMES as METHOD_NAMES
 
-METHODS = ("full", "avex")
-FLOPS_ONLY_METHODS = ("fastv",)
-METHOD_NAMES = {"full": "Full tokens", "avex": "AVEX-Prune", "fastv": "FastV-AV (K=2)"}
-FASTV_LAYER = 2   # avex.baselines.fastv's default K
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 PAPER_POLICY_WIDTH = 768
 CPU_WIDTH, CPU_LAYERS = 512, 4
@@ -29,7 +26,7 @@ CPU_WIDTH, CPU_LAYERS = 512, 4
 class ProfileSettings:
     backbone: str = "qwen2-7b"
     retention: float = 0.4
-    methods: tuple = METHODS + FLOPS_ONLY_METHODS
+    methods: tuple = METHODS
     visual_tokens: int = 256
     audio_tokens: int = 64
     # "<|im_start|>system ... user" before the AV tokens, the instruction and the assistant
@@ -55,11 +52,13 @@ class ProfileSettings:
         if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r) \
                 or not 0 < r <= 1:
             raise ValueError(f"retention must be in (0, 1], got {r!r}")
+        if not self.methods:
+            raise ValueError(f"methods: none given; available: {list(METHODS)}")
         for m in self.methods:
-            if m not in METHODS + FLOPS_ONLY_METHODS:
-                raise ValueError(f"methods: unknown method {m!r}; available: "
-                                 f"{list(METHODS + FLOPS_ONLY_METHODS)} (fastv: FLOPs only; "
-                                 "ToMe / FastAV rows are not implemented yet)")
+            if m not in METHODS:
+                raise ValueError(f"methods: unknown method {m!r}; available: {list(METHODS)}")
+        if len(set(self.methods)) != len(self.methods):
+            raise ValueError(f"methods: a method is listed twice: {list(self.methods)}")
         for name in ("visual_tokens", "audio_tokens", "text_before", "text_after"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
@@ -116,6 +115,27 @@ def _policy_width(settings, config, scale: float) -> int:
     return max(64, int(round(settings.policy_hidden_size / scale / 64)) * 64)
 
 
+EXTRA_NAMES = {"full": "none", "avex": "policy + Top-K + compaction",
+               "fastv": f"{FASTV_LAYER} full-token layers (eager) + sort",
+               "tome": "similarity matmuls + sorts",
+               "fastav": "2 decoder passes (eager) + rollout + sorts"}
+
+
+def _selection_flops(method, models, config, modality, retention, pol) -> F.SelectionFlops:
+    """A method's work before its pruned prefill; ``analytic`` None where there is no hand
+    count (the policy network)."""
+    if method == "full":
+        return F.SelectionFlops(0, 0, {})
+    if method == "avex":
+        return F.SelectionFlops(pol["policy"] + pol["selection"], None,
+                                dict(policy=pol["policy"], selection=pol["selection"]))
+    if method == "fastv":
+        return F.fastv_flops(models, config, modality, retention, FASTV_LAYER)
+    if method == "fastav":
+        return F.fastav_flops(models, config, modality, retention)
+    return F.tome_flops(config, modality, retention)
+
+
 def flops_table(settings: ProfileSettings, config, policy_width: int, bar=None) -> dict:
     """FLOPs per method for ``config`` (fvcore, cross-checked against the analytic count)."""
     modality = token_layout(settings)
@@ -131,35 +151,26 @@ def flops_table(settings: ProfileSettings, config, policy_width: int, bar=None) 
     if bar:
         bar.update(1)
     rows, checks = {}, {}
-    full_prefill = None
     for method in settings.methods:
         tokens = n_text + n_av if method == "full" else n_text + k
         llm = F.llm_flops(models, config, tokens, settings.decode_tokens)
         ref = F.analytic_llm_flops(config, tokens, settings.decode_tokens)
-        extra = pol["policy"] + pol["selection"] if method == "avex" else 0
-        if method == "fastv":
-            # avex.baselines.fastv: the first K layers on every token (attention weights of
-            # layer K-1, the same QK^T + AV products), a Top-K, then the pruned prefill
-            layers = min(FASTV_LAYER, config.num_hidden_layers)
-            extra = layers * F.layer_prefill_flops(models, n_text + n_av) \
-                + F.selection_flops(n_av)
-        if method == "full":
-            full_prefill = llm.prefill
-        extra_name = {"avex": "policy + selection",
-                      "fastv": f"{FASTV_LAYER} full-token layers + selection"}.get(method, "none")
-        # "policy" holds the selection cost of any method (AVEX's policy, FastV's layers)
-        rows[method] = dict(prefill_tokens=tokens, extra_name=extra_name,
-                            llm_prefill=llm.prefill, policy=extra,
-                            decode=llm.decode, prefill_plus_policy=llm.prefill + extra,
-                            total=llm.prefill + extra + llm.decode)
-        checks[method] = dict(fvcore_total=llm.prefill + llm.decode,
-                              analytic_total=ref.prefill + ref.decode,
-                              relative_difference=(llm.prefill + llm.decode)
-                              / (ref.prefill + ref.decode) - 1)
+        sel = _selection_flops(method, models, config, modality, settings.retention, pol)
+        # "policy" holds any method's selection cost (AVEX's policy, the baselines' own work)
+        rows[method] = dict(prefill_tokens=tokens, extra_name=EXTRA_NAMES[method],
+                            llm_prefill=llm.prefill, policy=sel.fvcore, decode=llm.decode,
+                            prefill_plus_policy=llm.prefill + sel.fvcore,
+                            total=llm.prefill + sel.fvcore + llm.decode,
+                            selection_detail=sel.detail)
+        checked = sel.analytic is not None and method != "full"
+        fv = llm.prefill + llm.decode + (sel.fvcore if checked else 0)
+        an = ref.prefill + ref.decode + (sel.analytic if checked else 0)
+        checks[method] = dict(fvcore_total=fv, analytic_total=an, relative_difference=fv / an - 1,
+                              covers="LLM prefill + decode" + (" + selection" if checked else ""))
         if bar:
             bar.update(1)
-    if full_prefill is None:
-        full_prefill = F.llm_flops(models, config, n_text + n_av, 1).prefill
+    full_prefill = rows["full"]["llm_prefill"] if "full" in rows else \
+        F.llm_flops(models, config, n_text + n_av, 1).prefill
     for row in rows.values():
         row["vs_full_prefill"] = row["prefill_plus_policy"] / full_prefill
         row["policy_vs_full_prefill"] = row["policy"] / full_prefill
@@ -194,7 +205,9 @@ def profile(settings: ProfileSettings | None = None, **overrides) -> dict:
         if not hasattr(settings, key):
             raise TypeError(f"profile() got an unknown setting {key!r}")
         setattr(settings, key, value)
-    settings.methods = tuple(settings.methods)
+    if isinstance(settings.methods, str):   # "full,avex", as the command line takes it
+        settings.methods = settings.methods.split(",")
+    settings.methods = tuple(m.strip() for m in settings.methods)
     settings.validate()
     config = backbone_config(settings.backbone)
     device = _device(settings)
@@ -211,8 +224,7 @@ def profile(settings: ProfileSettings | None = None, **overrides) -> dict:
     latency_config = config if real_latency or small else scaled_config(config)
     scale = config.hidden_size / latency_config.hidden_size
     if settings.latency:
-        timed = [m for m in settings.methods if m in METHODS]
-        steps += 2 + sum((3 if m == "avex" else 2) * runs for m in timed)
+        steps += 2 + sum((2 if m == "full" else 3) * runs for m in settings.methods)
         steps += 2 + len(settings.methods)
     bar = tqdm(total=steps, desc="profiling", disable=not settings.progress)
 
@@ -239,10 +251,11 @@ def profile(settings: ProfileSettings | None = None, **overrides) -> dict:
         bar.update(1)
         lat = measure(model, policy, embeds, modality, retention=settings.retention,
                       decode_tokens=settings.decode_tokens, runs=runs, warmup=warmup,
-                      methods=[m for m in settings.methods if m in METHODS], progress=bar)
+                      methods=settings.methods, progress=bar)
         results["latency"] = dict(
             label=label, device=_device_name(device), dtype=dtype_name, runs=runs,
             warmup=warmup, backbone_config=_describe(latency_config), policy_width=pw,
+            weights_bytes=dict(model=_bytes(model), policy=_bytes(policy)),
             rows=lat, flops=lat_flops)
     bar.close()
     name = settings.name or _default_name(settings, device)
@@ -269,6 +282,11 @@ def _device_name(device) -> str:
     return f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
 
 
+def _bytes(module) -> int:
+    return sum(t.numel() * t.element_size()
+               for t in (*module.parameters(), *module.buffers()))
+
+
 def _describe(c) -> dict:
     keys = ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers",
             "num_attention_heads", "num_key_value_heads", "vocab_size")
@@ -283,6 +301,46 @@ def _g(x) -> str:
     return f"{x / 1e9:.2f}"
 
 
+def _gs(x) -> str:
+    """G = 1e9, with 3 significant digits below 1 G (ToMe-AV's matching is ~0.1 G)."""
+    g = x / 1e9
+    return "0" if x == 0 else f"{g:,.1f}" if g >= 1 else f"{g:.3g}"
+
+
+def _selection_notes(fl: dict) -> list[str]:
+    """One line per method in the table: what its selection cost counts."""
+    rows, full = fl["rows"], fl["full_prefill"]
+    notes = {
+        "avex": "AVEX-Prune: the policy pass, Top-K (`avex::topk_select`) and compaction.",
+        "fastv": "FastV-AV: `avex.baselines.fastv` on the LLM cut to its first K = {layers} "
+                 "layers (the same selection: layer K-1's attention does not depend on later "
+                 "layers), i.e. K layers over every token with eager attention (dense Q K^T and "
+                 "A V), then a sort of the AV scores.",
+        "tome": "ToMe-AV: `avex.baselines.tome`'s bipartite matching on the input embeddings, "
+                "per modality: the cosine-similarity matmul of each merge round ({rounds} "
+                "rounds) and a sort of the matches; the size-weighted merge averages are "
+                "elementwise, which fvcore does not count.",
+        "fastav": "FastAV: `avex.baselines.fastav` as it runs: stage 1, the whole decoder over "
+                  "every token (eager), of which the rollout reads layers 0-{last_read}; the "
+                  "rollout products of those maps; stage 2, the whole decoder over "
+                  "the text + stage-1 survivors ({stage2_tokens} tokens) for the last layer's "
+                  "attention; a sort per stage. Stage 1's unread layers are {unread} T "
+                  "({unread_pct} of full prefill): the implementation's cost, not the method's.",
+    }
+    lines = []
+    for m in rows:
+        if m not in notes:
+            continue
+        d = rows[m]["selection_detail"]
+        extra = dict(d)
+        if m == "fastav":
+            extra["last_read"] = d["rollout_layers"] - 1
+            extra["unread"] = _t(d["stage1_unread_layers"])
+            extra["unread_pct"] = f"{d['stage1_unread_layers'] / full:.1%}"
+        lines.append("- " + notes[m].format(**extra))
+    return lines
+
+
 def markdown(results: dict) -> str:
     s = results["settings"]
     fl = results["flops"]
@@ -291,67 +349,91 @@ def markdown(results: dict) -> str:
         f"# Efficiency: {s['backbone']} at {s['retention']:.0%} retention, batch 1",
         "",
         f"Tokens: {s['visual_tokens']} visual + {s['audio_tokens']} audio + "
-        f"{s['text_before'] + s['text_after']} text; AVEX keeps {fl['kept_av_tokens']} AV "
-        f"tokens; {s['decode_tokens']} decoded tokens (forced). Policy: "
+        f"{s['text_before'] + s['text_after']} text; every method keeps {fl['kept_av_tokens']} "
+        f"AV tokens (ToMe-AV by merging); {s['decode_tokens']} decoded tokens (forced). Policy: "
         f"{fl['policy_parameters'] / 1e6:.1f}M parameters (width {fl['policy_width']}).",
         "",
         f"## FLOPs, {s['backbone']} at real size ({cfg['num_hidden_layers']} layers, width "
         f"{cfg['hidden_size']})",
         "",
-        f"Unit: {fl['unit']}; T = 1e12. Counted with fvcore (SDPA, Top-K selection and "
-        "compaction through this suite's handles); decoder layers traced at depth 1 and 2 and "
-        "extrapolated exactly; LM head on the last prefill position and every decode step.",
+        f"Unit: {fl['unit']}; T = 1e12, G = 1e9. Counted with fvcore by tracing the project's "
+        "code (SDPA, sorts, Top-K selection and compaction through this suite's handles); "
+        "decoder layers traced at depth 1 and 2 and extrapolated exactly; LM head on the last "
+        "prefill position and every decode step.",
         "",
-        "| Method | prefill tokens | LLM prefill (T) | selection cost (T) | prefill + selection "
+        "| Method | prefill tokens | LLM prefill (T) | selection cost (G) | prefill + selection "
         "(T) | vs full prefill | decode (T) | total (T) |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for m, r in fl["rows"].items():
         lines.append(f"| {METHOD_NAMES[m]} | {r['prefill_tokens']} | {_t(r['llm_prefill'])} | "
-                     f"{_t(r['policy'])} | {_t(r['prefill_plus_policy'])} | "
+                     f"{_gs(r['policy'])} | {_t(r['prefill_plus_policy'])} | "
                      f"{r['vs_full_prefill']:.1%} | {_t(r['decode'])} | {_t(r['total'])} |")
     lines.append("")
-    checks = ", ".join(f"{METHOD_NAMES[m]} {c['relative_difference']:+.4%}"
+    checks = ", ".join(f"{METHOD_NAMES[m]} {c['relative_difference']:+.4%} ({c['covers']})"
                        for m, c in fl["cross_check"].items())
-    lines.append(f"fvcore vs analytic (params x tokens + causal attention), prefill + decode: "
-                 f"{checks}.")
-    lines.append("Selection cost: AVEX, the policy pass + Top-K + compaction; FastV-AV (as "
-                 "`avex.baselines.fastv` runs it), the first 2 decoder layers on all tokens + "
-                 "Top-K, before the pruned prefill.")
+    lines.append(f"fvcore vs the analytic count (params x tokens + attention pairs; the "
+                 f"baselines' matmuls and sorts by hand): {checks}. AVEX's policy has no hand "
+                 "count.")
+    lines += ["", "Selection cost, the work before the pruned prefill:"] + _selection_notes(fl)
+    if {"fastv", "fastav"} & set(fl["rows"]):
+        lines.append("- FastV and FastAV prune inside the LLM in their papers; "
+                     "`avex.baselines` uses their passes only to choose the kept set, which "
+                     "every layer then prefills, as for the other methods.")
     if "avex" in fl["rows"]:
-        lines.append(f"Policy + selection = {fl['rows']['avex']['policy_vs_full_prefill']:.2%} "
+        lines.append(f"\nPolicy + selection = {fl['rows']['avex']['policy_vs_full_prefill']:.2%} "
                      "of the full-token LLM prefill.")
     lat = results.get("latency")
     if lat:
-        lc = lat["backbone_config"]
-        lines += [
-            "",
-            f"## Latency and memory ({lat['label']})",
-            "",
-            f"Device: {lat['device']}, {lat['dtype']}, random weights; median of {lat['runs']} "
-            f"runs after {lat['warmup']} warm-up. Configuration: {lc['num_hidden_layers']} "
-            f"layers, width {lc['hidden_size']}, {lc['num_attention_heads']} heads "
-            f"({lc['num_key_value_heads']} KV), MLP {lc['intermediate_size']}, vocabulary "
-            f"{lc['vocab_size']}; policy width {lat['policy_width']}. FLOPs below are for this "
-            "configuration (prefill + policy, same unit).",
-            "",
-            "| Method | FLOPs (T) | Prefill (ms) | E2E (ms) | Mem. (GB) | policy overhead (ms) |",
-            "|---|---|---|---|---|---|",
-        ]
-        mem_note = ("not measured on a CPU (no allocator peak statistic; the process's "
-                    "RSS growth after warm-up, in the JSON, is ~0 because freed memory is reused)"
-                    if lat["device"].startswith("CPU") else
-                    "peak allocated (torch.cuda.max_memory_allocated)")
-        for m, r in lat["rows"].items():
-            f_ = lat["flops"]["rows"][m]["prefill_plus_policy"]
-            mem = "n/a (CPU)" if r["memory_gb"] is None else f"{r['memory_gb']:.2f}"
-            lines.append(f"| {METHOD_NAMES[m]} | {_t(f_)} ({_g(f_)} G) | "
-                         f"{r['prefill_ms']:.1f} | {r['e2e_ms']:.1f} | {mem} | "
-                         f"{r['policy_ms']:.2f} |")
-        lines += ["", "Prefill: the LLM forward over the sequence the method feeds it. E2E: "
-                  "scoring, selection, compaction, prefill and the forced decode. Policy "
-                  f"overhead: scoring + Top-K + compaction alone. Mem.: {mem_note}."]
+        lines += _latency_markdown(lat)
     return "\n".join(lines) + "\n"
+
+
+def _latency_markdown(lat: dict) -> list[str]:
+    lc = lat["backbone_config"]
+    cpu = lat["device"].startswith("CPU")
+    weights = lat["weights_bytes"]
+    mem_head = "Peak mem. (MB, run only)" if cpu else "Peak mem. (GB)"
+    mem_note = (
+        "the peak, during one end-to-end run, of the bytes of CPU tensors allocated in that run "
+        "and alive at once (activations, KV cache, logits, the selection's intermediates), from "
+        "the PyTorch profiler's allocation events; the weights and inputs are excluded (model "
+        f"{weights['model'] / 2**20:.0f} MB + policy {weights['policy'] / 2**20:.1f} MB, "
+        "resident for every method)" if cpu else
+        "peak allocated over one end-to-end run, weights included "
+        "(torch.cuda.max_memory_allocated); MB = 2^20 bytes, GB = 2^30 bytes")
+    lines = [
+        "",
+        f"## Latency and memory ({lat['label']})",
+        "",
+        f"Device: {lat['device']}, {lat['dtype']}, random weights; median of {lat['runs']} "
+        f"runs after {lat['warmup']} warm-up. Configuration: {lc['num_hidden_layers']} "
+        f"layers, width {lc['hidden_size']}, {lc['num_attention_heads']} heads "
+        f"({lc['num_key_value_heads']} KV), MLP {lc['intermediate_size']}, vocabulary "
+        f"{lc['vocab_size']}; policy width {lat['policy_width']}. FLOPs below are for this "
+        "configuration (prefill + selection, same unit).",
+        "",
+        f"| Method | FLOPs (T) | Prefill (ms) | E2E (ms) | {mem_head} | selection overhead (ms) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for m, r in lat["rows"].items():
+        f_ = lat["flops"]["rows"][m]["prefill_plus_policy"]
+        mem = (f"{r['memory_bytes'] / 2**20:.1f}" if cpu
+               else f"{r['memory_bytes'] / 2**30:.2f}")
+        lines.append(f"| {METHOD_NAMES[m]} | {_t(f_)} ({_g(f_)} G) | "
+                     f"{r['prefill_ms']:.1f} | {r['e2e_ms']:.1f} | {mem} | "
+                     f"{r['selection_ms']:.2f} |")
+    lines += ["", "Prefill: the LLM forward over the sequence the method feeds it. E2E: the "
+              "method's selection, compaction, prefill and the forced decode. Selection "
+              "overhead: the method's scoring, selection and compaction alone (the baselines as "
+              f"`avex.baselines` runs them; see the FLOPs notes). Mem.: {mem_note}."]
+    return lines
+
+
+SHORT_NAMES = {"full": "Full", "avex": "AVEX", "fastv": "FastV-AV", "tome": "ToMe-AV",
+               "fastav": "FastAV"}
+COLOURS = {"full": "#888888", "avex": "#1f77b4", "fastv": "#ff7f0e", "tome": "#2ca02c",
+           "fastav": "#d62728"}
 
 
 def chart(results: dict, path: str):
@@ -361,24 +443,33 @@ def chart(results: dict, path: str):
     import matplotlib.pyplot as plt
 
     fl = results["flops"]["rows"]
-    panels = [("prefill + selection FLOPs (T)",
+    # (title, value format, values per method)
+    panels = [("prefill + selection FLOPs (T)", "{:.3f}",
                {m: r["prefill_plus_policy"] / 1e12 for m, r in fl.items()})]
     lat = results.get("latency")
     if lat:
+        cpu = lat["device"].startswith("CPU")
         tag = "" if lat["label"] == "real size" else " [CPU-scaled]"
-        panels.append((f"prefill (ms){tag}", {m: r["prefill_ms"] for m, r in lat["rows"].items()}))
-        panels.append((f"end-to-end (ms){tag}", {m: r["e2e_ms"] for m, r in lat["rows"].items()}))
-    colours = {"full": "#888888", "avex": "#1f77b4", "fastv": "#ff7f0e"}
-    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.2))
+        rows = lat["rows"]
+        panels.append((f"prefill (ms){tag}", "{:,.0f}",
+                       {m: r["prefill_ms"] for m, r in rows.items()}))
+        panels.append((f"end-to-end (ms){tag}", "{:,.0f}",
+                       {m: r["e2e_ms"] for m, r in rows.items()}))
+        panels.append(("peak run memory (MB, excl. weights)" + tag if cpu else
+                       "peak memory (GB, incl. weights)", "{:.1f}" if cpu else "{:.2f}",
+                       {m: r["memory_bytes"] / (2**20 if cpu else 2**30)
+                        for m, r in rows.items()}))
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 3.6))
     axes = [axes] if len(panels) == 1 else list(axes)
-    for ax, (title, values) in zip(axes, panels):
-        ax.bar([METHOD_NAMES[m] for m in values], list(values.values()),
-               color=[colours[m] for m in values])
+    for ax, (title, fmt, values) in zip(axes, panels):
+        ax.bar([SHORT_NAMES[m] for m in values], list(values.values()),
+               color=[COLOURS[m] for m in values])
         ax.set_title(title, fontsize=9)
-        ax.tick_params(axis="x", labelsize=7)
+        ax.tick_params(axis="x", labelsize=7, rotation=30)
+        ax.tick_params(axis="y", labelsize=7)
+        ax.margins(y=0.15)   # room for the value labels
         for i, v in enumerate(values.values()):
-            ax.text(i, v, f"{v:,.0f}" if v >= 100 else f"{v:.3g}", ha="center",
-                    va="bottom", fontsize=8)
+            ax.text(i, v, fmt.format(v), ha="center", va="bottom", fontsize=7)
     s = results["settings"]
     fig.suptitle(f"{s['backbone']}, {s['retention']:.0%} retention, batch 1", fontsize=10)
     fig.tight_layout()

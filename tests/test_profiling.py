@@ -1,6 +1,7 @@
 """The profiling suite: FLOPs against hand counts, the table on a CPU, argument errors."""
 import json
 import math
+import types
 
 import pytest
 import torch
@@ -8,9 +9,11 @@ from torch import nn
 from transformers import Qwen2Config
 
 from avex.kernels import compact, gumbel_topk
+from avex.profiling import ProfileSettings, profile, token_layout
 from avex.profiling import flops as F
-from avex.profiling import profile
+from avex.profiling import methods as M
 from avex.profiling.__main__ import main
+from avex.profiling.latency import cpu_peak_bytes, measure
 
 # hidden 64, 4 heads of 16 (2 KV heads), MLP 128, vocabulary 128, 3 layers
 TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
@@ -37,8 +40,58 @@ def test_tiny_llm_flops_equal_the_hand_count():
     assert got.decode == decode
     ref = F.analytic_llm_flops(cfg, p, n)
     assert (ref.prefill, ref.decode) == (prefill, decode)
-    # one decoder layer alone (FastV-AV's extra full-token layers)
-    assert F.layer_prefill_flops(models, p) == per_token * p + 128 * (p * (p + 1) // 2)
+    # one decoder layer alone: causal, or dense as eager attention computes it
+    assert F.analytic_layer_flops(cfg, p) == per_token * p + 128 * (p * (p + 1) // 2)
+    assert F.analytic_layer_flops(cfg, p, causal=False) == per_token * p + 128 * p * p
+
+
+def test_baseline_selection_flops_equal_the_hand_count():
+    # 4 layers, so FastAV's rollout spans E = 2 layers (one L x L product)
+    cfg = Qwen2Config(**{**TINY, "num_hidden_layers": 4})
+    models = (F.build_model(cfg, 1, random_weights=False),
+              F.build_model(cfg, 2, random_weights=False))
+    # 2 text, 16 visual, 8 audio, 4 text: L = 30, N = 24; rho 0.5 keeps K = 12
+    modality = token_layout(ProfileSettings(visual_tokens=16, audio_tokens=8, text_before=2,
+                                            text_after=4))
+    per_token, pair = 36864, 128
+    dense_layer = per_token * 30 + pair * 30 * 30   # eager attention: the full 30 x 30 square
+    sort_av = 24 * 5                                # 24 scores, ceil(log2 24) = 5 stages
+
+    fastv = F.fastv_flops(models, cfg, modality, 0.5, layer=2)
+    assert fastv.fvcore == fastv.analytic == 2 * dense_layer + sort_av == 2442360
+
+    fastav = F.fastav_flops(models, cfg, modality, 0.5)
+    # stage 1: 4 layers over 30 tokens; rollout: 1 product of 30 x 30 maps; stage 2: 4 layers
+    # over the 6 text + K1 = 24 - ceil(0.5 * 12) = 18 survivors; one sort per stage
+    stage2_layer = per_token * 24 + pair * 24 * 24
+    hand = 4 * dense_layer + 30 ** 3 + 4 * stage2_layer + 2 * sort_av
+    assert fastav.fvcore == fastav.analytic == hand == 8745576
+    assert fastav.detail["stage2_tokens"] == 24
+    assert fastav.detail["stage1_unread_layers"] == 2 * dense_layer
+
+    tome = F.tome_flops(cfg, modality, 0.5)
+    # K = 12 split 8 visual + 4 audio; visual 16 -> 8: one round, 8 x 8 similarities of width
+    # 64 and a sort of 8 matches (3 stages); audio 8 -> 4: 4 x 4, a sort of 4 (2 stages)
+    assert tome.fvcore == tome.analytic == 8 * 8 * 64 + 8 * 3 + 4 * 4 * 64 + 4 * 2 == 5152
+    assert tome.detail["rounds"] == 2
+
+
+def test_fastv_on_the_cut_model_selects_the_same_tokens():
+    from avex.baselines import fastv_selector
+    from avex.rollout import AVLayout
+
+    torch.manual_seed(0)
+    cfg = tiny_config()
+    model = F.build_model(cfg)
+    modality = token_layout(ProfileSettings(visual_tokens=16, audio_tokens=8, text_before=2,
+                                            text_after=4))
+    batch = M.av_batch(torch.randn(1, 30, 64), modality)
+    layout = AVLayout.of(modality)
+    whole = fastv_selector(types.SimpleNamespace(model=model), layer=2)(batch, layout, 0.4)
+    selector, cut = M.baseline_selector("fastv", model)
+    assert len(cut.model.layers) == 2 and len(model.model.layers) == 3
+    assert cut.model.layers[1].mlp.up_proj.weight is model.model.layers[1].mlp.up_proj.weight
+    assert torch.equal(selector(batch, layout, 0.4), whole) and int(whole.sum()) == 10
 
 
 def test_sdpa_and_custom_op_handles():
@@ -79,26 +132,80 @@ def test_table_on_cpu_at_a_tiny_configuration(tmp_path):
                   text_before=2, text_after=4, decode_tokens=4, device="cpu", runs=2, warmup=0,
                   policy_hidden_size=0, out_dir=str(out), name="tiny", progress=False)
     fl = res["flops"]["rows"]
+    assert list(fl) == ["full", "avex", "fastv", "tome", "fastav"]
     assert fl["full"]["prefill_tokens"] == 30 and fl["avex"]["prefill_tokens"] == 18
     assert fl["avex"]["llm_prefill"] < fl["full"]["llm_prefill"]
     assert fl["avex"]["policy"] > 0 and fl["full"]["policy"] == 0
-    assert fl["fastv"]["prefill_tokens"] == 18 and fl["fastv"]["llm_prefill"] == \
-        fl["avex"]["llm_prefill"] and fl["fastv"]["policy"] > 0
-    assert set(res["latency"]["rows"]) == {"full", "avex"}   # FastV-AV: FLOPs only
+    for m in ("fastv", "tome", "fastav"):
+        assert fl[m]["prefill_tokens"] == 18 and fl[m]["llm_prefill"] == fl["avex"]["llm_prefill"]
+        assert fl[m]["policy"] > 0
+    # FastAV runs the whole decoder twice before its pruned prefill
+    assert fl["fastav"]["policy"] > fl["full"]["llm_prefill"]
     for c in res["flops"]["cross_check"].values():
         assert abs(c["relative_difference"]) < 1e-12
+    assert res["flops"]["cross_check"]["tome"]["covers"].endswith("+ selection")
     lat = res["latency"]["rows"]
-    for m in ("full", "avex"):
-        assert lat[m]["generated_tokens"] == 4
-        assert lat[m]["prefill_ms"] > 0 and lat[m]["e2e_ms"] > lat[m]["prefill_ms"]
-    assert lat["avex"]["policy_ms"] > 0 and lat["avex"]["prefill_tokens"] == 18
-    assert lat["full"]["memory_gb"] is None and lat["full"]["cpu_rss_growth_gb"] >= 0
+    assert list(lat) == list(fl)   # every method timed
+    for m, r in lat.items():
+        assert r["generated_tokens"] == 4
+        assert r["prefill_ms"] > 0 and r["e2e_ms"] > r["prefill_ms"]
+        assert isinstance(r["memory_bytes"], int) and r["memory_bytes"] > 0
+        assert r["prefill_tokens"] == (30 if m == "full" else 18)
+        assert (r["selection_ms"] > 0) == (m != "full")
+    # the full-token run holds more activations and a longer KV cache than AVEX's
+    assert lat["full"]["memory_bytes"] > lat["avex"]["memory_bytes"]
     md = (out / "profiling-tiny.md").read_text()
-    assert "| Full tokens | 30 |" in md and "| AVEX-Prune | 18 |" in md
+    for row in ("| Full tokens | 30 |", "| AVEX-Prune | 18 |", "| FastV-AV (K=2) | 18 |",
+                "| ToMe-AV | 18 |", "| FastAV | 18 |"):
+        assert row in md
     assert "1 multiply-add = 1 flop" in md and "Prefill (ms)" in md
+    assert "Peak mem. (MB, run only)" in md and "n/a" not in md
+    mem = [line.split("|")[5] for line in md.splitlines() if line.startswith("| ToMe-AV | 0.")]
+    assert len(mem) == 1 and float(mem[0]) > 0   # the latency row's memory cell is a number
     data = json.loads((out / "profiling-tiny.json").read_text())
     assert data["flops"]["rows"]["avex"]["prefill_tokens"] == 18
+    assert data["latency"]["rows"]["tome"]["memory_bytes"] == lat["tome"]["memory_bytes"]
     assert (out / "profiling-tiny.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_cpu_peak_bytes_follows_allocations_and_frees():
+    def run():
+        a = torch.empty(1_000_000, dtype=torch.uint8)
+        b = torch.empty(2_000_000, dtype=torch.uint8)
+        del a
+        c = torch.empty(500_000, dtype=torch.uint8)
+        del b
+        return c
+
+    weights = torch.empty(5_000_000, dtype=torch.uint8)   # allocated before: not counted
+    result, peak = cpu_peak_bytes(run)
+    assert peak == 3_000_000 and result.numel() == 500_000
+    del weights
+
+
+def test_cpu_peak_memory_grows_with_the_sequence():
+    torch.manual_seed(0)
+    model = F.build_model(tiny_config())
+    peaks = []
+    for visual in (16, 128):
+        modality = token_layout(ProfileSettings(visual_tokens=visual, audio_tokens=8,
+                                                text_before=2, text_after=4))
+        embeds = torch.randn(1, modality.shape[1], 64)
+        rows = measure(model, None, embeds, modality, retention=0.5, decode_tokens=2, runs=1,
+                       warmup=0, methods=("full",))
+        peaks.append(rows["full"]["memory_bytes"])
+    assert peaks[1] > peaks[0] > 0
+
+
+def test_unknown_method_is_an_error(tmp_path, capsys):
+    with pytest.raises(ValueError, match=r"unknown method 'tome-av'; available: \['full', "
+                                         r"'avex', 'fastv', 'tome', 'fastav'\]"):
+        profile(methods=("full", "tome-av"), out_dir=str(tmp_path), progress=False)
+    assert main(["--methods", "full,fastvv", "--out-dir", str(tmp_path)]) == 2
+    assert "unknown method 'fastvv'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="methods: none given"):
+        profile(methods=(), out_dir=str(tmp_path), progress=False)
+    assert not list(tmp_path.iterdir())
 
 
 @pytest.mark.parametrize("retention", [0.0, -0.1, 1.5, math.nan])

@@ -35,10 +35,10 @@ def merge_modality(x: torch.Tensor, feats: torch.Tensor, target: int):
     """Merge ``x`` [n, D] (similarity from ``feats`` [n, F]) down to ``target`` tokens.
 
     Returns (survivors: int64 indices into 0..n-1 in order, merged [target, D])."""
-    n = x.shape[0]
-    alive = torch.arange(n)
+    n, device = x.shape[0], x.device
+    alive = torch.arange(n, device=device)  # every index on x's device: CUDA inputs work too
     values = x.double().clone()
-    sizes = torch.ones(n, dtype=torch.float64)
+    sizes = torch.ones(n, dtype=torch.float64, device=device)
     feats = feats.double()
     while len(alive) > target:
         src, dst = alive[0::2], alive[1::2]
@@ -55,7 +55,7 @@ def merge_modality(x: torch.Tensor, feats: torch.Tensor, target: int):
             values[b] = (values[b] * sizes[b] + values[a] * sizes[a]) / total
             feats[b] = (feats[b] * sizes[b] + feats[a] * sizes[a]) / total
             sizes[b] = total
-        gone = torch.zeros(n, dtype=torch.bool)
+        gone = torch.zeros(n, dtype=torch.bool, device=device)
         gone[src[chosen]] = True
         alive = alive[~gone[alive]]
     return alive, values[alive].to(x.dtype)
