@@ -6,7 +6,7 @@ import os
 
 import torch
 
-BACKENDS = ("auto", "triton", "torch", "cuda")
+BACKENDS = ("auto", "triton", "torch")
 
 
 @functools.lru_cache(maxsize=None)
@@ -23,15 +23,18 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def resolve_backend(backend: str, device: torch.device, *, op: str) -> str:
+def resolve_backend(backend: str, device: torch.device, *, op: str,
+                    cuda_library: bool = False) -> str:
     """Pick the implementation: CUDA tensors go to Triton, everything else to the reference.
 
     ``backend="triton"`` forces the kernel, which on a CPU tensor needs ``TRITON_INTERPRET=1``
     set before ``avex.kernels`` is imported. ``backend="cuda"`` is the CUDA C++ library
-    (``kernels/csrc``, see ``cuda_lib.py``); it is never picked by ``"auto"``.
+    (``kernels/csrc``, see ``cuda_lib.py``), for the ops that have it (``cuda_library=True``);
+    ``"auto"`` never picks it.
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    allowed = BACKENDS + ("cuda",) if cuda_library else BACKENDS
+    if backend not in allowed:
+        raise ValueError(f"backend must be one of {allowed}, got {backend!r}")
     if backend == "torch":
         return "torch"
     if backend == "cuda":
@@ -50,13 +53,14 @@ def resolve_backend(backend: str, device: torch.device, *, op: str) -> str:
     return "triton"
 
 
-def resolve_row_backend(backend: str, scores: torch.Tensor, *, op: str, max_width: int) -> str:
+def resolve_row_backend(backend: str, scores: torch.Tensor, *, op: str, max_width: int,
+                        cuda_library: bool = False) -> str:
     """``resolve_backend`` for kernels that hold one float32 row of ``scores`` in registers.
 
     Under ``"auto"``, float64 scores and rows wider than ``max_width`` go to the reference; a
     forced ``"triton"`` says why it can't take them.
     """
-    path = resolve_backend(backend, scores.device, op=op)
+    path = resolve_backend(backend, scores.device, op=op, cuda_library=cuda_library)
     if path == "cuda":
         if scores.dtype == torch.float64:
             raise TypeError(f"{op}: the CUDA library ranks in float32; got scores of dtype "

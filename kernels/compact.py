@@ -97,7 +97,7 @@ def compact(hidden: torch.Tensor, keep: torch.Tensor, *, layout: str = "padded",
         :class:`Compacted`.
     """
     keep = _check_args(hidden, keep, layout, positions, padding_side)
-    path = resolve_backend(backend, hidden.device, op="compact")
+    path = resolve_backend(backend, hidden.device, op="compact", cuda_library=True)
     if path == "torch":
         return Compacted(*compact_ref(hidden, keep, layout, positions, padding_side))
     if path == "cuda":

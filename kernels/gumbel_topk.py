@@ -67,7 +67,8 @@ def gumbel_topk(scores: torch.Tensor, k, *, tau: float = 1.0, lengths=None, seed
     """
     scores, k_rows, kmax, lengths = _check_common(scores, k, lengths, tau)
     seed = _check_seed(seed) if sample else 0
-    path = resolve_row_backend(backend, scores, op="gumbel_topk", max_width=MAX_TRITON_WIDTH)
+    path = resolve_row_backend(backend, scores, op="gumbel_topk", max_width=MAX_TRITON_WIDTH,
+                               cuda_library=True)
     if path == "torch":
         return gumbel_topk_ref(scores, k_rows, kmax, lengths, tau, seed, bool(sample))
     if path == "cuda":

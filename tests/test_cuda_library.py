@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from avex.kernels import compact, gumbel_topk
+from avex.kernels import compact, gumbel_topk, plackett_luce_log_prob
 from avex.kernels.compact_ref import compact_ref
 from avex.kernels.gumbel_topk_ref import gumbel_topk_ref
 
@@ -392,6 +392,9 @@ def test_backend_cuda_needs_cuda_tensors():
         compact(torch.zeros(1, 4, 2), torch.ones(1, 4, dtype=torch.bool), backend="cuda")
     with pytest.raises(ValueError, match="needs CUDA tensors"):
         gumbel_topk(torch.zeros(1, 4), 1, sample=False, backend="cuda")
+    # Only compact and gumbel_topk have a CUDA library path.
+    with pytest.raises(ValueError, match=r"backend must be one of \('auto', 'triton', 'torch'\)"):
+        plackett_luce_log_prob(torch.zeros(1, 4), torch.tensor([[0]]), backend="cuda")
 
 
 def test_missing_library_says_how_to_build_it(tmp_path):
