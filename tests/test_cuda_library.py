@@ -397,6 +397,54 @@ def test_backend_cuda_needs_cuda_tensors():
         plackett_luce_log_prob(torch.zeros(1, 4), torch.tensor([[0]]), backend="cuda")
 
 
+@pytest.fixture
+def cuda_paths_on_hostsim(monkeypatch, hostsim):
+    """Route backend='cuda' of compact and gumbel_topk to the host simulation, on CPU tensors:
+    the Python glue (outputs, autograd, the log-probability) runs here as it would on a GPU."""
+    compact_module = importlib.import_module("avex.kernels.compact")
+    topk_module = importlib.import_module("avex.kernels.gumbel_topk")
+    monkeypatch.setattr(compact_module, "load_cuda_library", lambda: hostsim)
+    monkeypatch.setattr(topk_module, "load_cuda_library", lambda: hostsim)
+    monkeypatch.setattr(compact_module, "resolve_backend", lambda *a, **k: "cuda")
+    resolve = topk_module.resolve_row_backend  # plackett_luce_log_prob keeps its own choice
+    monkeypatch.setattr(topk_module, "resolve_row_backend",
+                        lambda backend, scores, *, op, **k: "cuda" if backend == "cuda" else
+                        resolve(backend, scores, op=op, **k))
+
+
+@pytest.mark.parametrize("layout,positions,side", COMPACT_OPTIONS)
+def test_backend_cuda_glue_forward_and_float64_gradients(cuda_paths_on_hostsim, layout,
+                                                         positions, side):
+    g = torch.Generator().manual_seed(3)
+    hidden = torch.randn(2, 11, 5, dtype=torch.float64, generator=g, requires_grad=True)
+    keep = torch.rand(2, 3, 11, generator=g) < 0.5
+    got = compact(hidden, keep, layout=layout, positions=positions, padding_side=side,
+                  backend="cuda")
+    want = compact_ref(hidden, keep, layout, positions, side)
+    _assert_compacted_equal(tuple(t.detach() if isinstance(t, torch.Tensor) else t for t in got),
+                            tuple(t.detach() if isinstance(t, torch.Tensor) else t for t in want))
+    assert torch.autograd.gradcheck(
+        lambda h: compact(h, keep, layout=layout, positions=positions, padding_side=side,
+                          backend="cuda").hidden, (hidden,))
+
+
+def test_backend_cuda_glue_topk_and_log_prob(cuda_paths_on_hostsim):
+    scores, k, lengths = _topk_case(4, 4, 12, ragged=True, neg_inf=0.2)
+    scores = scores.double().requires_grad_()
+    with pytest.raises(ValueError, match="deterministic Top-K only; pass sample=False"):
+        gumbel_topk(scores, k, lengths=lengths, backend="cuda")
+    indices, log_prob = gumbel_topk(scores.float(), k, tau=0.5, lengths=lengths, sample=False,
+                                    backend="cuda")
+    want, want_logp = gumbel_topk_ref(scores.detach().float(), k, int(k.max()), lengths, 0.5, 0,
+                                      False)
+    assert torch.equal(indices, want)
+    torch.testing.assert_close(log_prob, want_logp)
+    # The log-probability is differentiable through plackett_luce_log_prob (float64 here).
+    idx, _ = gumbel_topk(scores, k, lengths=lengths, sample=False, backend="cuda")
+    assert torch.autograd.gradcheck(
+        lambda s: plackett_luce_log_prob(s, idx, lengths=lengths), (scores,))
+
+
 def test_missing_library_says_how_to_build_it(tmp_path):
     with pytest.raises(FileNotFoundError, match="cmake -S . -B build"):
         cuda_lib.CudaLibrary(tmp_path / "libavex_prune.so")
