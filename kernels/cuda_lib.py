@@ -38,6 +38,7 @@ _SIGNATURES = {
     "avex_last_error_message": ([], ctypes.c_char_p),
     "avex_check_device_errors": ([_ptr], _int),
     "avex_topk_rows": ([_ptr, _i64, _i64, _ptr, _ptr, _i64, _f32, _ptr, _ptr], _int),
+    "avex_mark_kept": ([_ptr, _i64, _i64, _i64, _ptr, _ptr, _i64, _ptr], _int),
     "avex_compact_varlen": ([_ptr, _i64, _i64, _i64, _i64, _ptr, _i64, _int, _i64, _ptr, _ptr,
                              _ptr, _ptr, _ptr, _ptr], _int),
     "avex_compact_padded": ([_ptr, _i64, _i64, _i64, _i64, _ptr, _i64, _int, _int, _i64, _ptr,
@@ -129,6 +130,24 @@ class CudaLibrary:
             scores.data_ptr(), batch, width, None if lengths is None else lengths.data_ptr(),
             k_rows.data_ptr(), kmax, float(tau), indices.data_ptr(), self.stream(scores.device)))
         return indices
+
+    def mark_kept(self, indices: torch.Tensor, keep: torch.Tensor, width: int,
+                  token_index: torch.Tensor | None = None) -> torch.Tensor:
+        """Sets ``keep[b, token_index[b, indices[b, r]]] = True`` in place (``avex_mark_kept``);
+        ``keep`` bool [B, L], contiguous; ``token_index`` int64 [B, width] or None."""
+        indices = self._tensor("indices", indices, torch.int64)
+        if keep.dtype != torch.bool or not keep.is_contiguous():
+            raise ValueError(f"keep must be a contiguous bool tensor (it is written in place), "
+                             f"got dtype {keep.dtype}, contiguous={keep.is_contiguous()}")
+        self._tensor("keep", keep, torch.bool)
+        if token_index is not None:
+            token_index = self._tensor("token_index", token_index, torch.int64)
+        batch, kmax = indices.shape
+        self.check(self.raw.avex_mark_kept(
+            indices.data_ptr(), batch, kmax, width,
+            None if token_index is None else token_index.data_ptr(), keep.data_ptr(),
+            keep.shape[1], self.stream(keep.device)))
+        return keep
 
     def compact(self, hidden: torch.Tensor, keep: torch.Tensor, *, layout: str = "varlen",
                 positions: str = "original", padding_side: str = "right",

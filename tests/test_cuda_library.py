@@ -201,6 +201,52 @@ def test_topk_kmax_above_a_rows_k_pads_with_minus_one(hostsim):
     assert (got[0, 1:] == -1).all() and (got[2] >= 0).all()
 
 
+@pytest.mark.parametrize("mapped", [False, True])
+def test_mark_kept_simulation_matches_a_scatter(hostsim, mapped):
+    g = torch.Generator().manual_seed(5)
+    scores, k, lengths = _topk_case(6, 5, 40, ragged=True, neg_inf=0.1)
+    indices = hostsim.topk_rows(scores, k, int(k.max()), lengths)
+    batch, seq_len = scores.shape[0], 70
+    token_index = (6 + torch.stack([torch.randperm(60, generator=g)[:40] for _ in range(batch)])
+                   if mapped else None)
+    keep = torch.rand(batch, seq_len, generator=g) < 0.1   # e.g. text tokens already set
+    want = keep.clone()
+    for row in range(batch):
+        columns = indices[row][indices[row] >= 0]
+        want[row, token_index[row, columns] if mapped else columns] = True
+    hostsim.mark_kept(indices, keep, 40, token_index)
+    hostsim.check_device_errors()
+    assert torch.equal(keep, want)
+
+
+def test_mark_kept_bad_input(hostsim, library):
+    indices = torch.tensor([[0, 2, -1], [1, 5, 3]])
+    for lib in (library, hostsim):
+        keep = torch.zeros(2, 8, dtype=torch.bool)
+        raw = lib.raw.avex_mark_kept
+        assert lib.status_name(raw(None, 2, 3, 6, None, keep.data_ptr(), 8, None)) == \
+            "AVEX_ERROR_NULL_POINTER"
+        assert "kmax = 3 exceeds width = 2" in (raw(indices.data_ptr(), 2, 3, 2, None,
+                                                    keep.data_ptr(), 8, None),
+                                                lib.last_error_message())[1]
+        assert lib.status_name(raw(indices.data_ptr(), 2, 3, 6, None, keep.data_ptr(), 4,
+                                   None)) == "AVEX_ERROR_INVALID_SIZE"
+        assert "width = 6 must be <= seq_len = 4" in lib.last_error_message()
+        assert lib.status_name(raw(indices.data_ptr(), -2, 3, 6, None, keep.data_ptr(), 8,
+                                   None)) == "AVEX_ERROR_INVALID_SIZE"
+    # Only the kernel sees the values: a chosen column past the width, a position past seq_len.
+    keep = torch.zeros(2, 8, dtype=torch.bool)
+    hostsim.mark_kept(indices, keep, 5)
+    with pytest.raises(cuda_lib.CudaLibraryError,
+                       match=r"row 1 chooses column 5, outside \[-1, width = 5\)"):
+        hostsim.check_device_errors()
+    token_index = torch.tensor([[0, 1, 2, 3, 4, 5], [7, 8, 9, 10, 11, 12]])
+    hostsim.mark_kept(indices, keep, 6, token_index)
+    with pytest.raises(cuda_lib.CudaLibraryError,
+                       match=r"row 1 maps a chosen column to position 8, outside \[0, seq_len = 8\)"):
+        hostsim.check_device_errors()
+
+
 # ----------------------------------------------------------------------------------------------
 # Compaction: host simulation against the reference
 # ----------------------------------------------------------------------------------------------

@@ -96,6 +96,16 @@ const char *describe(const avex::DeviceError &e, avex_status *status) {
         fail(*status, "avex_compact_padded: the longest keep-set holds %lld tokens, more than "
              "padded_width = %lld", value, limit);
         break;
+    case avex::kChosenIndex:
+        *status = AVEX_ERROR_K_OUT_OF_RANGE;
+        fail(*status, "avex_mark_kept: row %lld chooses column %lld, outside [-1, width = %lld)",
+             row, value, limit);
+        break;
+    case avex::kTokenIndex:
+        *status = AVEX_ERROR_INVALID_VALUE;
+        fail(*status, "avex_mark_kept: row %lld maps a chosen column to position %lld, outside "
+             "[0, seq_len = %lld)", row, value, limit);
+        break;
     default:
         *status = AVEX_ERROR_UNSUPPORTED;
         fail(*status, "a kernel recorded an unknown error kind %llu", e.kind);
@@ -112,6 +122,14 @@ struct TopkArgs {
     int64_t *indices;
     int64_t sorted_width;
     int threads;
+};
+
+struct MarkArgs {
+    const int64_t *indices;
+    int64_t batch, kmax, width;
+    const int64_t *token_index;
+    uint8_t *keep;
+    int64_t seq_len;
 };
 
 struct CompactArgs {
@@ -178,6 +196,17 @@ int copy_word_bytes(int64_t row_bytes, const void *a, const void *b) {
     return word;
 }
 
+constexpr int kMarkThreads = 256;
+
+__global__ void mark_kept_kernel(MarkArgs a) {
+    const int64_t entries = a.batch * a.kmax;
+    for (int64_t e = static_cast<int64_t>(blockIdx.x) * kMarkThreads + threadIdx.x; e < entries;
+         e += static_cast<int64_t>(gridDim.x) * kMarkThreads) {
+        avex::mark_kept_entry(avex::CudaBlock{}, a.indices, a.kmax, a.width, a.token_index,
+                              a.keep, a.seq_len, e);
+    }
+}
+
 constexpr int kGatherWarps = 8;  // rows per block in flight
 constexpr int64_t kMaxGatherBlocks = 1 << 20;
 
@@ -215,6 +244,16 @@ avex_status launch_topk(const char *fn, const TopkArgs &a, cudaStream_t stream) 
     }
     topk_rows_kernel<<<static_cast<unsigned>(a.batch), a.threads, shared, stream>>>(a);
     CUDA_TRY(fn, "launching topk_rows_kernel", cudaGetLastError());
+    return AVEX_SUCCESS;
+}
+
+avex_status launch_mark(const char *fn, const MarkArgs &a, cudaStream_t stream) {
+    int device = 0;
+    CUDA_TRY(fn, "cudaGetDevice", cudaGetDevice(&device));
+    int64_t blocks = (a.batch * a.kmax + kMarkThreads - 1) / kMarkThreads;
+    blocks = blocks < kMaxGatherBlocks ? blocks : kMaxGatherBlocks;
+    mark_kept_kernel<<<static_cast<unsigned>(blocks), kMarkThreads, 0, stream>>>(a);
+    CUDA_TRY(fn, "launching mark_kept_kernel", cudaGetLastError());
     return AVEX_SUCCESS;
 }
 
@@ -286,6 +325,15 @@ avex_status launch_topk(const char *, const TopkArgs &a, cudaStream_t) {
     for (int64_t row = 0; row < a.batch; ++row) {
         avex::topk_row(blk, a.scores, a.width, a.lengths, a.k, a.kmax, a.tau, a.indices, row,
                        a.sorted_width, shared.data());
+    }
+    return AVEX_SUCCESS;
+}
+
+avex_status launch_mark(const char *, const MarkArgs &a, cudaStream_t) {
+    const avex::HostBlock blk{1, &g_host_error, g_host_thread_order};
+    for (int64_t e = 0; e < a.batch * a.kmax; ++e) {
+        avex::mark_kept_entry(blk, a.indices, a.kmax, a.width, a.token_index, a.keep, a.seq_len,
+                              e);
     }
     return AVEX_SUCCESS;
 }
@@ -422,6 +470,35 @@ avex_status avex_topk_rows(const float *scores, int64_t batch, int64_t width,
     const TopkArgs args{scores, batch, width, lengths, k, kmax, tau, indices, sorted_width,
                         avex::block_threads(sorted_width)};
     return launch_topk(fn, args, stream);
+}
+
+avex_status avex_mark_kept(const int64_t *indices, int64_t batch, int64_t kmax, int64_t width,
+                           const int64_t *token_index, uint8_t *keep, int64_t seq_len,
+                           cudaStream_t stream) {
+    const char *fn = "avex_mark_kept";
+    g_message[0] = '\0';
+    AVEX_TRY(check_size(fn, "batch", batch));
+    AVEX_TRY(check_size(fn, "kmax", kmax));
+    AVEX_TRY(check_size(fn, "width", width));
+    AVEX_TRY(check_size(fn, "seq_len", seq_len));
+    int64_t entries = 0, map_entries = 0, keep_entries = 0;
+    AVEX_TRY(checked_product(fn, "batch * kmax", batch, kmax, kInt64Max, &entries));
+    AVEX_TRY(checked_product(fn, "batch * width", batch, width, kInt64Max, &map_entries));
+    AVEX_TRY(checked_product(fn, "batch * seq_len", batch, seq_len, kInt64Max, &keep_entries));
+    if (kmax > width) {
+        return fail(AVEX_ERROR_K_OUT_OF_RANGE, "%s: kmax = %lld exceeds width = %lld", fn,
+                    static_cast<long long>(kmax), static_cast<long long>(width));
+    }
+    if (!token_index && width > seq_len) {
+        return fail(AVEX_ERROR_INVALID_SIZE, "%s: without token_index, score column m is position "
+                    "m, so width = %lld must be <= seq_len = %lld", fn,
+                    static_cast<long long>(width), static_cast<long long>(seq_len));
+    }
+    AVEX_TRY(check_pointer(fn, "indices", indices, entries));
+    AVEX_TRY(check_pointer(fn, "keep", keep, entries > 0 ? keep_entries : 0));
+    if (entries == 0) return AVEX_SUCCESS;
+    return launch_mark(fn, MarkArgs{indices, batch, kmax, width, token_index, keep, seq_len},
+                       stream);
 }
 
 avex_status avex_compact_varlen(const void *hidden, int64_t element_size, int64_t batch,

@@ -29,6 +29,8 @@ enum DeviceErrorKind : unsigned long long {
     kRowK = 2,          // k[row] outside [1, the row's selectable tokens]
     kTotalTokens = 3,   // the keep-sets hold more tokens than the varlen output's capacity
     kLongestSet = 4,    // a keep-set is longer than the padded width
+    kChosenIndex = 5,   // avex_mark_kept: indices[row, r] outside [-1, width)
+    kTokenIndex = 6,    // avex_mark_kept: token_index[row, m] outside [0, seq_len)
 };
 
 // The first error a kernel meets in device data; read and cleared by avex_check_device_errors.

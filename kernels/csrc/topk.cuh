@@ -126,4 +126,24 @@ AVEX_HD void topk_row(const Block &blk, const float *scores, int64_t width,
     });
 }
 
+// One entry of avex_mark_kept: keep[row, token_index[row, indices[row, r]]] = 1 (flat entry
+// e = row * kmax + r). -1 (past the row's K) marks nothing.
+template <class Block>
+AVEX_HD void mark_kept_entry(const Block &blk, const int64_t *indices, int64_t kmax, int64_t width,
+                             const int64_t *token_index, unsigned char *keep, int64_t seq_len,
+                             int64_t entry) {
+    const int64_t row = entry / kmax, column = indices[entry];
+    if (column == -1) return;
+    if (column < -1 || column >= width) {
+        blk.report(kChosenIndex, row, column, width);
+        return;
+    }
+    const int64_t position = token_index ? token_index[row * width + column] : column;
+    if (position < 0 || position >= seq_len) {
+        blk.report(kTokenIndex, row, position, seq_len);
+        return;
+    }
+    keep[row * seq_len + position] = 1;
+}
+
 }  // namespace avex

@@ -1,5 +1,6 @@
-// AVEX-Prune at inference, from C++: Top-K of the policy scores, then compaction of the kept
-// tokens into the packed layout that a varlen attention kernel takes.
+// AVEX-Prune at inference, from C++, all on the device: Top-K of the policy scores, the chosen
+// tokens marked in a keep mask, then compaction into the packed layout that a varlen attention
+// kernel takes.
 //
 // Two samples with ragged audio-visual token counts (320 and 200) between a 6-token and an
 // 18-token text prompt. Random scores stand in for the policy's; 40% of each sample's
@@ -50,7 +51,7 @@ int main() {
     cudaStream_t stream;
     CUDA_CHECK(cudaStreamCreate(&stream));
     float *d_scores, *d_hidden, *d_out;
-    int64_t *d_lengths, *d_k, *d_indices, *d_positions, *d_index;
+    int64_t *d_lengths, *d_k, *d_indices, *d_token_index, *d_positions, *d_index;
     uint8_t *d_keep;
     int32_t *d_cu_seqlens, *d_max_seqlen;
     const int64_t capacity = k[0] + k[1] + batch * (text_before + text_after);
@@ -59,6 +60,7 @@ int main() {
     CUDA_CHECK(cudaMalloc(&d_lengths, batch * sizeof(int64_t)));
     CUDA_CHECK(cudaMalloc(&d_k, batch * sizeof(int64_t)));
     CUDA_CHECK(cudaMalloc(&d_indices, batch * kmax * sizeof(int64_t)));
+    CUDA_CHECK(cudaMalloc(&d_token_index, batch * av_width * sizeof(int64_t)));
     CUDA_CHECK(cudaMalloc(&d_keep, batch * seq_len));
     CUDA_CHECK(cudaMalloc(&d_out, capacity * hidden_size * sizeof(float)));
     CUDA_CHECK(cudaMalloc(&d_positions, capacity * sizeof(int64_t)));
@@ -77,26 +79,28 @@ int main() {
     AVEX_CHECK(avex_topk_rows(d_scores, batch, av_width, d_lengths, d_k, kmax, 1.0f, d_indices,
                               stream));
 
-    // The keep mask over the whole sequence: every text token and the chosen AV tokens. A
-    // pipeline would scatter this on the device; the example does it on the host to stay short.
-    std::vector<int64_t> indices(batch * kmax);
-    CUDA_CHECK(cudaMemcpyAsync(indices.data(), d_indices, indices.size() * sizeof(int64_t),
-                               cudaMemcpyDeviceToHost, stream));
-    CUDA_CHECK(cudaStreamSynchronize(stream));
+    // The keep mask over the whole sequence: 1 at the text tokens, set once; avex_mark_kept
+    // adds the chosen AV tokens, whose score column m sits at sequence position 6 + m.
     std::vector<uint8_t> keep(batch * seq_len, 0);
+    std::vector<int64_t> token_index(batch * av_width);
     for (int64_t b = 0; b < batch; ++b) {
         uint8_t *row = keep.data() + b * seq_len;
         for (int64_t t = 0; t < text_before; ++t) row[t] = 1;
         for (int64_t t = 0; t < text_after; ++t) row[text_before + av_width + t] = 1;
-        for (int64_t r = 0; r < k[b]; ++r) row[text_before + indices[b * kmax + r]] = 1;
+        for (int64_t m = 0; m < av_width; ++m) token_index[b * av_width + m] = text_before + m;
     }
     CUDA_CHECK(cudaMemcpyAsync(d_keep, keep.data(), keep.size(), cudaMemcpyHostToDevice, stream));
+    CUDA_CHECK(cudaMemcpyAsync(d_token_index, token_index.data(),
+                               token_index.size() * sizeof(int64_t), cudaMemcpyHostToDevice,
+                               stream));
+    AVEX_CHECK(avex_mark_kept(d_indices, batch, kmax, av_width, d_token_index, d_keep, seq_len,
+                              stream));
 
     // 2. Compaction into the packed layout, original positions kept (as FastV does).
     AVEX_CHECK(avex_compact_varlen(d_hidden, sizeof(float), batch, seq_len, hidden_size, d_keep,
                                    1, AVEX_POSITIONS_ORIGINAL, capacity, d_out, d_positions,
                                    d_index, d_cu_seqlens, d_max_seqlen, stream));
-    AVEX_CHECK(avex_check_device_errors(stream));  // a K or a capacity the data broke
+    AVEX_CHECK(avex_check_device_errors(stream));  // a K, a position or a capacity the data broke
 
     std::vector<int32_t> cu_seqlens(batch + 1);
     int32_t max_seqlen = 0;
@@ -117,6 +121,7 @@ int main() {
     for (void *p : {static_cast<void *>(d_scores), static_cast<void *>(d_hidden),
                     static_cast<void *>(d_out), static_cast<void *>(d_lengths),
                     static_cast<void *>(d_k), static_cast<void *>(d_indices),
+                    static_cast<void *>(d_token_index),
                     static_cast<void *>(d_positions), static_cast<void *>(d_index),
                     static_cast<void *>(d_keep), static_cast<void *>(d_cu_seqlens),
                     static_cast<void *>(d_max_seqlen)}) {

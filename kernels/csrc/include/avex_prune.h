@@ -1,7 +1,8 @@
 /* AVEX-Prune inference kernels: a plain C API for C and C++ serving stacks.
  *
  * Two steps of the inference path, both asynchronous on the caller's stream:
- *   1. avex_topk_rows: per-row Top-K of the policy scores (ragged rows, a K per row);
+ *   1. avex_topk_rows: per-row Top-K of the policy scores (ragged rows, a K per row), and
+ *      avex_mark_kept to turn the chosen columns into a keep mask over the sequence;
  *   2. avex_compact_varlen / avex_compact_padded: gather the kept tokens of each keep-set into
  *      flash-attention's packed layout (cu_seqlens, position ids) or a padded batch.
  *
@@ -84,6 +85,19 @@ AVEX_API avex_status avex_check_device_errors(cudaStream_t stream);
 AVEX_API avex_status avex_topk_rows(const float *scores, int64_t batch, int64_t width,
                                     const int64_t *lengths, const int64_t *k, int64_t kmax,
                                     float tau, int64_t *indices, cudaStream_t stream);
+
+/* Marks the chosen tokens in a keep mask: keep[b, token_index[b, indices[b, r]]] = 1 for every
+ * r with indices[b, r] >= 0. Other entries are left as they are, so set the mask first (1 for
+ * the text tokens to keep, 0 elsewhere).
+ *
+ *   indices      int64 [batch, kmax], as avex_topk_rows writes it.
+ *   width        score columns per row (avex_topk_rows' width); kmax <= width.
+ *   token_index  int64 [batch, width], may be NULL: the sequence position of score column m
+ *                (NULL: column m is position m). Checked on the device: in [0, seq_len).
+ *   keep         uint8 [batch, seq_len] (in/out), e.g. avex_compact_varlen's keep with S = 1. */
+AVEX_API avex_status avex_mark_kept(const int64_t *indices, int64_t batch, int64_t kmax,
+                                    int64_t width, const int64_t *token_index, uint8_t *keep,
+                                    int64_t seq_len, cudaStream_t stream);
 
 /* Compaction into the packed (varlen) layout. Sequence r = b * num_sets + s holds the tokens of
  * keep-set s of sample b, in their original order.
