@@ -557,3 +557,20 @@ def test_cuda_compact_backward_and_device_errors(library):
     library.topk_rows(scores, k, 6)
     with pytest.raises(cuda_lib.CudaLibraryError, match=r"k\[1\] = 7, outside \[1, 6\]"):
         library.check_device_errors()
+
+
+@requires_cuda
+def test_cuda_topk_then_mark_kept_matches_a_scatter(library):
+    scores, k, lengths = _topk_case(11, 8, 320, ragged=True, neg_inf=0.05)
+    indices = library.topk_rows(scores.cuda(), k.cuda(), int(k.max()), lengths.cuda())
+    keep = torch.zeros(scores.shape[0], 344, dtype=torch.bool, device="cuda")
+    keep[:, :6] = True
+    token_index = (6 + torch.arange(320)).expand(scores.shape[0], 320).contiguous().cuda()
+    library.mark_kept(indices, keep, 320, token_index)
+    library.check_device_errors()
+    want, _ = gumbel_topk_ref(scores, k, int(k.max()), lengths, 1.0, 0, False)
+    expected = torch.zeros(scores.shape[0], 344, dtype=torch.bool)
+    expected[:, :6] = True
+    for row in range(len(want)):
+        expected[row, 6 + want[row][want[row] >= 0]] = True
+    assert torch.equal(keep.cpu(), expected)
