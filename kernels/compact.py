@@ -312,9 +312,8 @@ class _CudaCompact(torch.autograd.Function):
                                         padding_side=padding_side)
         ctx.save_for_backward(index)
         ctx.hidden_shape = hidden.shape
-        ctx.mark_non_differentiable(position_ids, index, cu_seqlens)
-        extras = (attention_mask,) if attention_mask is not None else ()
-        ctx.mark_non_differentiable(*extras)
+        ctx.mark_non_differentiable(
+            *(t for t in (position_ids, index, cu_seqlens, attention_mask) if t is not None))
         return out, position_ids, index, cu_seqlens, max_seqlen, attention_mask
 
     @staticmethod

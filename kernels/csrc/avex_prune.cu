@@ -113,6 +113,15 @@ const char *describe(const avex::DeviceError &e, avex_status *status) {
     return g_message;
 }
 
+// What scan_lengths checks the kept tokens against: the varlen output's rows, or the padded
+// width per sequence (the other limit unbounded).
+int64_t total_limit(const avex::PlanLayout &layout) {
+    return layout.padded ? kInt64Max : layout.capacity;
+}
+int64_t row_limit(const avex::PlanLayout &layout) {
+    return layout.padded ? layout.padded_width : kInt64Max;
+}
+
 struct TopkArgs {
     const float *scores;
     int64_t batch, width;
@@ -162,6 +171,13 @@ avex_status cuda_failed(const char *fn, const char *what, cudaError_t error) {
         const cudaError_t error_ = (call);                              \
         if (error_ != cudaSuccess) return cuda_failed(fn, what, error_); \
     } while (0)
+
+// The first CUDA call of each entry point: a machine without a usable GPU gets a clear
+// AVEX_ERROR_CUDA here, before any launch.
+avex_status current_device(const char *fn, int *device) {
+    CUDA_TRY(fn, "cudaGetDevice", cudaGetDevice(device));
+    return AVEX_SUCCESS;
+}
 
 __global__ void topk_rows_kernel(TopkArgs a) {
     extern __shared__ __align__(16) unsigned char shared[];
@@ -228,7 +244,7 @@ __global__ void gather_rows_kernel(CompactArgs a, int64_t row_words) {
 avex_status launch_topk(const char *fn, const TopkArgs &a, cudaStream_t stream) {
     const size_t shared = avex::topk_shared_bytes(a.sorted_width, a.threads);
     int device = 0, optin = 0;
-    CUDA_TRY(fn, "cudaGetDevice", cudaGetDevice(&device));
+    AVEX_TRY(current_device(fn, &device));
     CUDA_TRY(fn, "cudaDeviceGetAttribute",
              cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
     if (shared > static_cast<size_t>(optin)) {
@@ -249,7 +265,7 @@ avex_status launch_topk(const char *fn, const TopkArgs &a, cudaStream_t stream) 
 
 avex_status launch_mark(const char *fn, const MarkArgs &a, cudaStream_t stream) {
     int device = 0;
-    CUDA_TRY(fn, "cudaGetDevice", cudaGetDevice(&device));
+    AVEX_TRY(current_device(fn, &device));
     int64_t blocks = (a.batch * a.kmax + kMarkThreads - 1) / kMarkThreads;
     blocks = blocks < kMaxGatherBlocks ? blocks : kMaxGatherBlocks;
     mark_kept_kernel<<<static_cast<unsigned>(blocks), kMarkThreads, 0, stream>>>(a);
@@ -271,18 +287,16 @@ avex_status launch_gather(const char *fn, const CompactArgs &a, int64_t row_byte
 avex_status launch_compact(const CompactArgs &a, cudaStream_t stream) {
     const char *fn = a.fn;
     int device = 0;
-    CUDA_TRY(fn, "cudaGetDevice", cudaGetDevice(&device));
+    AVEX_TRY(current_device(fn, &device));
     const int seq_threads = avex::block_threads(a.seq_len);
     const int scan_threads = avex::block_threads(a.num_seqs);
-    const int64_t total_limit = a.layout.padded ? kInt64Max : a.layout.capacity;
-    const int64_t row_limit = a.layout.padded ? a.layout.padded_width : kInt64Max;
     const auto seqs = static_cast<unsigned>(a.num_seqs);
     if (a.num_seqs > 0) {
         count_kept_kernel<<<seqs, seq_threads, avex::compact_shared_bytes(seq_threads), stream>>>(a);
         CUDA_TRY(fn, "launching count_kept_kernel", cudaGetLastError());
     }
     scan_lengths_kernel<<<1, scan_threads, avex::compact_shared_bytes(scan_threads), stream>>>(
-        a, total_limit, row_limit);
+        a, total_limit(a.layout), row_limit(a.layout));
     CUDA_TRY(fn, "launching scan_lengths_kernel", cudaGetLastError());
     if (a.num_seqs == 0) return AVEX_SUCCESS;
     plan_sequence_kernel<<<seqs, seq_threads, avex::compact_shared_bytes(seq_threads), stream>>>(a);
@@ -348,8 +362,7 @@ avex_status launch_compact(const CompactArgs &a, cudaStream_t) {
     }
     avex::scan_lengths(avex::HostBlock{scan_threads, &g_host_error, g_host_thread_order},
                        a.cu_seqlens, a.num_seqs,
-                       a.layout.padded ? kInt64Max : a.layout.capacity,
-                       a.layout.padded ? a.layout.padded_width : kInt64Max, a.max_seqlen,
+                       total_limit(a.layout), row_limit(a.layout), a.max_seqlen,
                        scratch.data());
     for (int64_t seq = 0; seq < a.num_seqs; ++seq) {
         avex::plan_sequence(seq_block, a.keep, a.seq_len, a.num_sets, seq, a.cu_seqlens, a.layout,
