@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from avex import _checks
-from avex.pruning import AUDIO, TEXT, VISUAL
+from avex.modality import AUDIO, TEXT, VISUAL
 
 
 @dataclass

@@ -7,14 +7,7 @@ seen on the full sequence. ``generate`` runs ``model.generate`` on that batch an
 steps continue from the last original position + 1, so the pruned model sees exactly the full
 sequence with the dropped tokens masked out of attention.
 
-Modality codes (one per position of ``inputs_embeds``):
-
-====================  =====  ==========================================
-``PAD``               -1     padding (left or right, or anywhere); dropped
-``VISUAL``             0     a visual token; prunable
-``AUDIO``              1     an audio token; prunable
-``TEXT``               2     a text token; never pruned
-====================  =====  ==========================================
+Modality codes (one per position of ``inputs_embeds``) are those of :mod:`avex.modality`.
 
 Original positions count the non-padding tokens of the input row: the token at the i-th
 non-padding slot has position i, whether or not the tokens before it were kept (the position
@@ -32,11 +25,12 @@ import torch
 from avex import _checks
 from avex.kernels.compact import compact
 from avex.kernels.gumbel_topk import gumbel_topk
+from avex.modality import AUDIO, PAD, TEXT, VISUAL
+from avex.selection import num_kept
 
 __all__ = ["PAD", "VISUAL", "AUDIO", "TEXT", "PrunedInputs", "prune_inputs", "generate",
            "expand_av_keep", "num_kept"]
 
-PAD, VISUAL, AUDIO, TEXT = -1, 0, 1, 2
 ATTENTION_PATHS = ("auto", "padded", "varlen")
 VARLEN_REFERENCE_ATTENTION = "avex_varlen_sdpa"
 
@@ -71,13 +65,6 @@ class PrunedInputs(NamedTuple):
 # ----------------------------------------------------------------------------------------------
 # Pruning
 # ----------------------------------------------------------------------------------------------
-
-def num_kept(retention: float, num_tokens: torch.Tensor) -> torch.Tensor:
-    """K = round(rho * N) per row, halves rounded up, at least 1 where N >= 1."""
-    rho = _checks.ratio("retention", retention)
-    k = torch.floor(num_tokens.double() * rho + 0.5).long()
-    return torch.where(num_tokens > 0, k.clamp_min(1), torch.zeros_like(k))
-
 
 def prune_inputs(inputs_embeds: torch.Tensor, modality: torch.Tensor, *, scores=None,
                  keep=None, retention=None, positions: str = "original") -> PrunedInputs:

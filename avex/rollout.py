@@ -10,7 +10,9 @@ from dataclasses import dataclass
 
 import torch
 
-from avex.pruning import AUDIO, PAD, VISUAL, expand_av_keep, generate, num_kept, prune_inputs
+from avex.modality import AUDIO, PAD, VISUAL
+from avex.pruning import expand_av_keep, generate, prune_inputs
+from avex.selection import num_kept
 
 
 @dataclass

@@ -38,7 +38,7 @@ from avex.evaluation import (caption_split, indices_to_keep, keep_all, policy_se
                              random_selector, score_captions)
 from avex.kernels import build_exchanges, gumbel_topk
 from avex.losses import avex_objective, set_level_loss
-from avex.pruning import AUDIO, VISUAL
+from avex.modality import AUDIO, VISUAL
 from avex.rollout import AVLayout, caption_keep_sets
 
 

@@ -335,7 +335,8 @@ def analytic_llm_flops(config, prefill_tokens: int, decode_tokens: int) -> LLMFl
 
 def policy_flops(policy, hidden_size: int, modality: torch.Tensor, retention: float) -> dict:
     """fvcore count of the policy pass, the Top-K selection and the compaction (custom ops)."""
-    from avex.pruning import AUDIO, VISUAL, num_kept
+    from avex.modality import AUDIO, VISUAL
+    from avex.selection import num_kept
 
     dtype = next(policy.parameters()).dtype
     embeds = torch.randn(1, modality.shape[1], hidden_size, dtype=dtype)
@@ -422,7 +423,7 @@ class SelectionFlops:
 
 
 def _av_counts(modality) -> tuple[int, int, int]:
-    from avex.pruning import AUDIO, VISUAL
+    from avex.modality import AUDIO, VISUAL
 
     nv, na = int((modality == VISUAL).sum()), int((modality == AUDIO).sum())
     return nv, na, modality.shape[1] - nv - na
@@ -453,7 +454,7 @@ def fastav_flops(models: tuple, config, modality, retention: float) -> Selection
     and the K1 stage-1 survivors; a sort of the AV scores in each stage. The decoder passes are
     traced on the 1- and 2-layer ``models`` and extrapolated; the rollout is traced at E."""
     from avex.baselines import fastav_selector
-    from avex.pruning import num_kept
+    from avex.selection import num_kept
 
     n = _layers(config)
     rollout_layers = max(1, n // 2)
@@ -488,7 +489,7 @@ def tome_flops(config, modality, retention: float) -> SelectionFlops:
     the |A| best matches. The size-weighted averages of the merges are elementwise (not
     counted, fvcore's convention)."""
     from avex.baselines import split_budget, tome_selector
-    from avex.pruning import num_kept
+    from avex.selection import num_kept
 
     fv = selector_count(tome_selector(), modality, retention, config.hidden_size).total
     nv, na, _ = _av_counts(modality)

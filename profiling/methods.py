@@ -18,7 +18,8 @@ import types
 
 import torch
 
-from avex.pruning import AUDIO, VISUAL, expand_av_keep, prune_inputs
+from avex.modality import AUDIO, VISUAL
+from avex.pruning import expand_av_keep, prune_inputs
 
 METHODS = ("full", "avex", "fastv", "tome", "fastav")
 NAMES = {"full": "Full tokens", "avex": "AVEX-Prune", "fastv": "FastV-AV (K=2)",

@@ -12,7 +12,8 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from avex.backbones import backbone_config
-from avex.pruning import AUDIO, TEXT, VISUAL, num_kept
+from avex.modality import AUDIO, TEXT, VISUAL
+from avex.selection import num_kept
 
 from . import flops as F
 from .methods import FASTV_LAYER, METHODS, NAMES as METHOD_NAMES

@@ -71,7 +71,7 @@ def tome_selector(captioner=None, features: str = "embeddings"):
     @torch.no_grad()
     def select(batch, layout, retention):
         from avex.baselines import Selection, check_retention, split_budget
-        from avex.pruning import AUDIO, VISUAL
+        from avex.modality import AUDIO, VISUAL
         retention = check_retention(retention)
         embeds = batch.inputs_embeds
         feats = embeds if features == "embeddings" else _first_layer_keys(captioner, batch)

@@ -19,8 +19,8 @@ import torch
 from torch import nn
 
 from ..data.cache import Clip
+from ..modality import AUDIO, PAD, TEXT, VISUAL
 
-PAD, VISUAL, AUDIO, TEXT = -1, 0, 1, 2
 CAPTIONER_FILE = "avex_captioner.json"
 PROJECTOR_FILE = "avex_projector.safetensors"
 CAPTIONER_FORMAT = "avex-captioner"
