@@ -5,7 +5,7 @@ STAMP  := $(VENV)/.avex-installed
 PYTEST_ARGS ?=
 TRAIN_ARGS ?=
 
-.PHONY: test train bench install cuda-lib clean
+.PHONY: test train bench install cuda-lib clean wheel-check
 
 $(STAMP): setup.py pyproject.toml
 	@# A machine that already has torch (a GPU image with its CUDA build) keeps it: the venv
@@ -33,6 +33,10 @@ cuda-lib:
 
 test: $(STAMP) cuda-lib
 	$(PY) -m pytest tests $(PYTEST_ARGS)
+
+# The wheel installed without -e in a fresh venv: every module, `avex.train --help`, README snippet.
+wheel-check: $(STAMP)
+	.ci/wheel_check.sh $(PY)
 
 train: $(STAMP)
 	$(PY) -m avex.train $(TRAIN_ARGS)

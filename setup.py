@@ -3,14 +3,18 @@
 The top-level folders ``kernels/`` and ``profiling/`` are mapped into the ``avex`` namespace
 (``avex.kernels``, ``avex.profiling``): PyPI already has distributions called ``kernels`` and
 ``profiling``, and ``transformers`` probes for an installed ``kernels`` package and imports it.
+Every subpackage below these folders (any folder with an ``__init__.py``) is found by itself;
+``.ci/wheel_check.sh`` fails if a built wheel misses a source module. ``kernels/csrc`` (the CUDA
+C++ library's source) is not shipped: no Python code reads it.
 """
-from setuptools import setup
+from setuptools import find_packages, setup
 
-PACKAGE_DIRS = {
-    "avex": "avex",
-    "avex.kernels": "kernels",
-    "avex.profiling": "profiling",
-}
+# top-level folder -> import name
+ROOTS = {"avex": "avex", "kernels": "avex.kernels", "profiling": "avex.profiling"}
+PACKAGE_DIRS = {name: folder for folder, name in ROOTS.items()}
+PACKAGES = [f"{name}.{sub}" if sub else name
+            for folder, name in ROOTS.items()
+            for sub in ["", *find_packages(where=folder)]]
 
 setup(
     name="avex-prune",
@@ -20,7 +24,7 @@ setup(
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
-    packages=list(PACKAGE_DIRS),
+    packages=PACKAGES,
     package_dir=PACKAGE_DIRS,
     # Torch first, by hand: an unpinned torch on a CPU machine pulls CUDA wheels (see Makefile).
     install_requires=[

@@ -1,4 +1,8 @@
-"""The README's "Use it in your pipeline" snippet, run as written."""
+"""The README's "Use it in your pipeline" snippet, run as written.
+
+``.ci/wheel_check.sh`` runs the same block, found by :func:`readme_pipeline_snippet`, against
+the installed wheel from outside the repository.
+"""
 import re
 from pathlib import Path
 
@@ -42,10 +46,41 @@ def test_snippet_runs_and_prunes():
     assert torch.equal(pruned.keep[:, 0] & (modality == 2), modality == 2)
 
 
+def readme_pipeline_snippet(readme: str) -> str | None:
+    """The first ```python block containing ``prune_inputs`` in the section (subsections
+    included) of the first Markdown heading that mentions "pipeline"; None if there is none."""
+    section_level, block, in_fence = None, None, False
+    for line in readme.splitlines(keepends=True):
+        if line.startswith("```"):
+            if block is not None and in_fence:
+                if "prune_inputs" in "".join(block):
+                    return "".join(block)
+                block = None
+            elif section_level is not None and line.strip() == "```python":
+                block = []
+            in_fence = not in_fence
+        elif in_fence:
+            if block is not None:
+                block.append(line)
+        elif (heading := re.match(r"(#+)\s+(.*)", line)) is not None:
+            level = len(heading.group(1))
+            if section_level is not None and level <= section_level:
+                return None
+            if section_level is None and "pipeline" in heading.group(2).lower():
+                section_level = level
+    return None
+
+
+def test_readme_pipeline_snippet_finds_the_block():
+    readme = ("# T\n## Use it in your pipeline\n```bash\nprune_inputs\n```\n"
+              "```python\n# not a heading\nx = 1\n```\n### Example\n"
+              "```python\nfrom avex.pruning import prune_inputs\n```\n## Next\n")
+    assert readme_pipeline_snippet(readme) == "from avex.pruning import prune_inputs\n"
+    assert readme_pipeline_snippet(readme.replace("### Example", "## Example")) is None
+    assert readme_pipeline_snippet("# T\n```python\nprune_inputs\n```\n") is None
+
+
 def test_readme_shows_this_snippet():
-    """Once the README has the section, its code block must be exactly SNIPPET."""
+    """The README's pipeline section shows exactly SNIPPET (the code tested above)."""
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
-    section = re.search(r"## Use it in your pipeline\n(.*?)(?=\n## |\Z)", readme, re.S)
-    if section is not None:
-        block = re.search(r"```python\n(.*?)```", section.group(1), re.S)
-        assert block is not None and block.group(1) == SNIPPET
+    assert readme_pipeline_snippet(readme) == SNIPPET
