@@ -69,3 +69,13 @@ def choice(name: str, value, options) -> str:
     if value not in options:
         raise ValueError(f"{name} must be one of {sorted(options)}, got {value!r}")
     return value
+
+
+def str_list(name: str, value) -> list[str]:
+    """A list or tuple of str (a lone str is refused, not read as its characters)."""
+    if isinstance(value, str) or not isinstance(value, (list, tuple)):
+        raise TypeError(f"{name} must be a list of str, got {type(value).__name__}")
+    for i, item in enumerate(value):
+        if not isinstance(item, str):
+            raise TypeError(f"{name}[{i}] must be a str, got {type(item).__name__}: {item!r}")
+    return list(value)

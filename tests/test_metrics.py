@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from avex.metrics import METRIC_NAMES, caption_metrics, caption_metrics_by_reference_type
-from avex.reward import CiderD, tokenize_all
+from avex.ptb_tokenizer import tokenize_all
+from avex.reward import CiderD
 
 CANDIDATES = [
     "A dog is barking loudly in the yard.",

@@ -10,7 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import avex.reward as reward
-from avex.reward import CiderD, tokenize, tokenize_all
+from avex.ptb_tokenizer import tokenize, tokenize_all
+from avex.reward import CiderD
 
 TOL = 1e-9
 
