@@ -1,0 +1,32 @@
+"""Progress bars that stay readable when piped: tqdm, updated sparsely when its stream (stderr
+unless ``file=`` says otherwise) is not a terminal, so a log file gets a line every
+``PIPED_INTERVAL`` seconds, not one per step."""
+from __future__ import annotations
+
+import sys
+
+from tqdm.asyncio import tqdm as _text_tqdm
+from tqdm.auto import tqdm
+
+__all__ = ["progress_bar", "PIPED_INTERVAL"]
+
+PIPED_INTERVAL = 30.0  # seconds between updates when the stream is a file or a pipe
+
+
+def _is_terminal(stream) -> bool:
+    isatty = getattr(stream, "isatty", None)
+    try:
+        return bool(isatty and isatty())
+    except ValueError:  # a closed stream
+        return False
+
+
+def progress_bar(iterable=None, **kwargs):
+    """``tqdm(iterable, **kwargs)``; on a stream that is not a terminal, ``mininterval`` is
+    ``PIPED_INTERVAL`` (an explicit ``mininterval`` wins) and ``maxinterval`` at least that much
+    (tqdm's monitor thread would otherwise force a line every 10 s). A notebook widget, which
+    redraws in place, keeps tqdm's defaults."""
+    if tqdm is _text_tqdm and not _is_terminal(kwargs.get("file") or sys.stderr):
+        kwargs.setdefault("mininterval", PIPED_INTERVAL)
+        kwargs.setdefault("maxinterval", max(10.0, kwargs["mininterval"]))
+    return tqdm(iterable, **kwargs)
