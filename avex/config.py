@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from avex import _checks
+from avex.captioner.train import PRESETS as CAPTIONER_PRESETS
+from avex.data import PRESETS as BENCHMARK_PRESETS
 
 EXCHANGE_TYPES = ("vv", "aa", "va", "av")
 
@@ -70,7 +72,6 @@ class TrainConfig:
     eval_split: str = "test"
     max_eval_clips: int | None = None
     checkpoint_every: int = 20        # optimiser steps
-    log_every: int = 5
     deterministic: bool = False
     progress: bool = True
 
@@ -109,8 +110,6 @@ class TrainConfig:
             raise FileNotFoundError(f"captioner: no model directory at {self.captioner!r}")
         _checks.choice("exchange_selection", self.exchange_selection, {"confidence", "random"})
         _checks.choice("device", self.device.split(":")[0], {"auto", "cpu", "cuda"})
-        from avex.captioner.train import PRESETS as CAPTIONER_PRESETS
-        from avex.data import PRESETS as BENCHMARK_PRESETS
         _checks.choice("benchmark_preset", self.benchmark_preset, set(BENCHMARK_PRESETS))
         _checks.choice("captioner_preset", self.captioner_preset, set(CAPTIONER_PRESETS))
         return self

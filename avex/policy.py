@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from avex import _checks
+from avex.backbones import BACKBONES, backbone_config
 from avex.modality import AUDIO, TEXT, VISUAL
 
 
@@ -217,7 +218,6 @@ def parameter_count(module: nn.Module) -> int:
 def _count_main(argv=None):
     from transformers import AutoModelForCausalLM
 
-    from avex.backbones import BACKBONES, backbone_config
 
     parser = argparse.ArgumentParser(
         prog="python -m avex.policy",

@@ -17,6 +17,8 @@ One RL step, per micro-batch (Sections 3.3 and 3.4):
 """
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 import math
 import os
@@ -29,17 +31,23 @@ from pathlib import Path
 import torch
 import torch.distributed as torch_dist
 import torch.nn.functional as F
-from tqdm.auto import tqdm
+from safetensors.torch import load_file, save_file
 
+from avex.assets import resolve_asset_paths
+from avex.captioner import FrozenCaptioner
 from avex.checkpoint import (latest_checkpoint, load_checkpoint, rng_state, save_checkpoint,
                              set_rng_state)
 from avex.config import TrainConfig, build_parser, resolve_config
-from avex.evaluation import (caption_split, indices_to_keep, keep_all, policy_selector,
-                             random_selector, score_captions)
+from avex.data import FeatureCache
 from avex.kernels import build_exchanges, gumbel_topk
 from avex.losses import avex_objective, set_level_loss
-from avex.modality import AUDIO, VISUAL
-from avex.rollout import AVLayout, caption_keep_sets
+from avex.methods import label, policy_selector, random_selector
+from avex.policy import AVEXPolicy
+from avex.progress import progress_bar
+from avex.reward import CiderD
+from avex.scoring import caption_split, keep_all, score_captions
+from avex.selection import AVLayout, balanced_attention_keep, indices_to_keep
+from avex.tables import markdown_table
 
 
 # ----------------------------------------------------------------------------------------------
@@ -87,8 +95,6 @@ def pick_device(cfg: TrainConfig, procs: Processes) -> torch.device:
 def prepare_assets(cfg: TrainConfig, procs: Processes):
     """Feature cache + frozen captioner paths; the embedded ones are built if missing (by rank 0
     while the others wait)."""
-    from avex.captioner.train import resolve_asset_paths
-
     settings = dict(benchmark_preset=cfg.benchmark_preset, captioner_preset=cfg.captioner_preset,
                     cache_dir=cfg.cache_dir)
     if procs.main:
@@ -98,10 +104,6 @@ def prepare_assets(cfg: TrainConfig, procs: Processes):
 
 
 def load_assets(cfg: TrainConfig, data_path, captioner_path, device):
-    from avex.captioner import FrozenCaptioner
-    from avex.data import FeatureCache
-    from avex.policy import AVEXPolicy
-
     cache = FeatureCache(data_path)
     captioner = FrozenCaptioner.load(captioner_path, device=device)
     torch.manual_seed(cfg.seed)  # the policy's random init is part of the run's identity
@@ -142,25 +144,11 @@ def sample_seed(seed: int, step: int, chunk: int) -> int:
 # ----------------------------------------------------------------------------------------------
 
 def warmup_targets(attention: dict, clips, retention: float) -> list[torch.Tensor]:
-    """Per clip, bool [M]: K_a = round(K * Na / N) audio tokens and K - K_a visual tokens, each
-    the highest text-to-AV attention of the full-token prefill within its modality.
-
-    ``attention`` maps clip_id -> float [M] (``FrozenCaptioner.cached_text_to_av_attention``).
-    """
-    targets = []
-    for clip in clips:
-        att = attention[clip.clip_id]
-        nv, na = clip.n_visual, clip.n_audio
-        n = nv + na
-        k = max(1, math.floor(retention * n + 0.5))
-        ka = min(na, math.floor(k * na / n + 0.5))
-        kv = min(nv, k - ka)
-        ka = k - kv
-        keep = torch.zeros(n, dtype=torch.bool)
-        keep[att[:nv].topk(kv).indices] = True
-        keep[nv + att[nv:].topk(ka).indices] = True
-        targets.append(keep)
-    return targets
+    """Per clip, bool [M]: the balanced attention keep-set
+    (:func:`avex.selection.balanced_attention_keep`). ``attention`` maps clip_id -> float [M]
+    (``FrozenCaptioner.cached_text_to_av_attention``)."""
+    return [balanced_attention_keep(attention[clip.clip_id], clip.n_visual, clip.n_audio,
+                                    retention) for clip in clips]
 
 
 def warmup_loss(policy, batch, layout: AVLayout, targets: list[torch.Tensor]) -> torch.Tensor:
@@ -191,8 +179,9 @@ def rl_loss(cfg: TrainConfig, policy, captioner, cider, batch, clips, seed: int)
         sets = exchanges.sets()
     else:
         sets = indices_to_keep(anchor_idx, scores.shape[1])[:, None]
-    captions = caption_keep_sets(captioner, batch.inputs_embeds, batch.modality, sets,
-                                 num_beams=cfg.num_beams, max_new_tokens=cfg.max_new_tokens)
+    captions = captioner.caption_keep_sets(batch.inputs_embeds, batch.modality, sets,
+                                           num_beams=cfg.num_beams,
+                                           max_new_tokens=cfg.max_new_tokens)
     num_sets = sets.shape[1]
     flat = [c for row in captions for c in row]
     refs = [clip.refs_av for clip in clips for _ in range(num_sets)]
@@ -285,7 +274,7 @@ class Run:
         self.procs.barrier()
 
     def steps_bar(self, desc: str, start: int, total: int):
-        return tqdm(range(start, total), desc=desc, unit="step", initial=start, total=total,
+        return progress_bar(range(start, total), desc=desc, unit="step", initial=start, total=total,
                     disable=not (self.cfg.progress and self.procs.main))
 
     def my_chunks(self, step: int, n: int, phase: str) -> list[list[int]]:
@@ -370,7 +359,6 @@ class Run:
             if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < self.warmup_steps:
                 self.save(model, "warmup", step + 1, optimizer, None)
         if self.procs.main:
-            from safetensors.torch import save_file
             weights = {k: v.detach().cpu().contiguous()
                        for k, v in _unwrap(model).state_dict().items()}
             tmp = self.run_dir / ".warmup_policy.tmp"
@@ -389,8 +377,6 @@ class Run:
         return optimizer, scheduler
 
     def run_rl(self, model, captioner, clips, cache, start_step, saved):
-        from avex.reward import CiderD
-
         cfg = self.cfg
         optimizer, scheduler = self.rl_optimizer(model)
         if saved is not None:
@@ -431,8 +417,6 @@ class Run:
 
     @torch.no_grad()
     def evaluate(self, policy, captioner, cache, warmup_policy_path) -> dict:
-        from safetensors.torch import load_file
-
         cfg = self.cfg
         split = cache.split(cfg.eval_split)
         count = len(split) if cfg.max_eval_clips is None else min(len(split), cfg.max_eval_clips)
@@ -440,16 +424,15 @@ class Run:
         policy.eval()
         warmup_policy = None
         if warmup_policy_path.exists() and not cfg.warmup_only:
-            import copy
             warmup_policy = copy.deepcopy(policy)
             warmup_policy.load_state_dict(load_file(str(warmup_policy_path)))
-        methods = [("random", random_selector(cfg.seed))]
+        methods = [(label("random"), random_selector(cfg.seed))]
         if warmup_policy is not None:
             methods.append(("warmup only", policy_selector(warmup_policy)))
         methods.append((run_label(cfg), policy_selector(policy)))
         decode = dict(num_beams=cfg.num_beams, max_new_tokens=cfg.max_new_tokens,
                       progress=cfg.progress)
-        rows = [{"method": "full tokens", "retention": 1.0,
+        rows = [{"method": label("full"), "retention": 1.0,
                  **score_captions(caption_split(captioner, clips, keep_all, 1.0, **decode,
                                                 desc="full tokens"), clips)}]
         for retention in cfg.eval_retentions:
@@ -477,13 +460,12 @@ def run_label(cfg: TrainConfig) -> str:
 
 
 def results_table(rows: list[dict], caption: str) -> str:
-    lines = [f"Results on the {caption} (CIDEr points; pycocoevalcap):", "",
-             "| method | retention | C_av | C_v | C_a | BLEU-4 | METEOR |",
-             "|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['method']} | {r['retention']:.0%} | {r['C_av']:.1f} | "
-                     f"{r['C_v']:.1f} | {r['C_a']:.1f} | {r['BLEU-4']:.1f} | {r['METEOR']:.1f} |")
-    return "\n".join(lines)
+    table = markdown_table(
+        ["method", "retention", "C_av", "C_v", "C_a", "BLEU-4", "METEOR"],
+        [[r["method"], f"{r['retention']:.0%}"] + [f"{r[k]:.1f}" for k in
+                                                   ("C_av", "C_v", "C_a", "BLEU-4", "METEOR")]
+         for r in rows])
+    return f"Results on the {caption} (CIDEr points; pycocoevalcap):\n\n{table}"
 
 
 def _unwrap(model):
@@ -513,16 +495,28 @@ def choose_run_dir(cfg: TrainConfig, resume: bool) -> str:
     return str(RUNS_ROOT / time.strftime("%Y%m%d-%H%M%S"))
 
 
+def train(cfg: TrainConfig, *, resume: bool = False) -> dict:
+    """Train a policy with ``cfg`` (warmup, then RL + exchanges) and, unless
+    ``cfg.evaluate`` is off, score it. ``resume=True`` continues the run in ``cfg.run_dir``
+    (or the newest under ``runs/``) from its latest checkpoint, with its saved settings.
+
+    Returns ``{"run_dir": str, "rows": [...], "table": str}`` (no rows without evaluation).
+    """
+    cfg = dataclasses.replace(cfg).validate()
+    cfg.run_dir = choose_run_dir(cfg, resume)
+    if resume:
+        saved = Path(cfg.run_dir) / "config.json"
+        if saved.exists():  # a resumed run keeps its own settings
+            cfg = TrainConfig(**json.loads(saved.read_text())).validate()
+    results = Run(cfg, resume=resume).execute()
+    return {"run_dir": cfg.run_dir, **results}
+
+
 def main(argv=None) -> dict:
     parser = build_parser("python -m avex.train", __doc__.split("\n\n")[0])
     args = parser.parse_args(argv)
     cfg = resolve_config(args)  # every setting is checked before any work starts
-    cfg.run_dir = choose_run_dir(cfg, args.resume)
-    if args.resume:
-        saved = Path(cfg.run_dir) / "config.json"
-        if saved.exists():  # a resumed run keeps its own settings
-            cfg = TrainConfig(**json.loads(saved.read_text())).validate()
-    return Run(cfg, resume=args.resume).execute()
+    return train(cfg, resume=args.resume)
 
 
 if __name__ == "__main__":

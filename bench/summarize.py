@@ -13,6 +13,8 @@ import subprocess
 from collections import defaultdict
 from datetime import date
 
+from avex.tables import markdown_table
+
 
 def fmt_time(seconds: float) -> str:
     for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
@@ -44,8 +46,7 @@ def main():
         print(f"- device: {extra['device_name']}")
     print(f"- commit: {commit[:12]} (dirty: {data.get('commit_info', {}).get('dirty', '?')})")
     print("- medians of pytest-benchmark rounds; ratio = baseline median / entry median\n")
-    print("| group | implementation | median | IQR | rounds | vs baseline |")
-    print("|---|---|---|---|---|---|")
+    rows = []
     for group, benches in groups.items():
         base = [b for b in benches if b.get("extra_info", {}).get("baseline")]
         base_median = base[0]["stats"]["median"] if base else None
@@ -53,8 +54,10 @@ def main():
             stats = b["stats"]
             name = b.get("extra_info", {}).get("impl") or b["name"]
             ratio = f"{base_median / stats['median']:.1f}x" if base_median else "-"
-            print(f"| {group} | {name} | {fmt_time(stats['median'])} | {fmt_time(stats['iqr'])} "
-                  f"| {stats['rounds']} | {ratio} |")
+            rows.append([group, name, fmt_time(stats["median"]), fmt_time(stats["iqr"]),
+                         stats["rounds"], ratio])
+    print(markdown_table(["group", "implementation", "median", "IQR", "rounds", "vs baseline"],
+                         rows))
 
 
 if __name__ == "__main__":

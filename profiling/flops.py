@@ -16,7 +16,7 @@ What fvcore does not count by itself gets a handle here:
   is a gather with no arithmetic, 0 flops.
 * ``aten::sort`` (the baselines' rankings): the same formula as ``avex::topk_select``.
 
-The baselines of :mod:`avex.baselines` are counted by tracing their selectors as they are
+The baselines of :mod:`avex.methods` are counted by tracing their selectors as they are
 (:func:`fastv_flops`, :func:`tome_flops`, :func:`fastav_flops`), each next to a hand count.
 
 Real sizes cost no full model: :func:`backbone_flops` traces the model built with 1 and with 2
@@ -39,6 +39,10 @@ from torch import nn
 
 from avex.kernels import compact as _compact
 from avex.kernels import gumbel_topk as _gumbel_topk
+from avex.methods import fastav_selector, fastv_selector, tome_selector
+from avex.methods.fastav import attention_rollout
+from avex.modality import AUDIO, VISUAL
+from avex.selection import AVLayout, num_kept, split_budget
 
 from .methods import FASTAV_STAGE1_DROP, av_batch
 
@@ -335,8 +339,6 @@ def analytic_llm_flops(config, prefill_tokens: int, decode_tokens: int) -> LLMFl
 
 def policy_flops(policy, hidden_size: int, modality: torch.Tensor, retention: float) -> dict:
     """fvcore count of the policy pass, the Top-K selection and the compaction (custom ops)."""
-    from avex.modality import AUDIO, VISUAL
-    from avex.selection import num_kept
 
     dtype = next(policy.parameters()).dtype
     embeds = torch.randn(1, modality.shape[1], hidden_size, dtype=dtype)
@@ -364,11 +366,11 @@ def selection_flops(num_av: int) -> int:
 
 
 # ----------------------------------------------------------------------------------------------
-# The baselines' selection work (the selectors of avex.baselines, traced)
+# The baselines' selection work (the selectors of avex.methods, traced)
 # ----------------------------------------------------------------------------------------------
 
 class _Selector(nn.Module):
-    """A selector of :mod:`avex.baselines` on one batch-1 sequence, for fvcore.
+    """A selector of :mod:`avex.methods` on one batch-1 sequence, for fvcore.
 
     It returns the keep-set, ToMe-AV's merged embeddings, and the last hidden state of every
     decoder pass the selector runs: a trace drops work whose result is unused, and the
@@ -376,7 +378,6 @@ class _Selector(nn.Module):
     """
 
     def __init__(self, selector, modality, retention, model=None):
-        from avex.rollout import AVLayout
 
         super().__init__()
         self.selector, self.modality, self.retention = selector, modality, retention
@@ -410,7 +411,6 @@ def selector_count(selector, modality, retention: float, hidden_size: int, model
 
 class _Rollout(nn.Module):
     def forward(self, *maps):
-        from avex.baselines.fastav import attention_rollout
 
         return attention_rollout(list(maps))
 
@@ -423,7 +423,6 @@ class SelectionFlops:
 
 
 def _av_counts(modality) -> tuple[int, int, int]:
-    from avex.modality import AUDIO, VISUAL
 
     nv, na = int((modality == VISUAL).sum()), int((modality == AUDIO).sum())
     return nv, na, modality.shape[1] - nv - na
@@ -431,10 +430,9 @@ def _av_counts(modality) -> tuple[int, int, int]:
 
 def fastv_flops(models: tuple, config, modality, retention: float,
                 layer: int = 2) -> SelectionFlops:
-    """FastV-AV's selection (``avex.baselines.fastv`` on the first K = ``layer`` layers): K
+    """FastV-AV's selection (``avex.methods.fastv`` on the first K = ``layer`` layers): K
     layers over every token with eager attention (the dense Q K^T and A V), then a sort of the
     AV scores. Traced on the 1- and 2-layer ``models`` and extrapolated to K layers."""
-    from avex.baselines import fastv_selector
 
     k = min(layer, _layers(config))
     counts = [selector_count(fastv_selector(types.SimpleNamespace(model=m), layer=n), modality,
@@ -448,13 +446,11 @@ def fastv_flops(models: tuple, config, modality, retention: float,
 
 
 def fastav_flops(models: tuple, config, modality, retention: float) -> SelectionFlops:
-    """FastAV's selection as ``avex.baselines.fastav`` runs it (rollout over E = depth // 2
+    """FastAV's selection as ``avex.methods.fastav`` runs it (rollout over E = depth // 2
     layers, the fine prune at the last layer): stage 1, the whole decoder over every token
     (eager); the rollout products of E attention maps; stage 2, the whole decoder over the text
     and the K1 stage-1 survivors; a sort of the AV scores in each stage. The decoder passes are
     traced on the 1- and 2-layer ``models`` and extrapolated; the rollout is traced at E."""
-    from avex.baselines import fastav_selector
-    from avex.selection import num_kept
 
     n = _layers(config)
     rollout_layers = max(1, n // 2)
@@ -484,12 +480,10 @@ def fastav_flops(models: tuple, config, modality, retention: float) -> Selection
 
 
 def tome_flops(config, modality, retention: float) -> SelectionFlops:
-    """ToMe-AV's matching (``avex.baselines.tome`` on the input embeddings): per merge round
+    """ToMe-AV's matching (``avex.methods.tome`` on the input embeddings): per merge round
     the cosine similarities of the source and destination halves, |A| x |B| x D, and a sort of
     the |A| best matches. The size-weighted averages of the merges are elementwise (not
     counted, fvcore's convention)."""
-    from avex.baselines import split_budget, tome_selector
-    from avex.selection import num_kept
 
     fv = selector_count(tome_selector(), modality, retention, config.hidden_size).total
     nv, na, _ = _av_counts(modality)

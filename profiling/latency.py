@@ -1,7 +1,7 @@
 """Prefill / end-to-end latency, selection overhead and peak memory, batch 1.
 
 Every method runs the project's code (:mod:`avex.profiling.methods`): AVEX's policy and Top-K,
-the selectors of :mod:`avex.baselines`, then :func:`avex.prune_inputs` and
+the selectors of :mod:`avex.methods`, then :func:`avex.prune_inputs` and
 :func:`avex.generate`.
 
 On CUDA the timings are CUDA events after warm-up, the median of many runs, and memory is

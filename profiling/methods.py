@@ -2,11 +2,11 @@
 
 * ``full``: every token; ``avex``: the policy's scores, Top-K and compaction
   (:func:`avex.prune_inputs`);
-* ``fastv``, ``tome``, ``fastav``: the selectors of :mod:`avex.baselines`, called on a batch-1
+* ``fastv``, ``tome``, ``fastav``: the selectors of :mod:`avex.methods`, called on a batch-1
   :class:`~avex.captioner.frozen.AVBatch`, then the same compaction.
 
 FastV-AV gets a copy of the LLM cut to its first K layers (weights shared, not copied):
-``avex.baselines._attention`` runs every layer of the model it is given, and the attention of
+``avex.methods._attention`` runs every layer of the model it is given, and the attention of
 layer K-1 does not depend on the layers after it, so the cut model selects the same tokens for
 K layers' work instead of all of them. FastAV needs the attention of the last layer, so it gets
 the whole model (and its stage 1 runs every layer too, though it reads only the first E).
@@ -19,18 +19,19 @@ import types
 import torch
 
 from avex.modality import AUDIO, VISUAL
+from avex.captioner import AVBatch
+from avex.methods import fastav_selector, fastv_selector, label, tome_selector
 from avex.pruning import expand_av_keep, prune_inputs
+from avex.selection import AVLayout
 
 METHODS = ("full", "avex", "fastv", "tome", "fastav")
-NAMES = {"full": "Full tokens", "avex": "AVEX-Prune", "fastv": "FastV-AV (K=2)",
-         "tome": "ToMe-AV", "fastav": "FastAV"}
-FASTV_LAYER = 2   # avex.baselines.fastv's default K
-FASTAV_STAGE1_DROP = 0.5   # avex.baselines.fastav's default, passed explicitly to it
+NAMES = {m: label(m) for m in METHODS}   # the labels of avex.methods' registry
+FASTV_LAYER = 2   # avex.methods.fastv's default K
+FASTAV_STAGE1_DROP = 0.5   # avex.methods.fastav's default, passed explicitly to it
 
 
 def av_batch(inputs_embeds: torch.Tensor, modality: torch.Tensor):
     """A batch-1 :class:`AVBatch` (no padding) around ``inputs_embeds`` [1, L, D]."""
-    from avex.captioner.frozen import AVBatch
 
     length = modality.shape[1]
     counts = [(int((modality == VISUAL).sum()), int((modality == AUDIO).sum()))]
@@ -54,9 +55,8 @@ def first_layers(model, layers: int):
 
 
 def baseline_selector(method: str, model, *, fastv_layer: int = FASTV_LAYER, **options):
-    """The :mod:`avex.baselines` selector for ``method`` on ``model`` (see the module
+    """The :mod:`avex.methods` selector for ``method`` on ``model`` (see the module
     docstring for the model each one is given)."""
-    from avex.baselines import fastav_selector, fastv_selector, tome_selector
 
     if method == "fastv":
         layer = min(fastv_layer, model.config.num_hidden_layers)
@@ -83,7 +83,6 @@ def selection(method: str, model, policy, inputs_embeds, modality, retention: fl
         return select
     if method not in METHODS:
         raise ValueError(f"methods: unknown method {method!r}; available: {list(METHODS)}")
-    from avex.rollout import AVLayout
 
     selector, _ = baseline_selector(method, model)
     batch = av_batch(inputs_embeds, modality)

@@ -13,9 +13,13 @@ import torch
 
 from avex.backbones import backbone_config
 from avex.modality import AUDIO, TEXT, VISUAL
+from avex.policy import AVEXPolicy
+from avex.progress import progress_bar
 from avex.selection import num_kept
+from avex.tables import markdown_table
 
 from . import flops as F
+from .latency import measure
 from .methods import FASTV_LAYER, METHODS, NAMES as METHOD_NAMES
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -43,7 +47,7 @@ class ProfileSettings:
     warmup: int | None = None
     latency: bool = True
     full_size_latency: bool | None = None   # None: real size on CUDA, scaled on CPU
-    out_dir: str = os.path.join("bench", "results")
+    out_dir: str = "results"
     name: str | None = None
     progress: bool = True
     extra: dict = field(default_factory=dict)
@@ -102,7 +106,6 @@ def scaled_config(config, width: int = CPU_WIDTH, layers: int = CPU_LAYERS):
 
 
 def _policy(config, width: int, dtype=torch.float32, device="cpu"):
-    from avex.policy import AVEXPolicy
 
     llm = types.SimpleNamespace(config=config)
     with torch.device(device):
@@ -199,8 +202,6 @@ def _device(settings) -> torch.device:
 
 def profile(settings: ProfileSettings | None = None, **overrides) -> dict:
     """Run the suite; write ``<out_dir>/profiling-<name>.{md,json,png}``; return the results."""
-    from tqdm.auto import tqdm
-
     settings = copy.deepcopy(settings) if settings else ProfileSettings()
     for key, value in overrides.items():
         if not hasattr(settings, key):
@@ -227,14 +228,13 @@ def profile(settings: ProfileSettings | None = None, **overrides) -> dict:
     if settings.latency:
         steps += 2 + sum((2 if m == "full" else 3) * runs for m in settings.methods)
         steps += 2 + len(settings.methods)
-    bar = tqdm(total=steps, desc="profiling", disable=not settings.progress)
+    bar = progress_bar(total=steps, desc="profiling", disable=not settings.progress)
 
     results = dict(settings={k: v for k, v in asdict(settings).items() if k != "extra"},
                    backbone_config=_describe(config),
                    flops=flops_table(settings, config, _policy_width(settings, config, 1.0),
                                      bar))
     if settings.latency:
-        from .latency import measure
 
         label = ("real size" if real_latency or small else
                  f"scaled down for CPU: width {latency_config.hidden_size} "
@@ -313,15 +313,15 @@ def _selection_notes(fl: dict) -> list[str]:
     rows, full = fl["rows"], fl["full_prefill"]
     notes = {
         "avex": "AVEX-Prune: the policy pass, Top-K (`avex::topk_select`) and compaction.",
-        "fastv": "FastV-AV: `avex.baselines.fastv` on the LLM cut to its first K = {layers} "
+        "fastv": "FastV-AV: `avex.methods.fastv` on the LLM cut to its first K = {layers} "
                  "layers (the same selection: layer K-1's attention does not depend on later "
                  "layers), i.e. K layers over every token with eager attention (dense Q K^T and "
                  "A V), then a sort of the AV scores.",
-        "tome": "ToMe-AV: `avex.baselines.tome`'s bipartite matching on the input embeddings, "
+        "tome": "ToMe-AV: `avex.methods.tome`'s bipartite matching on the input embeddings, "
                 "per modality: the cosine-similarity matmul of each merge round ({rounds} "
                 "rounds) and a sort of the matches; the size-weighted merge averages are "
                 "elementwise, which fvcore does not count.",
-        "fastav": "FastAV: `avex.baselines.fastav` as it runs: stage 1, the whole decoder over "
+        "fastav": "FastAV: `avex.methods.fastav` as it runs: stage 1, the whole decoder over "
                   "every token (eager), of which the rollout reads layers 0-{last_read}; the "
                   "rollout products of those maps; stage 2, the whole decoder over "
                   "the text + stage-1 survivors ({stage2_tokens} tokens) for the last layer's "
@@ -362,15 +362,14 @@ def markdown(results: dict) -> str:
         "decoder layers traced at depth 1 and 2 and extrapolated exactly; LM head on the last "
         "prefill position and every decode step.",
         "",
-        "| Method | prefill tokens | LLM prefill (T) | selection cost (G) | prefill + selection "
-        "(T) | vs full prefill | decode (T) | total (T) |",
-        "|---|---|---|---|---|---|---|---|",
+        markdown_table(["Method", "prefill tokens", "LLM prefill (T)", "selection cost (G)",
+                        "prefill + selection (T)", "vs full prefill", "decode (T)", "total (T)"],
+                       [[METHOD_NAMES[m], r["prefill_tokens"], _t(r["llm_prefill"]),
+                         _gs(r["policy"]), _t(r["prefill_plus_policy"]),
+                         f"{r['vs_full_prefill']:.1%}", _t(r["decode"]), _t(r["total"])]
+                        for m, r in fl["rows"].items()]),
+        "",
     ]
-    for m, r in fl["rows"].items():
-        lines.append(f"| {METHOD_NAMES[m]} | {r['prefill_tokens']} | {_t(r['llm_prefill'])} | "
-                     f"{_gs(r['policy'])} | {_t(r['prefill_plus_policy'])} | "
-                     f"{r['vs_full_prefill']:.1%} | {_t(r['decode'])} | {_t(r['total'])} |")
-    lines.append("")
     checks = ", ".join(f"{METHOD_NAMES[m]} {c['relative_difference']:+.4%} ({c['covers']})"
                        for m, c in fl["cross_check"].items())
     lines.append(f"fvcore vs the analytic count (params x tokens + attention pairs; the "
@@ -379,7 +378,7 @@ def markdown(results: dict) -> str:
     lines += ["", "Selection cost, the work before the pruned prefill:"] + _selection_notes(fl)
     if {"fastv", "fastav"} & set(fl["rows"]):
         lines.append("- FastV and FastAV prune inside the LLM in their papers; "
-                     "`avex.baselines` uses their passes only to choose the kept set, which "
+                     "`avex.methods` uses their passes only to choose the kept set, which "
                      "every layer then prefills, as for the other methods.")
     if "avex" in fl["rows"]:
         lines.append(f"\nPolicy + selection = {fl['rows']['avex']['policy_vs_full_prefill']:.2%} "
@@ -427,7 +426,7 @@ def _latency_markdown(lat: dict) -> list[str]:
     lines += ["", "Prefill: the LLM forward over the sequence the method feeds it. E2E: the "
               "method's selection, compaction, prefill and the forced decode. Selection "
               "overhead: the method's scoring, selection and compaction alone (the baselines as "
-              f"`avex.baselines` runs them; see the FLOPs notes). Mem.: {mem_note}."]
+              f"`avex.methods` runs them; see the FLOPs notes). Mem.: {mem_note}."]
     return lines
 
 

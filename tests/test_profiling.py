@@ -77,8 +77,8 @@ def test_baseline_selection_flops_equal_the_hand_count():
 
 
 def test_fastv_on_the_cut_model_selects_the_same_tokens():
-    from avex.baselines import fastv_selector
-    from avex.rollout import AVLayout
+    from avex.methods import fastv_selector
+    from avex.selection import AVLayout
 
     torch.manual_seed(0)
     cfg = tiny_config()

@@ -12,14 +12,17 @@ import sys
 import time
 from pathlib import Path
 
-from .frozen import CAPTIONER_FILE
-from .train import PRESETS, default_captioner_path, train_captioner
+import torch
+
+from ..data import PRESETS as BENCHMARK_PRESETS
+from ..data import FeatureCache, ensure_benchmark
+from ..paths import default_captioner_path
+from ..selection import num_kept, random_keep
+from .frozen import CAPTIONER_FILE, FrozenCaptioner
+from .train import PRESETS, train_captioner
 
 
 def cmd_train(args) -> int:
-    from avex.data import PRESETS as BENCHMARK_PRESETS
-    from avex.data import ensure_benchmark
-
     if args.data:
         bench = Path(args.data)
     else:
@@ -46,25 +49,15 @@ def cmd_train(args) -> int:
 
 
 def cmd_caption(args) -> int:
-    import torch
-
-    from avex.data import FeatureCache
-
-    from .frozen import FrozenCaptioner
-
     captioner = FrozenCaptioner.load(args.captioner, device=args.device)
     cache = FeatureCache(args.data, expected_dim=captioner.feature_dim)
     split = cache.split(args.split)
     clips = [split[i] for i in range(min(args.n, len(split)))]
     keep = None
-    if args.retention < 1:
-        gen = torch.Generator().manual_seed(args.seed)
-        keep = []
-        for clip in clips:
-            m = clip.n_visual + clip.n_audio
-            row = torch.zeros(m, dtype=torch.bool)
-            row[torch.randperm(m, generator=gen)[:max(1, round(args.retention * m))]] = True
-            keep.append(row)
+    if args.retention < 1:  # random selection, as the "random" method draws it
+        counts = torch.tensor([c.n_visual + c.n_audio for c in clips])
+        keep = random_keep([c.clip_id for c in clips], counts,
+                           num_kept(args.retention, counts), args.seed)
     captions = captioner.caption(clips, keep=keep, num_beams=args.num_beams)
     for clip, text in zip(clips, captions):
         print(f"{clip.clip_id}: {text}\n    reference: {clip.refs_av[0]}")

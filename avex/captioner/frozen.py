@@ -16,10 +16,14 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ..data.cache import Clip
 from ..modality import AUDIO, PAD, TEXT, VISUAL
+from ..paths import attention_dir, default_captioner_path
+from ..progress import progress_bar
+from ..pruning import expand_av_keep, generate, prune_inputs
 
 CAPTIONER_FILE = "avex_captioner.json"
 PROJECTOR_FILE = "avex_projector.safetensors"
@@ -132,7 +136,6 @@ class FrozenCaptioner:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         if path is None or path == "embedded":
-            from .train import default_captioner_path
             path = default_captioner_path()
             if not (path / CAPTIONER_FILE).is_file():
                 raise FileNotFoundError(
@@ -154,7 +157,6 @@ class FrozenCaptioner:
                                  f"{CAPTIONER_FORMAT!r}, got {info.get('format')!r}")
             projector = AVProjector(info["feature_dim"], hidden, info.get("projector", "mlp"))
             if projector.kind == "mlp":
-                from safetensors.torch import load_file
                 projector.load_state_dict(load_file(str(path / PROJECTOR_FILE)))
             max_new = int(info.get("max_new_tokens", max_new))
         else:  # a plain Hugging Face model: features must already be in its hidden size
@@ -234,8 +236,6 @@ class FrozenCaptioner:
     # -- generation -----------------------------------------------------------------------------
     def _sequence_keep(self, batch: AVBatch, keep) -> torch.Tensor:
         """``keep`` in any accepted form -> bool [B, L] in the sequence layout."""
-        from avex.pruning import expand_av_keep
-
         device = batch.modality.device
         if keep is None:
             return batch.modality != PAD
@@ -261,11 +261,13 @@ class FrozenCaptioner:
         return expand_av_keep(keep, batch.modality)
 
     @torch.no_grad()
-    def _generate(self, batch: AVBatch, keep, max_new_tokens: int, num_beams: int) -> list:
-        from avex.pruning import generate, prune_inputs
-
-        pruned = prune_inputs(batch.inputs_embeds, batch.modality,
-                              keep=self._sequence_keep(batch, keep), positions="original")
+    def generate_captions(self, inputs_embeds: torch.Tensor, modality: torch.Tensor,
+                          keep: torch.Tensor, *, max_new_tokens: int,
+                          num_beams: int = 1) -> list[str]:
+        """The one captioning path: prune to ``keep`` (bool [B, L] or [B, S, L] in the sequence
+        layout), generate greedily (or with beams) at original positions, cut each caption at
+        EOS. Returns B * S captions, row b * S + s."""
+        pruned = prune_inputs(inputs_embeds, modality, keep=keep, positions="original")
         pad = self.tokenizer.pad_token_id
         tokens = generate(self.model, pruned, max_new_tokens=max_new_tokens,
                           num_beams=num_beams, do_sample=False, eos_token_id=self.eos_token_id,
@@ -276,6 +278,19 @@ class FrozenCaptioner:
                 row = row[:row.index(self.eos_token_id)]
             texts.append(" ".join(self.tokenizer.decode(row, skip_special_tokens=True).split()))
         return texts
+
+    def caption_keep_sets(self, inputs_embeds: torch.Tensor, modality: torch.Tensor,
+                          av_keep: torch.Tensor, *, num_beams: int = 1,
+                          max_new_tokens: int = 24) -> list[list[str]]:
+        """Caption every keep-set of every sample in one batched generation.
+
+        ``av_keep`` is bool [B, S, M] on the AV axis (e.g. ``Exchanges.sets()``); the S sets of
+        a sample are compacted from its one copy of ``inputs_embeds``. Returns captions [B][S].
+        """
+        batch, sets = av_keep.shape[:2]
+        flat = self.generate_captions(inputs_embeds, modality, expand_av_keep(av_keep, modality),
+                                      max_new_tokens=max_new_tokens, num_beams=num_beams)
+        return [flat[b * sets:(b + 1) * sets] for b in range(batch)]
 
     def caption(self, inputs, *, keep=None, max_new_tokens: int | None = None,
                 num_beams: int = 1, batch_size: int = 128, progress: bool = False) -> list:
@@ -292,19 +307,22 @@ class FrozenCaptioner:
         if isinstance(num_beams, bool) or not isinstance(num_beams, int) or num_beams < 1:
             raise ValueError(f"num_beams must be an int >= 1, got {num_beams!r}")
         if isinstance(inputs, AVBatch):
-            return self._generate(inputs, keep, max_new, num_beams)
+            return self.generate_captions(inputs.inputs_embeds, inputs.modality,
+                                          self._sequence_keep(inputs, keep),
+                                          max_new_tokens=max_new, num_beams=num_beams)
         clips = list(inputs)
         if keep is not None and len(keep) != len(clips):
             raise ValueError(f"keep has {len(keep)} rows but {len(clips)} clips were given")
         texts = []
         starts = range(0, len(clips), batch_size)
         if progress:
-            from tqdm.auto import tqdm
-            starts = tqdm(starts, desc="captioning", unit="batch")
+            starts = progress_bar(starts, desc="captioning", unit="batch")
         for start in starts:
             chunk = self.embed(clips[start:start + batch_size])
             part = None if keep is None else keep[start:start + batch_size]
-            texts.extend(self._generate(chunk, part, max_new, num_beams))
+            texts.extend(self.generate_captions(chunk.inputs_embeds, chunk.modality,
+                                                self._sequence_keep(chunk, part),
+                                                max_new_tokens=max_new, num_beams=num_beams))
         return texts
 
     # -- attention ------------------------------------------------------------------------------
@@ -353,10 +371,6 @@ class FrozenCaptioner:
         ``<cache_dir>/attention/`` (default: the avex cache directory). The file is keyed by the
         captioner (its directory and weight files' sizes and times), the cache (its meta.json)
         and the split and query. Returns clip_id -> float32 [M]."""
-        from safetensors.torch import load_file, save_file
-
-        from avex.data.embedded import default_cache_dir
-
         if self.path is None:
             raise ValueError("only a captioner loaded from a directory has a stable identity to "
                              "cache attention under; call text_to_av_attention instead")
@@ -366,16 +380,14 @@ class FrozenCaptioner:
             stat = weights.stat()
             identity.append(f"{weights.name}:{stat.st_size}:{stat.st_mtime_ns}")
         key = hashlib.sha256("\n".join(identity).encode()).hexdigest()[:16]
-        root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-        path = root / "attention" / f"{key}.safetensors"
+        path = attention_dir(cache_dir) / f"{key}.safetensors"
         if path.is_file():
             return load_file(str(path))
         clips = cache.split(split)
         out = {}
         starts = range(0, len(clips), batch_size)
         if progress:
-            from tqdm.auto import tqdm
-            starts = tqdm(starts, desc=f"attention ({split})", unit="batch")
+            starts = progress_bar(starts, desc=f"attention ({split})", unit="batch")
         for start in starts:
             chunk = [clips[i] for i in range(start, min(start + batch_size, len(clips)))]
             for clip, att in zip(chunk, self.text_to_av_attention(chunk, query=query)):

@@ -11,10 +11,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from ..data.cache import FeatureCache
-from ..data.embedded import default_cache_dir, ensure_benchmark
+from ..data.embedded import ensure_benchmark
+from ..paths import default_captioner_path
+from ..progress import progress_bar
+from ..reward import CiderD
 from .frozen import (AUDIO, CAPTIONER_FILE, CAPTIONER_FORMAT, PROJECTOR_FILE, VISUAL,
                      AVProjector, FrozenCaptioner, default_device)
 
@@ -59,12 +61,6 @@ PRESETS = {
     "large": CaptionerConfig(hidden_size=256, num_layers=4, num_heads=8, num_kv_heads=4,
                              intermediate_size=1024, steps=3000),
 }
-
-
-def default_captioner_path(benchmark: str = "embedded-default-seed0", preset: str = "default",
-                           cache_dir=None) -> Path:
-    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    return root / "captioners" / f"{benchmark}-{preset}"
 
 
 def _new_model(cfg: CaptionerConfig, tokenizer, max_positions: int):
@@ -148,7 +144,6 @@ def train_captioner(benchmark_path, out_dir, cfg: CaptionerConfig = CaptionerCon
     projector and ``avex_captioner.json``. Returns ``out_dir``."""
     from transformers import AutoTokenizer
 
-    from avex.reward import CiderD
 
     cfg.validate()
     out_dir = Path(out_dir)
@@ -188,7 +183,8 @@ def train_captioner(benchmark_path, out_dir, cfg: CaptionerConfig = CaptionerCon
     order, cursor = rng.permutation(len(data)), 0
     started = time.perf_counter()
     losses = []
-    bar = tqdm(range(cfg.steps), desc="training captioner", unit="step", disable=not progress)
+    bar = progress_bar(range(cfg.steps), desc="training captioner", unit="step",
+                       disable=not progress)
     for step in bar:
         if cursor + cfg.batch_size > len(order):
             order, cursor = rng.permutation(len(data)), 0
@@ -250,21 +246,3 @@ def ensure_captioner(benchmark_preset: str = "default", captioner_preset: str = 
     if not (path / CAPTIONER_FILE).is_file():
         train_captioner(bench, path, PRESETS[captioner_preset], progress=progress)
     return path
-
-
-def resolve_asset_paths(data: str, captioner: str, *, benchmark_preset: str = "default",
-                        captioner_preset: str = "default", cache_dir=None,
-                        progress: bool = True) -> tuple[Path, Path]:
-    """(feature cache, captioner directory) for ``data`` / ``captioner`` settings: "embedded"
-    (built and trained first if missing) or a path. Training and evaluation share this."""
-    if data == "embedded":
-        data_path = ensure_benchmark(benchmark_preset, cache_dir=cache_dir, progress=progress)
-    else:
-        data_path = Path(data)
-    if captioner != "embedded":
-        return data_path, Path(captioner)
-    if data != "embedded":
-        raise ValueError("captioner='embedded' goes with data='embedded'; for your own feature "
-                         "cache pass --captioner PATH to its Hugging Face causal LM")
-    ensure_captioner(benchmark_preset, captioner_preset, cache_dir=cache_dir, progress=progress)
-    return data_path, default_captioner_path(data_path.name, captioner_preset, cache_dir)

@@ -8,9 +8,9 @@
 from .cache import (SPLITS, CacheError, CacheMeta, CacheSplit, CacheWriter, Clip,  # noqa: F401
                     FeatureCache)
 from .embedded import (PRESETS, BenchmarkConfig, build_benchmark, build_tokenizer,  # noqa: F401
-                       default_benchmark_path, default_cache_dir, ensure_benchmark,
+                       default_benchmark_path, ensure_benchmark,
                        resolve_config)
 
 __all__ = ["SPLITS", "CacheError", "CacheMeta", "CacheSplit", "CacheWriter", "Clip",
            "FeatureCache", "PRESETS", "BenchmarkConfig", "build_benchmark", "build_tokenizer",
-           "default_benchmark_path", "default_cache_dir", "ensure_benchmark", "resolve_config"]
+           "default_benchmark_path", "ensure_benchmark", "resolve_config"]

@@ -1,14 +1,14 @@
-"""python -m avex.data {build, verify, info, gates}
+"""python -m avex.data {build, verify, info}
 
   build   generate the embedded benchmark (default: preset "default", seed 0) into the cache
   verify  check a feature cache completely (every row against its shard, every shard's SHA-256)
   info    print a cache's splits, sizes and one clip
-  gates   measure the benchmark's gates with a frozen captioner and write them as Markdown + JSON
+
+The benchmark's measured gates are an analysis: ``python -m avex.evaluate gates``.
 """
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -76,36 +76,6 @@ def cmd_info(args) -> int:
     return 0
 
 
-def cmd_gates(args) -> int:
-    from avex.captioner.train import default_captioner_path
-
-    from .gates import run_gates, write_report
-
-    bench = Path(args.benchmark) if args.benchmark else default_benchmark_path(
-        args.preset, args.cache_dir, seed=args.seed)
-    captioner = Path(args.captioner) if args.captioner else default_captioner_path(
-        bench.name, args.captioner_preset, args.cache_dir)
-    report = run_gates(bench, captioner, seeds=args.seeds,
-                       counterfactual_clips=args.counterfactual_clips, base_sets=args.base_sets,
-                       device=args.device, progress=not args.no_progress)
-    shown, skip = [], False  # the command as typed, minus the (long) timing note
-    for arg in args.argv:
-        if skip:
-            skip = False
-        elif arg == "--timing-note":
-            skip = True
-        elif not arg.startswith("--timing-note="):
-            shown.append(shlex.quote(arg))
-    command = "python -m avex.data gates " + " ".join(shown)
-    out = write_report(report, args.out, command.strip(), args.timing_note)
-    share = report["gate_random_lowest_share"]
-    print(f"full C_av {report['full']['C_av']:.1f}; random at the lowest retention keeps "
-          f"{share * 100:.1f}% of it (gate: below 60%); Spearman(attention, gain) per clip "
-          f"{report['phenomena']['attention_vs_gain']['spearman_per_clip_mean']:.3f}")
-    print(f"wrote {out} and {out.with_suffix('.json')}")
-    return 0 if share < 0.6 else 1
-
-
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="python -m avex.data", description=__doc__,
@@ -127,27 +97,7 @@ def main(argv=None) -> int:
     info.add_argument("path")
     info.set_defaults(run=cmd_info)
 
-    gates = sub.add_parser("gates", help="measure the benchmark's gates")
-    gates.add_argument("--benchmark", default=None, help="feature cache (default: the "
-                       "embedded benchmark of --preset / --seed)")
-    gates.add_argument("--preset", default="default", choices=sorted(PRESETS))
-    gates.add_argument("--seed", type=int, default=0)
-    gates.add_argument("--captioner", default=None, help="captioner directory (default: the "
-                       "embedded captioner trained on the benchmark)")
-    gates.add_argument("--captioner-preset", default="default")
-    gates.add_argument("--cache-dir", default=None)
-    gates.add_argument("--seeds", type=int, default=3, help="random-pruning seeds")
-    gates.add_argument("--counterfactual-clips", type=int, default=100)
-    gates.add_argument("--base-sets", type=int, default=3)
-    gates.add_argument("--device", default=None)
-    gates.add_argument("--out", default="bench/results/embedded-benchmark-gates.md")
-    gates.add_argument("--timing-note", default=None,
-                       help="a measured build/train timing line to include in the report")
-    gates.add_argument("--no-progress", action="store_true")
-    gates.set_defaults(run=cmd_gates)
-
     args = parser.parse_args(argv)
-    args.argv = argv[1:]
     try:
         return args.run(args)
     except (CacheError, FileNotFoundError, FileExistsError, ValueError) as err:

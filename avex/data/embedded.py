@@ -24,14 +24,14 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
+from ..paths import benchmarks_dir
+from ..progress import progress_bar
 from . import world
 from .cache import SPLITS, CacheWriter
 
@@ -370,14 +370,6 @@ def build_tokenizer():
 
 # -- building ------------------------------------------------------------------------------------
 
-def default_cache_dir() -> Path:
-    """``$AVEX_CACHE`` if set, else ``$XDG_CACHE_HOME/avex``, else ``~/.cache/avex``."""
-    if os.environ.get("AVEX_CACHE"):
-        return Path(os.environ["AVEX_CACHE"]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base).expanduser() / "avex"
-
-
 def resolve_config(preset: str = "default", **overrides) -> BenchmarkConfig:
     if preset not in PRESETS:
         raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {preset!r}")
@@ -401,8 +393,7 @@ def benchmark_name(cfg: BenchmarkConfig, preset: str = "default") -> str:
 
 def default_benchmark_path(preset: str = "default", cache_dir=None, **overrides) -> Path:
     cfg = resolve_config(preset, **overrides)
-    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    return root / "benchmarks" / benchmark_name(cfg, preset)
+    return benchmarks_dir(cache_dir) / benchmark_name(cfg, preset)
 
 
 def build_benchmark(out_dir, cfg: BenchmarkConfig, *, preset: str = "custom",
@@ -422,8 +413,8 @@ def build_benchmark(out_dir, cfg: BenchmarkConfig, *, preset: str = "custom",
     total = sum(cfg.split_sizes().values())
     writer = CacheWriter(out_dir, dim=cfg.dim, n_frames=cfg.n_frames, tokenizer="tokenizer",
                          source=source, clips_per_shard=cfg.clips_per_shard, overwrite=overwrite)
-    with writer, tqdm(total=total, desc="building embedded benchmark", unit="clip",
-                      disable=not progress) as bar:
+    with writer, progress_bar(total=total, desc="building embedded benchmark", unit="clip",
+                              disable=not progress) as bar:
         tokenizer.save_pretrained(str(writer.staging_dir / "tokenizer"))
         for split in SPLITS:
             stats = TRANSFER if split == "transfer" else IN_DOMAIN

@@ -20,7 +20,8 @@ from __future__ import annotations
 import torch
 
 from avex import _checks
-from avex.baselines._attention import head_averaged_attentions, num_layers
+from avex.methods._attention import head_averaged_attentions, num_layers
+from avex.selection import topk_keep
 
 
 def last_query_scores(attention: torch.Tensor, layout) -> torch.Tensor:
@@ -41,8 +42,7 @@ def fastv_selector(captioner, layer: int | None = None):
 
     @torch.no_grad()
     def select(batch, layout, retention):
-        from avex.baselines import check_retention, topk_keep
-        retention = check_retention(retention)
+        retention = _checks.ratio("retention", retention)
         att = head_averaged_attentions(captioner, batch.inputs_embeds, batch.attention_mask,
                                        batch.position_ids, upto=layer)[layer - 1]
         return topk_keep(last_query_scores(att, layout).cpu(), layout.budget(retention).cpu()

@@ -15,27 +15,30 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from avex.evaluation import policy_selector as _policy_selector
+import torch
+from safetensors.torch import load_file
+
+from avex import _checks
+from avex.checkpoint import POLICY_FILE, latest_checkpoint
+from avex.kernels import gumbel_topk
+from avex.policy import AVEXPolicy
+from avex.selection import indices_to_keep
 
 
 def policy_selector(policy):
-    """Deterministic Top-K of ``policy``'s scores."""
-    inner = _policy_selector(policy)
-
+    """Deterministic Top-K of ``policy``'s scores (the inference path)."""
+    @torch.no_grad()
     def select(batch, layout, retention):
-        from avex.baselines import check_retention
-        return inner(batch, layout, check_retention(retention))
+        budget = layout.budget(_checks.ratio("retention", retention))
+        scores = layout.gather(policy(batch.inputs_embeds, batch.modality))
+        idx, _ = gumbel_topk(scores, budget, sample=False)
+        return indices_to_keep(idx, scores.shape[1])
     return select
 
 
 def load_policy(run_dir, captioner, *, checkpoint: str = "latest"):
     """The policy of a ``python -m avex.train`` run directory (``checkpoints/latest`` unless
     ``checkpoint`` names a step directory, or ``"warmup"`` for warmup_policy.safetensors)."""
-    from safetensors.torch import load_file
-
-    from avex.checkpoint import POLICY_FILE, latest_checkpoint
-    from avex.policy import AVEXPolicy
-
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise FileNotFoundError(f"run_dir: no run directory at {str(run_dir)!r}")

@@ -27,7 +27,9 @@ import math
 import torch
 
 from avex import _checks
-from avex.baselines._attention import head_averaged_attentions, num_layers
+from avex.methods._attention import head_averaged_attentions, num_layers
+from avex.pruning import expand_av_keep, prune_inputs
+from avex.selection import topk_keep
 
 
 def attention_rollout(attentions: list[torch.Tensor], residual: float = 0.5) -> torch.Tensor:
@@ -58,9 +60,7 @@ def fastav_selector(captioner, rollout_layers: int | None = None, late_layer: in
 
     @torch.no_grad()
     def select(batch, layout, retention):
-        from avex.baselines import check_retention, topk_keep
-        from avex.pruning import expand_av_keep, prune_inputs
-        retention = check_retention(retention)
+        retention = _checks.ratio("retention", retention)
         budget = layout.budget(retention).cpu()
         counts = layout.counts.cpu()
         # stage 1: rollout from the last prompt token, joint Top-K1

@@ -29,6 +29,8 @@ import torch
 import torch.nn.functional as F
 
 from avex import _checks
+from avex.modality import AUDIO, VISUAL
+from avex.selection import Selection, split_budget
 
 
 def merge_modality(x: torch.Tensor, feats: torch.Tensor, target: int):
@@ -70,9 +72,7 @@ def tome_selector(captioner=None, features: str = "embeddings"):
 
     @torch.no_grad()
     def select(batch, layout, retention):
-        from avex.baselines import Selection, check_retention, split_budget
-        from avex.modality import AUDIO, VISUAL
-        retention = check_retention(retention)
+        retention = _checks.ratio("retention", retention)
         embeds = batch.inputs_embeds
         feats = embeds if features == "embeddings" else _first_layer_keys(captioner, batch)
         out = embeds.clone()

@@ -1,4 +1,4 @@
-"""Measured gates for a benchmark + frozen captioner (``python -m avex.data gates``).
+"""Measured gates for a benchmark + frozen captioner (``python -m avex.evaluate gates``).
 
 Everything here is measured, nothing asserted by construction:
 
@@ -28,9 +28,14 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
-from .cache import FeatureCache
+from avex.captioner import FrozenCaptioner
+from avex.data import FeatureCache
+from avex.metrics import caption_metrics_by_reference_type
+from avex.progress import progress_bar
+from avex.reward import CiderD
+from avex.selection import balanced_attention_keep, num_kept, random_keep
+from avex.tables import markdown_table
 
 RETENTIONS = (0.5, 0.4, 0.3, 0.2, 0.1)
 CRITICAL_GAIN = 5.0       # CIDEr points: where the paper's exchange weight saturates
@@ -70,35 +75,21 @@ def _seeded_perm(n: int, *key) -> torch.Tensor:
 
 # -- selections ----------------------------------------------------------------------------------
 
-def random_keep(clips, retention: float, seed: int) -> list:
-    """Per clip, K = round(rho * M) AV tokens uniformly at random (seeded by clip id)."""
-    out = []
-    for clip in clips:
-        m = clip.n_visual + clip.n_audio
-        keep = torch.zeros(m, dtype=torch.bool)
-        keep[_seeded_perm(m, "random", seed, clip.clip_id)[:max(1, round(retention * m))]] = True
-        out.append(keep)
-    return out
+def random_keeps(clips, retention: float, seed: int) -> list:
+    """Per clip, K = round(rho * M) AV tokens uniformly at random (:func:`random_keep`)."""
+    counts = torch.tensor([c.n_visual + c.n_audio for c in clips])
+    keep = random_keep([c.clip_id for c in clips], counts, num_kept(retention, counts), seed)
+    return [row[:n] for row, n in zip(keep, counts.tolist())]
 
 
-def attention_keep(clips, attention: list, retention: float) -> list:
-    """Top attention within each modality at the N-proportional ratio K_a = round(K Na / N)."""
-    out = []
-    for clip, att in zip(clips, attention):
-        nv, na = clip.n_visual, clip.n_audio
-        k = max(1, round(retention * (nv + na)))
-        ka = min(na, round(k * na / (nv + na)))
-        kv = min(nv, k - ka)
-        keep = torch.zeros(nv + na, dtype=torch.bool)
-        keep[att[:nv].topk(kv).indices] = True
-        keep[nv + att[nv:].topk(k - kv).indices] = True
-        out.append(keep)
-    return out
+def attention_keeps(clips, attention: list, retention: float) -> list:
+    """Per clip, the balanced attention keep-set (:func:`balanced_attention_keep`)."""
+    return [balanced_attention_keep(att, c.n_visual, c.n_audio, retention)
+            for c, att in zip(clips, attention)]
 
 
 def modality_cider(captions: list, clips) -> dict:
     """C_av, C_v, C_a (x100) and BLEU-4 / METEOR against the AV references, via pycocoevalcap."""
-    from avex.metrics import caption_metrics_by_reference_type
 
     refs = {"AV": [c.refs_av for c in clips]}
     if all(c.refs_v for c in clips):
@@ -121,7 +112,7 @@ def counterfactual_gains(captioner, clip, scorer, *, base_retention: float, base
                          seed: int, batch_size: int = 256) -> np.ndarray:
     """Per AV token: mean CIDEr-D gain of adding it to random base sets that lack it."""
     m = clip.n_visual + clip.n_audio
-    k = max(1, round(base_retention * m))
+    k = int(num_kept(base_retention, torch.tensor(m)))
     keeps, which = [], []
     for r in range(base_sets):
         base = torch.zeros(m, dtype=torch.bool)
@@ -165,7 +156,7 @@ def non_additivity(captioner, clip, scorer, *, base_retention: float, group: int
     rest[subject] = False
     rest[event] = False
     pool = torch.nonzero(rest).flatten()
-    k = min(len(pool), max(1, round(base_retention * m)) - len(g_v) - len(g_a))
+    k = min(len(pool), int(num_kept(base_retention, torch.tensor(m))) - len(g_v) - len(g_a))
     base = torch.zeros(m, dtype=torch.bool)
     base[pool[_seeded_perm(len(pool), "nb", seed, clip.clip_id)[:max(k, 0)]]] = True
     sets = [base.clone() for _ in range(4)]
@@ -239,9 +230,6 @@ def run_gates(benchmark_path, captioner_path=None, *, seeds: int = 3,
               retentions=RETENTIONS, counterfactual_clips: int = 100, base_sets: int = 3,
               base_retention: float = 0.2, group: int = 2, device=None,
               progress: bool = True) -> dict:
-    from avex.captioner import FrozenCaptioner
-    from avex.reward import CiderD
-
     started = time.perf_counter()
     load_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     cache = FeatureCache(benchmark_path)
@@ -256,8 +244,8 @@ def run_gates(benchmark_path, captioner_path=None, *, seeds: int = 3,
                     "captioner_training": captioner.info.get("training", {}),
                     "benchmark_source": cache.meta.source}
 
-    bar = tqdm(total=2 + len(retentions) * (seeds + 1) + 2, desc="gates", unit="stage",
-               disable=not progress)
+    bar = progress_bar(total=2 + len(retentions) * (seeds + 1) + 2, desc="gates", unit="stage",
+                       disable=not progress)
     full = captioner.caption(test)
     report["full"] = modality_cider(full, test)
     report["examples"] = [{"clip_id": c.clip_id, "caption": t, "reference": c.refs_av[0]}
@@ -272,7 +260,7 @@ def run_gates(benchmark_path, captioner_path=None, *, seeds: int = 3,
     for rho in retentions:
         runs = []
         for seed in range(seeds):
-            captions = captioner.caption(test, keep=random_keep(test, rho, seed))
+            captions = captioner.caption(test, keep=random_keeps(test, rho, seed))
             runs.append(modality_cider(captions, test))
             bar.update(1)
         row = {}
@@ -280,7 +268,7 @@ def run_gates(benchmark_path, captioner_path=None, *, seeds: int = 3,
             values = [r[key] for r in runs]
             row[key] = float(np.mean(values))
             row[key + "_std"] = float(np.std(values))
-        captions = captioner.caption(test, keep=attention_keep(test, attention, rho))
+        captions = captioner.caption(test, keep=attention_keeps(test, attention, rho))
         row["attention"] = modality_cider(captions, test)
         bar.update(1)
         sweep[f"{rho:g}"] = row
@@ -292,8 +280,8 @@ def run_gates(benchmark_path, captioner_path=None, *, seeds: int = 3,
     sample = test[:counterfactual_clips]
     gains, atts, atts_last, roles, kinds = [], [], [], [], []
     last = captioner.text_to_av_attention(sample, query="last")
-    for index, clip in enumerate(tqdm(sample, desc="counterfactual gains", unit="clip",
-                                      disable=not progress, leave=False)):
+    for index, clip in enumerate(progress_bar(sample, desc="counterfactual gains", unit="clip",
+                                              disable=not progress, leave=False)):
         gains.append(counterfactual_gains(captioner, clip, scorer, base_retention=base_retention,
                                           base_sets=base_sets, seed=0))
         atts.append(attention[index].numpy())
@@ -439,22 +427,23 @@ def _f(value, digits: int = 1) -> str:
 
 
 def to_markdown(report: dict, command: str, timing_note: str | None = None) -> str:
-    full = report["full"]
-    lines = [
-        "# Embedded benchmark: measured gates",
-        "",
-        f"Produced by `{command}` on {report['run']['date']} "
-        f"({report['run']['machine']['cores']}-core {report['run']['machine']['cpu']}, "
-        f"torch {report['run']['machine']['torch']}, CUDA: {report['run']['machine']['cuda']}; "
-        f"the machine was shared with other jobs: load average "
-        f"{_f(report['run']['load_average_start'], 2)} at the start, "
-        f"{_f(report['run']['load_average_end'], 2)} at the end). "
-        f"The run took {report['run']['seconds']:.0f} s.",
-        "",
-        f"Benchmark: `{report['benchmark']}`; captioner: `{report['captioner']}`. "
-        "CIDEr values are x100 (the paper's units) and come from pycocoevalcap "
-        "(PTB tokenizer, `Cider`); greedy decoding.",
-    ]
+    sections = [_header(report, command, timing_note), _full_tokens(report),
+                _random_pruning(report), _attention_vs_gain(report), _redundancy(report),
+                _non_additivity(report), _references(report)]
+    return "\n\n".join(sections) + "\n"
+
+
+def _header(report: dict, command: str, timing_note: str | None) -> str:
+    run, machine = report["run"], report["run"]["machine"]
+    lines = ["# Embedded benchmark: measured gates", "",
+             f"Produced by `{command}` on {run['date']} ({machine['cores']}-core "
+             f"{machine['cpu']}, torch {machine['torch']}, CUDA: {machine['cuda']}; the machine "
+             f"was shared with other jobs: load average {_f(run['load_average_start'], 2)} at "
+             f"the start, {_f(run['load_average_end'], 2)} at the end). The run took "
+             f"{run['seconds']:.0f} s.", "",
+             f"Benchmark: `{report['benchmark']}`; captioner: `{report['captioner']}`. CIDEr "
+             "values are x100 (the paper's units) and come from pycocoevalcap (PTB tokenizer, "
+             "`Cider`); greedy decoding."]
     if timing_note:
         lines += ["", timing_note]
     train = report.get("captioner_training", {})
@@ -464,119 +453,137 @@ def to_markdown(report: dict, command: str, timing_note: str | None = None) -> s
                   f"{train.get('batch_size')} in {train.get('seconds')} s on "
                   f"{train.get('device')}; val CIDEr {train.get('val_cider')} "
                   f"on {train.get('val_clips')} val clips."]
-    lines += ["", "## Full tokens", "",
-              "| split | clips | C_av | C_v | C_a | BLEU-4 | METEOR |",
-              "|---|---|---|---|---|---|---|",
-              f"| test | {report['test_clips']} | {_f(full['C_av'])} | {_f(full.get('C_v'))} | "
-              f"{_f(full.get('C_a'))} | {_f(full['BLEU-4'])} | {_f(full['METEOR'])} |"]
+    return "\n".join(lines)
+
+
+def _metric_cells(m: dict) -> list[str]:
+    return [_f(m["C_av"]), _f(m.get("C_v")), _f(m.get("C_a")), _f(m["BLEU-4"]), _f(m["METEOR"])]
+
+
+def _full_tokens(report: dict) -> str:
+    rows = [["test", report["test_clips"], *_metric_cells(report["full"])]]
     if "transfer_full" in report:
-        t = report["transfer_full"]
-        lines.append(f"| transfer (not trained on) | {report['transfer_clips']} | {_f(t['C_av'])} "
-                     f"| {_f(t.get('C_v'))} | {_f(t.get('C_a'))} | {_f(t['BLEU-4'])} | "
-                     f"{_f(t['METEOR'])} |")
-    settings = report["run"]["settings"]
-    lines += ["", "Examples (test, full tokens):", ""]
-    for ex in report["examples"]:
-        lines.append(f"- `{ex['clip_id']}`: \"{ex['caption']}\" (a reference: "
-                     f"\"{ex['reference']}\")")
-    lines += ["", "## Random pruning (test split)", "",
-              f"Mean ± std over {settings['seeds']} seeds; K = round(rho * M) AV tokens kept "
-              "uniformly at random, text always kept, original position ids. The last columns "
-              "are the attention baseline (top text-to-AV attention within each modality, "
-              "K_a = round(K Na / N)), which the policy's warmup imitates.", "",
-              "| retention | C_av | C_av / full | C_v | C_a | attention C_av | attention C_v "
-              "| attention C_a |",
-              "|---|---|---|---|---|---|---|---|",
-              f"| 100% | {_f(full['C_av'])} | 1.00 | {_f(full.get('C_v'))} | "
-              f"{_f(full.get('C_a'))} | | | |"]
+        rows.append(["transfer (not trained on)", report["transfer_clips"],
+                     *_metric_cells(report["transfer_full"])])
+    examples = [f"- `{ex['clip_id']}`: \"{ex['caption']}\" (a reference: "
+                f"\"{ex['reference']}\")" for ex in report["examples"]]
+    return "\n".join(["## Full tokens", "", markdown_table(
+        ["split", "clips", "C_av", "C_v", "C_a", "BLEU-4", "METEOR"], rows), "",
+        "Examples (test, full tokens):", "", *examples])
+
+
+def _random_pruning(report: dict) -> str:
+    full, settings = report["full"], report["run"]["settings"]
+    rows = [["100%", _f(full["C_av"]), "1.00", _f(full.get("C_v")), _f(full.get("C_a"))]]
     for rho, row in report["random_sweep"].items():
         att = row["attention"]
-        lines.append(
-            f"| {float(rho) * 100:.0f}% | {_f(row['C_av'])} ± {_f(row['C_av_std'])} | "
-            f"{_f(_share(row['C_av'], full['C_av']), 2)} | {_f(row.get('C_v'))} ± "
-            f"{_f(row.get('C_v_std'))} | {_f(row.get('C_a'))} ± {_f(row.get('C_a_std'))} | "
-            f"{_f(att['C_av'])} | {_f(att.get('C_v'))} | {_f(att.get('C_a'))} |")
-    lines += ["", "C_v scores the AV caption against the shorter visual-only references, so it "
-              "can rise when pruning first removes the audio clause (CIDEr-D's length penalty "
-              "then favours the shorter caption); compare methods on C_v at equal retention, "
-              "not against the full-token value."]
+        rows.append([f"{float(rho) * 100:.0f}%", f"{_f(row['C_av'])} ± {_f(row['C_av_std'])}",
+                     _f(_share(row["C_av"], full["C_av"]), 2),
+                     f"{_f(row.get('C_v'))} ± {_f(row.get('C_v_std'))}",
+                     f"{_f(row.get('C_a'))} ± {_f(row.get('C_a_std'))}",
+                     _f(att["C_av"]), _f(att.get("C_v")), _f(att.get("C_a"))])
     share = report["gate_random_lowest_share"]
     lowest = min(float(r) for r in report["random_sweep"])
-    lines += ["", f"**Gate:** C_av at {lowest * 100:.0f}% random retention is "
-              f"{_f(share * 100)}% of full tokens (must be below 60%): "
-              f"**{'PASS' if share < 0.6 else 'FAIL'}**."]  # NaN (no full-token CIDEr) fails
-    ph = report["phenomena"]
+    verdict = "PASS" if share < 0.6 else "FAIL"   # NaN (no full-token CIDEr) fails
+    return "\n".join([
+        "## Random pruning (test split)", "",
+        f"Mean ± std over {settings['seeds']} seeds; K = round(rho * M) AV tokens kept "
+        "uniformly at random, text always kept, original position ids. The last columns are "
+        "the balanced attention selection (top text-to-AV attention within each modality, "
+        "K_a = round(K Na / N)), which the policy's warmup imitates.", "",
+        markdown_table(["retention", "C_av", "C_av / full", "C_v", "C_a", "attention C_av",
+                        "attention C_v", "attention C_a"], rows), "",
+        "C_v scores the AV caption against the shorter visual-only references, so it can rise "
+        "when pruning first removes the audio clause (CIDEr-D's length penalty then favours the "
+        "shorter caption); compare methods on C_v at equal retention, not against the "
+        "full-token value.", "",
+        f"**Gate:** C_av at {lowest * 100:.0f}% random retention is {_f(share * 100)}% of full "
+        f"tokens (must be below 60%): **{verdict}**."])
+
+
+def _attention_vs_gain(report: dict) -> str:
+    ph, settings = report["phenomena"], report["run"]["settings"]
     av = ph["attention_vs_gain"]
-    lines += ["", "## Phenomena", "",
-              f"Counterfactual gains on the first {settings['counterfactual_clips']} test clips: "
-              f"each AV token added to {settings['base_sets']} random base sets at "
-              f"{settings['base_retention'] * 100:.0f}% retention that lack it; gain = "
-              "CIDEr-D x100 difference (document frequencies from the test references).", "",
-              "### Attention is a poor proxy for contribution (Fig. 1a)", "",
-              "| measure | value |", "|---|---|",
-              f"| Spearman(attention, gain), per clip, mean | "
-              f"{_f(av['spearman_per_clip_mean'], 3)} |",
-              f"| Spearman, per clip, median | {_f(av['spearman_per_clip_median'], 3)} |",
-              f"| Spearman, all tokens pooled | {_f(av['spearman_pooled'], 3)} |",
-              f"| Spearman, last prompt token's attention (FastV-style), per clip mean | "
-              f"{_f(av['spearman_per_clip_mean_last_token'], 3)} |",
-              f"| top-10% attention tokens with gain < {NEGLIGIBLE_GAIN:g} | "
-              f"{av['top_decile_attention_negligible_gain_share'] * 100:.0f}% |",
-              f"| critical tokens (gain >= {CRITICAL_GAIN:g}) with below-median attention | "
-              f"{_f(_percent(av['critical_below_median_attention_share']), 0)}% "
-              f"(of {av['critical_tokens']}) |"]
+    rows = [["Spearman(attention, gain), per clip, mean", _f(av["spearman_per_clip_mean"], 3)],
+            ["Spearman, per clip, median", _f(av["spearman_per_clip_median"], 3)],
+            ["Spearman, all tokens pooled", _f(av["spearman_pooled"], 3)],
+            ["Spearman, last prompt token's attention (FastV-style), per clip mean",
+             _f(av["spearman_per_clip_mean_last_token"], 3)],
+            [f"top-10% attention tokens with gain < {NEGLIGIBLE_GAIN:g}",
+             f"{av['top_decile_attention_negligible_gain_share'] * 100:.0f}%"],
+            [f"critical tokens (gain >= {CRITICAL_GAIN:g}) with below-median attention",
+             f"{_f(_percent(av['critical_below_median_attention_share']), 0)}% "
+             f"(of {av['critical_tokens']})"]]
+    lines = ["## Phenomena", "",
+             f"Counterfactual gains on the first {settings['counterfactual_clips']} test clips: "
+             f"each AV token added to {settings['base_sets']} random base sets at "
+             f"{settings['base_retention'] * 100:.0f}% retention that lack it; gain = CIDEr-D "
+             "x100 difference (document frequencies from the test references).", "",
+             "### Attention is a poor proxy for contribution (Fig. 1a)", "",
+             markdown_table(["measure", "value"], rows)]
     if "by_role" in ph:
         lines += ["", "By generated token role (roles are annotations for analysis; no method "
-                  "reads them):", "",
-                  "| role | tokens | mean attention | mean gain | critical share |",
-                  "|---|---|---|---|---|"]
-        for name, row in ph["by_role"].items():
-            lines.append(f"| {name} | {row['tokens']} | {row['attention_mean']:.4f} | "
-                         f"{row['gain_mean']:.1f} | {row['critical_share'] * 100:.0f}% |")
+                  "reads them):", "", markdown_table(
+                      ["role", "tokens", "mean attention", "mean gain", "critical share"],
+                      [[name, r["tokens"], f"{r['attention_mean']:.4f}", f"{r['gain_mean']:.1f}",
+                        f"{r['critical_share'] * 100:.0f}%"] for name, r in ph["by_role"].items()])]
+    return "\n".join(lines)
+
+
+def _redundancy(report: dict) -> str:
+    ph = report["phenomena"]
     red = ph["redundancy"]
-    lines += ["", "### Visual tokens are dense and redundant; audio tokens are sparse", "",
-              "| measure | visual | audio |", "|---|---|---|",
-              f"| cosine with the same patch in the next frame / the next audio token | "
-              f"{red['visual_adjacent_frame_cosine']:.2f} | "
-              f"{red['audio_adjacent_step_cosine']:.2f} |",
-              f"| tokens with a near-duplicate (cos >= 0.9) in another frame / time step | "
-              f"{red['visual_near_duplicate_share'] * 100:.0f}% | "
-              f"{red['audio_near_duplicate_share'] * 100:.0f}% |",
-              f"| caption-critical tokens (counterfactual gain >= {CRITICAL_GAIN:g}) | "
-              f"{ph['visual_critical_share'] * 100:.0f}% | "
-              f"{ph['audio_critical']['all']['critical_share'] * 100:.0f}% |",
-              f"| tokens with negligible gain (abs < {NEGLIGIBLE_GAIN:g}) | "
-              f"{ph['visual_negligible_gain_share'] * 100:.0f}% | |"]
-    lines += ["", "Share of caption-critical audio tokens by kind of audio track:", "",
-              "| audio track | clips | critical audio tokens |", "|---|---|---|"]
-    for kind, row in ph["audio_critical"].items():
-        lines.append(f"| {kind} | {row['clips']} | {row['critical_share'] * 100:.0f}% |")
+    rows = [["cosine with the same patch in the next frame / the next audio token",
+             f"{red['visual_adjacent_frame_cosine']:.2f}",
+             f"{red['audio_adjacent_step_cosine']:.2f}"],
+            ["tokens with a near-duplicate (cos >= 0.9) in another frame / time step",
+             f"{red['visual_near_duplicate_share'] * 100:.0f}%",
+             f"{red['audio_near_duplicate_share'] * 100:.0f}%"],
+            [f"caption-critical tokens (counterfactual gain >= {CRITICAL_GAIN:g})",
+             f"{ph['visual_critical_share'] * 100:.0f}%",
+             f"{ph['audio_critical']['all']['critical_share'] * 100:.0f}%"],
+            [f"tokens with negligible gain (abs < {NEGLIGIBLE_GAIN:g})",
+             f"{ph['visual_negligible_gain_share'] * 100:.0f}%", ""]]
+    lines = ["### Visual tokens are dense and redundant; audio tokens are sparse", "",
+             markdown_table(["measure", "visual", "audio"], rows), "",
+             "Share of caption-critical audio tokens by kind of audio track:", "",
+             markdown_table(["audio track", "clips", "critical audio tokens"],
+                            [[kind, r["clips"], f"{r['critical_share'] * 100:.0f}%"]
+                             for kind, r in ph["audio_critical"].items()])]
     if "audio_content_token_share" in ph:
         lines += ["", f"Audio tokens that carry captioned content by construction (event or "
                   f"music): {ph['audio_content_token_share'] * 100:.0f}%."]
-    na = ph["non_additivity"]
-    lines += ["", "### Audio-visual content is non-additive (Fig. 1b)", "",
-              f"Per test clip with a visible subject and a sound event: G_v = {na['group_size']} "
-              f"subject tokens, G_a = {na['group_size']} event tokens, base = random tokens "
-              "from the rest at the base retention. Deviation = gain(G_v + G_a) - gain(G_v) - "
-              "gain(G_a).", "",
-              "| clips | n | gain G_v | gain G_a | gain both | mean deviation | mean abs "
-              "deviation | abs deviation > 5 |", "|---|---|---|---|---|---|---|---|"]
-    for name in ("own_sound", "background_sound"):
+    return "\n".join(lines)
+
+
+def _non_additivity(report: dict) -> str:
+    na = report["phenomena"]["non_additivity"]
+    rows = []
+    for name, label in (("own_sound", "subject makes the sound"),
+                        ("background_sound", "sound from elsewhere")):
         if name in na:
             r = na[name]
-            label = "subject makes the sound" if name == "own_sound" else "sound from elsewhere"
-            lines.append(f"| {label} | {r['clips']} | {r['mean_gain_visual']:.1f} | "
-                         f"{r['mean_gain_audio']:.1f} | {r['mean_gain_both']:.1f} | "
-                         f"{r['mean_deviation']:.1f} | {r['mean_abs_deviation']:.1f} | "
-                         f"{r['share_abs_deviation_over_5'] * 100:.0f}% |")
-    refs = ph["references"]
-    lines += ["", "### References", "",
-              f"Distinct AV references per clip: {refs['distinct_av_refs_per_clip']:.2f} of 5; "
-              f"mean length {refs['mean_av_ref_words']:.1f} words; vocabulary "
-              f"{refs['reference_vocabulary']} words; leave-one-out CIDEr-D of one AV reference "
-              f"against the other four: {refs['leave_one_out_cider_av']:.1f}."]
-    return "\n".join(lines) + "\n"
+            rows.append([label, r["clips"], f"{r['mean_gain_visual']:.1f}",
+                         f"{r['mean_gain_audio']:.1f}", f"{r['mean_gain_both']:.1f}",
+                         f"{r['mean_deviation']:.1f}", f"{r['mean_abs_deviation']:.1f}",
+                         f"{r['share_abs_deviation_over_5'] * 100:.0f}%"])
+    return "\n".join([
+        "### Audio-visual content is non-additive (Fig. 1b)", "",
+        f"Per test clip with a visible subject and a sound event: G_v = {na['group_size']} "
+        f"subject tokens, G_a = {na['group_size']} event tokens, base = random tokens from the "
+        "rest at the base retention. Deviation = gain(G_v + G_a) - gain(G_v) - gain(G_a).", "",
+        markdown_table(["clips", "n", "gain G_v", "gain G_a", "gain both", "mean deviation",
+                        "mean abs deviation", "abs deviation > 5"], rows)])
+
+
+def _references(report: dict) -> str:
+    refs = report["phenomena"]["references"]
+    return "\n".join([
+        "### References", "",
+        f"Distinct AV references per clip: {refs['distinct_av_refs_per_clip']:.2f} of 5; mean "
+        f"length {refs['mean_av_ref_words']:.1f} words; vocabulary "
+        f"{refs['reference_vocabulary']} words; leave-one-out CIDEr-D of one AV reference "
+        f"against the other four: {refs['leave_one_out_cider_av']:.1f}."])
 
 
 def write_report(report: dict, out_md, command: str, timing_note: str | None = None) -> Path:

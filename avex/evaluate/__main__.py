@@ -1,0 +1,248 @@
+"""``python -m avex.evaluate``: the paper's pruning comparison, motivation analysis and ablations.
+
+Subcommands (``sweep`` is the default):
+
+``sweep``       every method (Random, FastV-AV, ToMe-AV, FastAV, CaCoVID-AV, AVEX-Prune) at every
+                retention (50/40/30/20/10%): C_av, C_v, C_a on the test split, CIDEr on the
+                transfer split, and Rel. (the paper's Table 2) against the full-token numbers of
+                the same run; a Markdown table, a JSON file, a PNG like the paper's Fig. 3 and
+                qualitative captions at 40%. ``--seeds 0,1,2`` reports mean ± std.
+``motivation``  the paper's Fig. 1: (a) counterfactual CIDEr gain against attention rank with the
+                rank correlation, (b) joint gain of a visual + an audio group against the sum of
+                their separate gains. A PNG and its numbers.
+``ablation``    the paper's Table 3 at 20% retention: training-signal variants and group size g;
+                it trains the variants it needs (``avex.train.train``) or reuses given runs.
+``gates``       the embedded benchmark's measured gates (Markdown + JSON report).
+
+Rel. = 100 x 1/4 (C_av / C_av_full + C_v / C_v_full + C_a / C_a_full + C_T / C_T_full), C_T being
+CIDEr (AV references) on the transfer split, which stands in for the paper's MSRVTT column; the
+``_full`` values are the full-token numbers of the same run, same decoding.
+
+Full-token captions are computed once per split and shared by every method and seed; methods
+that do not depend on the seed (FastV-AV, ToMe-AV, FastAV, and a policy given as one run) are
+captioned once and reported for every seed.
+"""
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from avex import _checks
+from avex.methods import SELECTORS
+
+from avex.data.embedded import PRESETS as BENCHMARK_PRESETS
+from avex.data.embedded import default_benchmark_path
+from avex.paths import default_captioner_path
+
+from .ablation import ABLATIONS, run_ablation
+from .gates import run_gates, write_report
+from .motivation import run_motivation
+from .sweep import RETENTIONS, run_sweep
+
+DEFAULT_METHODS = SELECTORS
+
+
+# ----------------------------------------------------------------------------------------------
+# Arguments
+# ----------------------------------------------------------------------------------------------
+
+def _float_list(name):
+    def parse(text):
+        try:
+            values = [float(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be comma-separated numbers, "
+                                             f"got {text!r}")
+        for v in values:
+            if not 0 < v <= 1:
+                raise argparse.ArgumentTypeError(f"{name} must be in (0, 1], got {v:g}")
+        if not values:
+            raise argparse.ArgumentTypeError(f"{name} is empty")
+        return values
+    return parse
+
+
+def _int_list(name):
+    def parse(text):
+        try:
+            values = [int(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name} must be comma-separated integers, "
+                                             f"got {text!r}")
+        if not values:
+            raise argparse.ArgumentTypeError(f"{name} is empty")
+        return values
+    return parse
+
+
+def _name_list(name, choices):
+    def parse(text):
+        names = [x.strip() for x in text.split(",") if x.strip()]
+        for item in names:
+            if item not in choices:
+                raise argparse.ArgumentTypeError(f"{name} must be drawn from {list(choices)}, "
+                                                 f"got {item!r}")
+        if not names:
+            raise argparse.ArgumentTypeError(f"{name} is empty")
+        return names
+    return parse
+
+
+_variants = _name_list("variants", ABLATIONS)
+_methods = _name_list("methods", SELECTORS)
+
+
+def _common(parser):
+    parser.add_argument("--data", default="embedded",
+                        help="'embedded' or the path of a feature cache (default: embedded)")
+    parser.add_argument("--captioner", default="embedded",
+                        help="'embedded' or a Hugging Face causal-LM directory")
+    parser.add_argument("--benchmark-preset", default="default")
+    parser.add_argument("--captioner-preset", default="default")
+    parser.add_argument("--cache-dir", default=None, help="default: $AVEX_CACHE or ~/.cache/avex")
+    parser.add_argument("--out", default=None, help="output directory (default: runs/eval-<time>)")
+    parser.add_argument("--max-clips", type=int, default=None, help="first N clips of each split")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--num-beams", type=int, default=1)
+    parser.add_argument("--max-new-tokens", type=int, default=24)
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--train-args", default="",
+                        help="extra flags for python -m avex.train when a policy is trained "
+                             "here, e.g. \"--epochs 1\"")
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m avex.evaluate",
+                                     description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command")
+    sweep = sub.add_parser("sweep", help="the retention sweep of every method (Table 2, Fig. 3)")
+    _common(sweep)
+    sweep.add_argument("--methods", type=_methods, default=list(DEFAULT_METHODS))
+    sweep.add_argument("--retentions", type=_float_list("retentions"), default=list(RETENTIONS))
+    sweep.add_argument("--seeds", type=_int_list("seeds"), default=[0])
+    sweep.add_argument("--split", default="test")
+    sweep.add_argument("--transfer-split", default="transfer",
+                       help="the split for the transfer CIDEr column ('none' to skip)")
+    sweep.add_argument("--avex-run", default=None, help="a python -m avex.train run directory")
+    sweep.add_argument("--cacovid-run", default=None,
+                       help="a python -m avex.train --no-exchanges run directory")
+    sweep.add_argument("--fastv-layer", type=int, default=None)
+    sweep.add_argument("--qualitative", type=int, default=3, help="clips shown at 40%%")
+    abl = sub.add_parser("ablation", help="the paper's Table 3 (training signal, group size)")
+    _common(abl)
+    abl.add_argument("--variants", type=_variants, default=list(ABLATIONS))
+    abl.add_argument("--retention", type=float, default=0.2,
+                     help="training and evaluation retention (default 0.2)")
+    abl.add_argument("--seed", type=int, default=0)
+    abl.add_argument("--split", default="test")
+    abl.add_argument("--run", action="append", default=[], metavar="VARIANT=DIR",
+                     help="reuse a trained run for a variant (repeatable), e.g. full=runs/x")
+    mot = sub.add_parser("motivation", help="the paper's Fig. 1")
+    _common(mot)
+    mot.add_argument("--split", default="test")
+    mot.add_argument("--clips", type=int, default=40)
+    mot.add_argument("--base-retention", type=float, default=0.2)
+    mot.add_argument("--base-sets", type=int, default=3)
+    mot.add_argument("--group", type=int, default=2)
+    mot.add_argument("--seed", type=int, default=0)
+    gates = sub.add_parser("gates", help="measure the embedded benchmark's gates")
+    gates.add_argument("--benchmark", default=None, help="feature cache (default: the "
+                       "embedded benchmark of --preset / --seed)")
+    gates.add_argument("--preset", default="default", choices=sorted(BENCHMARK_PRESETS))
+    gates.add_argument("--seed", type=int, default=0)
+    gates.add_argument("--captioner", default=None, help="captioner directory (default: the "
+                       "embedded captioner trained on the benchmark)")
+    gates.add_argument("--captioner-preset", default="default")
+    gates.add_argument("--cache-dir", default=None)
+    gates.add_argument("--seeds", type=int, default=3, help="random-pruning seeds")
+    gates.add_argument("--counterfactual-clips", type=int, default=100)
+    gates.add_argument("--base-sets", type=int, default=3)
+    gates.add_argument("--device", default=None)
+    gates.add_argument("--out", default="results/embedded-benchmark-gates.md")
+    gates.add_argument("--timing-note", default=None,
+                       help="a measured build/train timing line to include in the report")
+    gates.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True)
+    return parser
+
+
+def run_gates_command(args, argv) -> int:
+    bench = Path(args.benchmark) if args.benchmark else default_benchmark_path(
+        args.preset, args.cache_dir, seed=args.seed)
+    captioner = Path(args.captioner) if args.captioner else default_captioner_path(
+        bench.name, args.captioner_preset, args.cache_dir)
+    report = run_gates(bench, captioner, seeds=args.seeds,
+                       counterfactual_clips=args.counterfactual_clips, base_sets=args.base_sets,
+                       device=args.device, progress=args.progress)
+    shown, skip = [], False  # the command as typed, minus the (long) timing note
+    for arg in argv[1:]:
+        if skip:
+            skip = False
+        elif arg == "--timing-note":
+            skip = True
+        elif not arg.startswith("--timing-note="):
+            shown.append(shlex.quote(arg))
+    command = "python -m avex.evaluate gates " + " ".join(shown)
+    out = write_report(report, args.out, command.strip(), args.timing_note)
+    share = report["gate_random_lowest_share"]
+    print(f"full C_av {report['full']['C_av']:.1f}; random at the lowest retention keeps "
+          f"{share * 100:.1f}% of it (gate: below 60%); Spearman(attention, gain) per clip "
+          f"{report['phenomena']['attention_vs_gain']['spearman_per_clip_mean']:.3f}")
+    print(f"wrote {out} and {out.with_suffix('.json')}")
+    return 0 if share < 0.6 else 1
+
+
+def parse_args(argv):
+    argv = list(argv)
+    if not argv or argv[0] not in ("sweep", "motivation", "ablation", "gates", "-h", "--help"):
+        argv = ["sweep"] + argv
+    args = build_parser().parse_args(argv)
+    if args.command == "gates":
+        return args
+    _checks.int_at_least("batch_size", args.batch_size, 1)
+    _checks.int_at_least("num_beams", args.num_beams, 1)
+    _checks.int_at_least("max_new_tokens", args.max_new_tokens, 1)
+    if args.max_clips is not None:
+        _checks.int_at_least("max_clips", args.max_clips, 1)
+    for name in ("avex_run", "cacovid_run"):
+        path = getattr(args, name, None)
+        if path is not None and not Path(path).is_dir():
+            raise FileNotFoundError(f"--{name.replace('_', '-')}: no run directory at {path!r}")
+    if args.data != "embedded" and not Path(args.data).exists():
+        raise FileNotFoundError(f"--data: no feature cache at {args.data!r}")
+    if args.captioner != "embedded" and not Path(args.captioner).exists():
+        raise FileNotFoundError(f"--captioner: no model directory at {args.captioner!r}")
+    if args.command == "ablation":
+        _checks.ratio("retention", args.retention)
+        runs = {}
+        for item in args.run:
+            name, sep, path = item.partition("=")
+            if not sep or name not in ABLATIONS:
+                raise ValueError(f"--run must be VARIANT=DIR with VARIANT one of "
+                                 f"{list(ABLATIONS)}, got {item!r}")
+            if not Path(path).is_dir():
+                raise FileNotFoundError(f"--run {name}: no run directory at {path!r}")
+            runs[name] = Path(path)
+        args.run = runs
+    if args.command == "motivation":
+        _checks.ratio("base_retention", args.base_retention)
+        _checks.int_at_least("clips", args.clips, 1)
+    return args
+
+
+def main(argv=None) -> dict:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    if args.command == "gates":
+        return {"exit_code": run_gates_command(args, argv)}
+    if args.command == "motivation":
+        return run_motivation(args)
+    if args.command == "ablation":
+        return run_ablation(args)
+    return run_sweep(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main().get("exit_code", 0))

@@ -1,0 +1,87 @@
+"""What every experiment of ``python -m avex.evaluate`` shares: assets, splits, trained policies
+and number formatting."""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from avex.assets import resolve_asset_paths
+from avex.captioner import FrozenCaptioner
+from avex.checkpoint import latest_checkpoint
+from avex.config import TrainConfig, build_parser, resolve_config
+from avex.data import FeatureCache
+from avex.train import train
+
+
+def load_assets(args):
+    """(feature cache, frozen captioner) for ``args.data`` / ``args.captioner``."""
+    data_path, captioner_path = resolve_asset_paths(
+        args.data, args.captioner, benchmark_preset=args.benchmark_preset,
+        captioner_preset=args.captioner_preset, cache_dir=args.cache_dir,
+        progress=args.progress)
+    device = None if args.device == "auto" else args.device
+    return FeatureCache(data_path), FrozenCaptioner.load(captioner_path, device=device)
+
+
+def split_clips(cache, split: str, max_clips):
+    if split not in {r["split"] for r in cache.rows}:
+        raise ValueError(f"split {split!r} is not in the cache (has "
+                         f"{sorted({r['split'] for r in cache.rows})})")
+    clips = cache.split(split)
+    n = len(clips) if max_clips is None else min(len(clips), max_clips)
+    return [clips[i] for i in range(n)]
+
+
+def base_train_config(args) -> TrainConfig:
+    """The training settings an experiment starts from: the default ``python -m avex.train``
+    run on the same data and captioner, plus ``--train-args``, without its own evaluation."""
+    parser = build_parser("--train-args", "training settings")
+    flags = parser.parse_args(args.train_args.split())
+    cfg = resolve_config(flags)
+    return dataclasses.replace(cfg, data=args.data, captioner=args.captioner,
+                               benchmark_preset=args.benchmark_preset,
+                               captioner_preset=args.captioner_preset,
+                               cache_dir=None if args.cache_dir is None else str(args.cache_dir),
+                               progress=args.progress and cfg.progress, evaluate=False)
+
+
+def ensure_trained(cfg: TrainConfig) -> Path:
+    """Train ``cfg`` unless ``cfg.run_dir`` already holds a finished run (then it is reused; an
+    unfinished one is resumed)."""
+    run_dir = Path(cfg.run_dir)
+    latest = latest_checkpoint(run_dir) if run_dir.exists() else None
+    if latest is not None:
+        state = torch.load(latest / "state.pt", weights_only=False)
+        if state.get("phase") != "done":
+            train(cfg, resume=True)
+    else:
+        train(cfg)
+    return run_dir
+
+
+def fmt(values, digits=1):
+    """One value, or mean ± std of several; "n/a" for none."""
+    values = [v for v in values if v is not None]
+    if not values:
+        return "n/a"
+    if len(values) == 1:
+        return f"{values[0]:.{digits}f}"
+    return f"{np.mean(values):.{digits}f} ± {np.std(values):.{digits}f}"
+
+
+def percent(share) -> str:
+    return "n/a" if share is None else f"{100 * share:.0f}%"
+
+
+def save_figure(fig, path: Path) -> Path:
+    """Write a matplotlib figure as a PNG (creating its folder) and close it."""
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,275 @@
+"""The retention sweep: every method at every retention (the paper's Table 2 and Fig. 3)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from avex.methods import METHODS, SELECTORS, label, load_policy, make_selector
+from avex.progress import progress_bar
+from avex.scoring import caption_split, keep_all, score_captions
+from avex.tables import markdown_table
+
+from .common import (base_train_config, ensure_trained, fmt, load_assets, save_figure,
+                     split_clips)
+
+RETENTIONS = (0.5, 0.4, 0.3, 0.2, 0.1)
+
+
+def trained_methods(methods) -> list[str]:
+    return [m for m in methods if METHODS[m].train is not None]
+
+
+def shared_across_seeds(method: str, args) -> bool:
+    """Captioned once for all seeds: deterministic methods and a policy given as one run."""
+    if METHODS[method].train is not None:
+        return getattr(args, f"{method}_run") is not None
+    return not METHODS[method].seeded
+
+
+def policy_for(args, method: str, seed: int, captioner, out: Path):
+    """(policy, run_dir, seed_of_run) for a trained method (AVEX-Prune, CaCoVID-AV)."""
+    given = getattr(args, f"{method}_run")
+    if given is not None:
+        run_dir = Path(given)
+    else:
+        cfg = dataclasses.replace(base_train_config(args), seed=seed,
+                                  run_dir=str(out / "runs" / f"{method}-seed{seed}"),
+                                  **METHODS[method].train)
+        run_dir = ensure_trained(cfg)
+    run_seed = json.loads((run_dir / "config.json").read_text()).get("seed")
+    return load_policy(run_dir, captioner), run_dir, run_seed
+
+
+def relative_performance(row: dict, full: dict) -> float:
+    """The paper's Rel.: 100 x the mean of C_av, C_v, C_a and transfer CIDEr, each divided by
+    its full-token value (``full``). Without a transfer column, the mean of the other three."""
+    keys = ["C_av", "C_v", "C_a"] + (["C_T"] if "C_T" in row and "C_T" in full else [])
+    ratios = [row[k] / full[k] if full[k] else float("nan") for k in keys]
+    return 100.0 * sum(ratios) / len(ratios)
+
+
+def aggregate(rows: list[dict]) -> list[dict]:
+    """Rows of several seeds -> one row per (method, retention) with mean, std and seeds."""
+    groups: dict = {}
+    for r in rows:
+        groups.setdefault((r["method"], r["retention"]), []).append(r)
+    out = []
+    for (method, retention), group in groups.items():
+        agg = {"method": method, "label": group[0]["label"], "retention": retention,
+               "seeds": [g["seed"] for g in group]}
+        for key in ("C_av", "C_v", "C_a", "C_T", "Rel", "BLEU-4", "METEOR"):
+            values = [g[key] for g in group if g.get(key) is not None]
+            if values:
+                agg[key] = float(np.mean(values))
+                agg[key + "_std"] = float(np.std(values))
+                agg[key + "_values"] = values
+        out.append(agg)
+    return out
+
+
+def sweep_table(agg: list[dict], has_transfer: bool) -> str:
+    header = ["method", "retention", "C_av", "C_v", "C_a"] + \
+        (["transfer C"] if has_transfer else []) + ["Rel.", "seeds"]
+    rows, last = [], None
+    for r in agg:
+        if last is not None and r["retention"] != last:
+            rows.append([])   # a blank line between retentions
+        last = r["retention"]
+        cells = [r["label"], f"{r['retention']:.0%}"]
+        for key in ("C_av", "C_v", "C_a") + (("C_T",) if has_transfer else ()):
+            cells.append(fmt(r.get(key + "_values", [])))
+        cells.append(fmt(r.get("Rel_values", [])))
+        seeds = sorted({s for s in r["seeds"] if s is not None})
+        cells.append(",".join(map(str, seeds)) if seeds else "–")
+        rows.append(cells)
+    return markdown_table(header, rows)
+
+
+def sweep_figure(agg: list[dict], path: Path, bar_retention: float) -> Path:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.2))
+    methods = [m for m in dict.fromkeys(r["method"] for r in agg) if m != "full"]
+    palette = plt.get_cmap("tab10").colors
+    colour = {"full": "gray", **{m: palette[i % 10] for i, m in enumerate(SELECTORS)}}
+    labels = {r["method"]: r["label"] for r in agg}
+    for m in methods:
+        pts = sorted((r["retention"], r["Rel"], r.get("Rel_std", 0.0)) for r in agg
+                     if r["method"] == m)
+        xs = [100 * p[0] for p in pts]
+        left.errorbar(xs, [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o",
+                      capsize=3, label=labels[m], color=colour[m])
+    left.axhline(100, color="gray", linestyle="--", linewidth=1, label="Full tokens")
+    left.set_xlabel("retention ratio (%)")
+    left.set_ylabel("Rel. (% of full tokens)")
+    left.set_title("Relative performance")
+    left.invert_xaxis()
+    left.legend(fontsize=8)
+    at = [r for r in agg if abs(r["retention"] - bar_retention) < 1e-9 or r["method"] == "full"]
+    keys = ("C_av", "C_v", "C_a")
+    width = 0.8 / max(1, len(at))
+    for i, r in enumerate(at):
+        xs = np.arange(len(keys)) + (i - (len(at) - 1) / 2) * width
+        right.bar(xs, [r[k] for k in keys], width, yerr=[r.get(k + "_std", 0.0) for k in keys],
+                  label=r["label"], capsize=2, color=colour[r["method"]])
+    right.set_xticks(np.arange(len(keys)), ["$C_{av}$", "$C_v$", "$C_a$"])
+    right.set_ylabel("CIDEr")
+    right.set_title(f"Test split at {bar_retention:.0%} retention")
+    right.legend(fontsize=7)
+    return save_figure(fig, path)
+
+
+def run_sweep(args) -> dict:
+    """Caption every split under every (method, seed, retention) of ``args``, score, aggregate
+    and write ``sweep.md``, ``sweep.json`` and ``sweep.png`` under ``args.out``."""
+    started = time.perf_counter()
+    out = Path(args.out) if args.out else Path("runs") / time.strftime("eval-%Y%m%d-%H%M%S")
+    out.mkdir(parents=True, exist_ok=True)
+    cache, captioner = load_assets(args)
+    test = split_clips(cache, args.split, args.max_clips)
+    transfer = [] if args.transfer_split == "none" else \
+        split_clips(cache, args.transfer_split, args.max_clips)
+    splits = {"test": test, **({"transfer": transfer} if transfer else {})}
+    policies = train_policies(args, captioner, out)  # training has its own progress bars
+    jobs = [(m, s, r) for s in args.seeds for m in args.methods for r in args.retentions]
+    captions, scores = caption_jobs(args, captioner, splits, policies, jobs)
+    rows = score_rows(scores, policies, jobs, has_transfer=bool(transfer))
+    order = {m: i for i, m in enumerate(["full"] + list(args.methods))}
+    agg = sorted(aggregate(rows), key=lambda r: (-r["retention"], order[r["method"]]))
+    bar_retention = min(args.retentions, key=lambda r: abs(r - 0.4))
+    qualitative = qualitative_examples(test[:args.qualitative], captions, args.methods,
+                                       args.seeds[0], bar_retention)
+    seconds = time.perf_counter() - started
+    result = {"rows": rows, "aggregate": agg, "qualitative": qualitative,
+              "settings": {"methods": list(args.methods), "retentions": list(args.retentions),
+                           "seeds": list(args.seeds), "test_clips": len(test),
+                           "transfer_clips": len(transfer), "num_beams": args.num_beams,
+                           "max_new_tokens": args.max_new_tokens, "data": str(cache.root),
+                           "captioner": str(captioner.path),
+                           "runs": {m: {str(s): str(v[1]) for s, v in p.items()}
+                                    for m, p in policies.items()}},
+              "seconds": round(seconds, 1), "command": "python -m avex.evaluate " +
+              " ".join(sys.argv[1:]) if sys.argv and "avex.evaluate" in sys.argv[0] else None}
+    table = sweep_table(agg, bool(transfer))
+    header = (f"# Pruning comparison ({args.split} split, {len(test)} clips"
+              + (f"; transfer split, {len(transfer)} clips" if transfer else "") + ")")
+    (out / "sweep.md").write_text(sweep_markdown(header, table, qualitative, args.methods,
+                                                 bar_retention, seconds))
+    (out / "sweep.json").write_text(json.dumps(result, indent=1, default=float) + "\n")
+    sweep_figure(agg, out / "sweep.png", bar_retention)
+    result["table"], result["out"] = table, str(out)
+    print(table)
+    print(f"wrote {out / 'sweep.md'}, {out / 'sweep.json'}, {out / 'sweep.png'} "
+          f"({seconds:.0f} s)")
+    return result
+
+
+def train_policies(args, captioner, out: Path) -> dict:
+    """method -> seed -> (policy, run_dir, seed_of_run) for the trained methods of the sweep:
+    one given run for every seed, or one training run per seed."""
+    policies: dict = {}
+    for method in trained_methods(args.methods):
+        if getattr(args, f"{method}_run") is not None:
+            one = policy_for(args, method, args.seeds[0], captioner, out)
+            policies[method] = {seed: one for seed in args.seeds}
+        else:
+            policies[method] = {seed: policy_for(args, method, seed, captioner, out)
+                                for seed in args.seeds}
+    return policies
+
+
+def caption_jobs(args, captioner, splits: dict, policies: dict, jobs: list):
+    """Captions and scores keyed by (split, method, seed, retention); full tokens once per
+    split, and a method that does not depend on the seed once for all seeds."""
+    decode = dict(batch_size=args.batch_size, num_beams=args.num_beams,
+                  max_new_tokens=args.max_new_tokens)
+    bar = progress_bar(total=len(splits) * (1 + len(jobs)), desc="sweep", unit="setting",
+                       disable=not args.progress)
+    captions: dict = {}
+    scores: dict = {}
+
+    def score(split, caps):
+        s = score_captions(caps, splits[split])
+        return s if split == "test" else {"C_T": s["C_av"]}
+
+    for split, clips in splits.items():
+        caps = caption_split(captioner, clips, keep_all, 1.0, **decode)
+        captions[(split, "full", None, 1.0)] = caps
+        scores[(split, "full", None, 1.0)] = score(split, caps)
+        bar.update(1)
+    cached: dict = {}
+    for method, seed, retention in jobs:
+        for split in splits:
+            bar.set_postfix(method=method, retention=f"{retention:.0%}", split=split)
+            key = (split, method, None if shared_across_seeds(method, args) else seed,
+                   retention)
+            if key not in cached:
+                if method in policies:
+                    selector = make_selector(method, policy=policies[method][seed][0])
+                else:
+                    options = {"layer": args.fastv_layer} if method == "fastv" else {}
+                    selector = make_selector(method, captioner=captioner, seed=seed, **options)
+                caps = caption_split(captioner, splits[split], selector, retention, **decode)
+                cached[key] = (caps, score(split, caps))
+            captions[(split, method, seed, retention)] = cached[key][0]
+            scores[(split, method, seed, retention)] = cached[key][1]
+            bar.update(1)
+    bar.close()
+    return captions, scores
+
+
+def score_rows(scores: dict, policies: dict, jobs: list, *, has_transfer: bool) -> list[dict]:
+    """One row per (method, seed, retention) with Rel. against the full-token row."""
+    full = dict(scores[("test", "full", None, 1.0)])
+    if has_transfer:
+        full.update(scores[("transfer", "full", None, 1.0)])
+    rows = [{"method": "full", "label": label("full"), "retention": 1.0, "seed": None,
+             **full, "Rel": 100.0}]
+    for method, seed, retention in jobs:
+        row = {"method": method, "label": label(method), "retention": retention,
+               "seed": seed, **scores[("test", method, seed, retention)]}
+        if has_transfer:
+            row.update(scores[("transfer", method, seed, retention)])
+        if method in policies:
+            _, run_dir, run_seed = policies[method][seed]
+            row["run"], row["seed"] = str(run_dir), run_seed
+        row["Rel"] = relative_performance(row, full)
+        rows.append(row)
+    return rows
+
+
+def qualitative_examples(clips, captions: dict, methods, seed: int, retention: float):
+    examples = []
+    for i, clip in enumerate(clips):
+        entry = {"clip_id": clip.clip_id, "reference": clip.refs_av[0],
+                 "full": captions[("test", "full", None, 1.0)][i]}
+        for method in methods:
+            entry[method] = captions[("test", method, seed, retention)][i]
+        examples.append(entry)
+    return examples
+
+
+def sweep_markdown(header: str, table: str, qualitative: list, methods, bar_retention: float,
+                   seconds: float) -> str:
+    md = [header, "",
+          "CIDEr points (pycocoevalcap, x100). C_av / C_v / C_a: the same captions against the "
+          "AV, visual-only and audio-only references. transfer C: CIDEr against the AV "
+          "references of the transfer split (the paper's MSRVTT column). Rel. = 100 x mean of "
+          "the four, each over its full-token value in this run. Seeds: Random's seed; for a "
+          "policy, the seed of its training run; FastV/ToMe/FastAV are deterministic. With "
+          "several seeds: mean ± std.", "", table, "",
+          f"Figure: `sweep.png` (left: Rel. against retention; right: C_av, C_v, C_a at "
+          f"{bar_retention:.0%}). The sweep took {seconds:.0f} s.", "",
+          f"## Qualitative examples at {bar_retention:.0%} retention", ""]
+    for q in qualitative:
+        md += [f"**{q['clip_id']}** (a reference: \"{q['reference']}\")", "",
+               markdown_table(["method", "caption"], [[label("full"), q["full"]]] +
+                              [[label(m), q[m]] for m in methods]), ""]
+    return "\n".join(md) + "\n"

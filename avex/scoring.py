@@ -1,0 +1,57 @@
+"""Caption a split under a selection method and score it as the paper does.
+
+A *selector* (the interface of :mod:`avex.methods`) maps a micro-batch to a keep-set on the AV
+axis. C_av, C_v and C_a are pycocoevalcap's CIDEr (x 100) of the same captions against the AV,
+visual-only and audio-only references. Training's end-of-run table and every experiment of
+``python -m avex.evaluate`` caption and score through these two functions.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from avex.metrics import caption_metrics_by_reference_type
+from avex.progress import progress_bar
+from avex.selection import AVLayout
+
+Selector = Callable[[object, AVLayout, float], torch.Tensor]
+
+__all__ = ["Selector", "keep_all", "caption_split", "score_captions"]
+
+
+def keep_all(batch, layout: AVLayout, retention: float) -> torch.Tensor:
+    """The full-token "selector": every AV token."""
+    return layout.modality >= 0
+
+
+def caption_split(captioner, clips, selector: Selector, retention: float, *,
+                  batch_size: int = 64, num_beams: int = 1, max_new_tokens: int = 24,
+                  progress: bool = False, desc: str = "captioning") -> list[str]:
+    """One caption per clip: ``selector`` picks each batch's keep-set, the captioner captions
+    the text plus the kept AV tokens (merged embeddings too, for a merging method)."""
+    captions = []
+    starts = range(0, len(clips), batch_size)
+    for start in progress_bar(starts, desc=desc, unit="batch", disable=not progress,
+                              leave=False):
+        chunk = [clips[i] for i in range(start, min(start + batch_size, len(clips)))]
+        batch = captioner.embed(chunk)
+        layout = AVLayout.of(batch.modality)
+        keep = selector(batch, layout, retention)
+        embeds = batch.inputs_embeds
+        if isinstance(keep, tuple):  # Selection(keep, inputs_embeds): a merging method
+            keep, embeds = keep
+        sets = captioner.caption_keep_sets(embeds, batch.modality, keep[:, None],
+                                           num_beams=num_beams, max_new_tokens=max_new_tokens)
+        captions.extend(s[0] for s in sets)
+    return captions
+
+
+def score_captions(captions: list[str], clips) -> dict[str, float]:
+    """{"C_av", "C_v", "C_a"} in CIDEr points, plus BLEU-4 and METEOR against the AV refs."""
+    refs = {"AV": [c.refs_av for c in clips], "V": [c.refs_v for c in clips],
+            "A": [c.refs_a for c in clips]}
+    metrics = caption_metrics_by_reference_type(captions, refs)
+    return {"C_av": 100 * metrics["AV"]["CIDEr"], "C_v": 100 * metrics["V"]["CIDEr"],
+            "C_a": 100 * metrics["A"]["CIDEr"], "BLEU-4": 100 * metrics["AV"]["BLEU-4"],
+            "METEOR": 100 * metrics["AV"]["METEOR"]}

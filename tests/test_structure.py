@@ -1,0 +1,111 @@
+"""The shape of the code: no import cycle between avex's modules and packages, and no import
+inside a function that only dodges one."""
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# source folder -> package name (setup.py maps kernels/ and profiling/ into avex)
+FOLDERS = {"avex": "avex", "kernels": "avex.kernels", "profiling": "avex.profiling"}
+# imported inside functions on purpose: heavy or optional third-party code, loaded on first use
+LAZY_OK = {"transformers", "matplotlib", "pycocoevalcap", "fvcore", "flash_attn", "triton",
+           "ctypes", "yaml", "torch", "numpy", "safetensors", "tqdm"}
+
+
+def _modules():
+    for folder, package in FOLDERS.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            parts = path.relative_to(ROOT / folder).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            yield ".".join((package,) + parts), path
+
+
+def _imports(name: str, path: Path):
+    """(imported avex module, inside a function?) for every import of ``path``."""
+    tree = ast.parse(path.read_text(), str(path))
+    is_package = path.name == "__init__.py"
+    functions = [n for n in ast.walk(tree)
+                 if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    inner = {id(n) for f in functions for n in ast.walk(f)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = name.split(".") if is_package else name.split(".")[:-1]
+                base = base[:len(base) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            targets = [module] + [f"{module}.{a.name}" for a in node.names]
+        else:
+            continue
+        for target in targets:
+            yield target, id(node) in inner
+
+
+def _graph(level):
+    names = {name for name, _ in _modules()}
+    graph = {}
+    for name, path in _modules():
+        for target, _ in _imports(name, path):
+            # a module's own parent packages are imported with it; that is no cycle
+            if target in names and not name.startswith(target):
+                graph.setdefault(level(name), set()).add(level(target))
+    for node in graph:
+        graph[node].discard(node)
+    return graph
+
+
+def _cycle(graph):
+    state, stack = {}, []
+
+    def visit(node):
+        state[node] = "open"
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        stack.pop()
+        state[node] = "done"
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def _package_of(name: str) -> str:
+    """avex.methods.tome -> avex.methods; avex.train -> avex.train (a top-level module)."""
+    parts = name.split(".")
+    return ".".join(parts[:2])
+
+
+@pytest.mark.parametrize("level", ["module", "package"])
+def test_no_import_cycle(level):
+    graph = _graph((lambda n: n) if level == "module" else _package_of)
+    assert _cycle(graph) is None, f"import cycle between {level}s: {' -> '.join(_cycle(graph))}"
+
+
+def test_no_import_inside_a_function_of_our_own_modules():
+    names = {name for name, _ in _modules()}
+    inside = []
+    for name, path in _modules():
+        for target, in_function in _imports(name, path):
+            if in_function and target in names:
+                inside.append(f"{path.relative_to(ROOT)}: {target}")
+    assert not inside, "imports of avex modules inside functions:\n" + "\n".join(inside)
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
