@@ -11,14 +11,16 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors.torch import save_file
 
 from ..data.cache import FeatureCache
 from ..data.embedded import ensure_benchmark
+from ..modality import AUDIO, VISUAL
 from ..paths import default_captioner_path
 from ..progress import progress_bar
 from ..reward import CiderD
-from .frozen import (AUDIO, CAPTIONER_FILE, CAPTIONER_FORMAT, PROJECTOR_FILE, VISUAL,
-                     AVProjector, FrozenCaptioner, default_device)
+from .frozen import (CAPTIONER_FILE, CAPTIONER_FORMAT, PROJECTOR_FILE, AVProjector,
+                     FrozenCaptioner, default_device)
 
 
 @dataclass(frozen=True)
@@ -144,7 +146,6 @@ def train_captioner(benchmark_path, out_dir, cfg: CaptionerConfig = CaptionerCon
     projector and ``avex_captioner.json``. Returns ``out_dir``."""
     from transformers import AutoTokenizer
 
-
     cfg.validate()
     out_dir = Path(out_dir)
     if (out_dir / CAPTIONER_FILE).exists() and not overwrite:
@@ -165,6 +166,33 @@ def train_captioner(benchmark_path, out_dir, cfg: CaptionerConfig = CaptionerCon
     model = _new_model(cfg, tokenizer, max_positions).to(device)
     projector = AVProjector(cache.meta.dim, cfg.hidden_size, "mlp").to(device)
     captioner = FrozenCaptioner(model, tokenizer, projector, max_new_tokens=cfg.max_new_tokens)
+    losses, train_seconds = _fit(captioner, model, projector, data, cfg, progress)
+
+    captioner = FrozenCaptioner(model, tokenizer, projector, max_new_tokens=cfg.max_new_tokens)
+    val = cache.split("val" if "val" in {r["split"] for r in cache.rows} else "train")
+    eval_clips = [val[i] for i in range(min(cfg.eval_clips, len(val)))]
+    captions = captioner.caption(eval_clips)
+    # CIDEr-D x100 with document frequencies from these val references (pycocoevalcap's rule)
+    val_cider = float(100 * CiderD().score(captions, [c.refs_av for c in eval_clips]).mean())
+    info = {
+        "format": CAPTIONER_FORMAT, "version": 1, "feature_dim": cache.meta.dim,
+        "projector": "mlp", "max_new_tokens": cfg.max_new_tokens,
+        "benchmark": {"path": str(Path(benchmark_path).resolve()),
+                      "source": cache.meta.source},
+        "training": {**asdict(cfg), "device": str(device), "seconds": round(train_seconds, 1),
+                     "initial_loss": round(float(np.mean(losses[:5])), 4),
+                     "final_loss": round(float(np.mean(losses[-20:])), 4),
+                     "val_clips": len(eval_clips), "val_cider": round(val_cider, 2),
+                     "val_examples": [{"clip_id": c.clip_id, "caption": t, "ref": c.refs_av[0]}
+                                      for c, t in zip(eval_clips[:3], captions[:3])]},
+    }
+    _save(out_dir, model, tokenizer, projector, info)
+    return out_dir
+
+
+def _fit(captioner, model, projector, data: _TrainSet, cfg: CaptionerConfig,
+         progress: bool) -> tuple[list[float], float]:
+    """Teacher-forced AdamW steps with warmup + cosine; returns (losses, seconds)."""
     params = list(model.parameters()) + list(projector.parameters())
     for p in params:
         p.requires_grad_(True)
@@ -200,41 +228,22 @@ def train_captioner(benchmark_path, out_dir, cfg: CaptionerConfig = CaptionerCon
         losses.append(loss.item())
         if step % 10 == 0:
             bar.set_postfix(loss=f"{np.mean(losses[-20:]):.3f}")
-    train_seconds = time.perf_counter() - started
+    return losses, time.perf_counter() - started
 
-    captioner = FrozenCaptioner(model, tokenizer, projector, max_new_tokens=cfg.max_new_tokens)
-    val = cache.split("val" if "val" in {r["split"] for r in cache.rows} else "train")
-    n_eval = min(cfg.eval_clips, len(val))
-    eval_clips = [val[i] for i in range(n_eval)]
-    captions = captioner.caption(eval_clips)
-    # CIDEr-D x100 with document frequencies from these val references (pycocoevalcap's rule)
-    val_cider = float(100 * CiderD().score(captions, [c.refs_av for c in eval_clips]).mean())
 
+def _save(out_dir: Path, model, tokenizer, projector, info: dict) -> None:
+    """Write the captioner to a staging folder, then rename it into place."""
     staging = out_dir.parent / f".{out_dir.name}.tmp"
     if staging.exists():
         shutil.rmtree(staging)
     model.save_pretrained(str(staging))
     tokenizer.save_pretrained(str(staging / "tokenizer"))
-    from safetensors.torch import save_file
     save_file({k: v.detach().cpu().contiguous() for k, v in projector.state_dict().items()},
               str(staging / PROJECTOR_FILE))
-    info = {
-        "format": CAPTIONER_FORMAT, "version": 1, "feature_dim": cache.meta.dim,
-        "projector": "mlp", "max_new_tokens": cfg.max_new_tokens,
-        "benchmark": {"path": str(Path(benchmark_path).resolve()),
-                      "source": cache.meta.source},
-        "training": {**asdict(cfg), "device": str(device), "seconds": round(train_seconds, 1),
-                     "initial_loss": round(float(np.mean(losses[:5])), 4),
-                     "final_loss": round(float(np.mean(losses[-20:])), 4),
-                     "val_clips": n_eval, "val_cider": round(val_cider, 2),
-                     "val_examples": [{"clip_id": c.clip_id, "caption": t, "ref": c.refs_av[0]}
-                                      for c, t in zip(eval_clips[:3], captions[:3])]},
-    }
     (staging / CAPTIONER_FILE).write_text(json.dumps(info, indent=1) + "\n")
     if out_dir.exists():
         shutil.rmtree(out_dir)
     staging.rename(out_dir)
-    return out_dir
 
 
 def ensure_captioner(benchmark_preset: str = "default", captioner_preset: str = "default", *,
