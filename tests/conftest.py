@@ -1,5 +1,6 @@
 """Test set-up. Without CUDA, Triton kernels run on the CPU through the interpreter; the
 variable has to be set before any kernel module is imported."""
+import dataclasses
 import os
 
 import torch
@@ -23,6 +24,41 @@ requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
 @pytest.fixture
 def device():
     return DEVICE
+
+
+# The tiny embedded benchmark and a tiny captioner trained on it, built once per test run and
+# shared by every module that needs them (tests read them; one that writes into the cache passes
+# its own cache_dir).
+
+@pytest.fixture(scope="session")
+def tiny_cache_dir(tmp_path_factory):
+    """A cache root holding ``benchmarks/embedded-tiny-seed0`` and its ``tiny`` captioner."""
+    # imported here, not at the top: the kernel tests run without loading transformers
+    from avex.captioner.train import PRESETS, train_captioner
+    from avex.data import ensure_benchmark
+    from avex.paths import default_captioner_path
+
+    root = tmp_path_factory.mktemp("avex-cache")
+    bench = ensure_benchmark("tiny", cache_dir=root, progress=False)
+    cfg = dataclasses.replace(PRESETS["tiny"], steps=150, lr=1e-2)  # enough for non-zero rewards
+    train_captioner(bench, default_captioner_path(bench.name, "tiny", root), cfg, progress=False)
+    return root
+
+
+@pytest.fixture(scope="session")
+def tiny_benchmark(tiny_cache_dir):
+    """The tiny benchmark's feature cache directory (already built: this only finds it)."""
+    from avex.data import ensure_benchmark
+
+    return ensure_benchmark("tiny", cache_dir=tiny_cache_dir, progress=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_captioner(tiny_cache_dir, tiny_benchmark):
+    """The tiny captioner's directory (``FrozenCaptioner.load`` takes it)."""
+    from avex.paths import default_captioner_path
+
+    return default_captioner_path(tiny_benchmark.name, "tiny", tiny_cache_dir)
 
 
 def poisoned_alloc(shape, dtype, device):
