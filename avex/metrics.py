@@ -25,6 +25,8 @@ import sys
 import tempfile
 import threading
 
+from avex import _checks
+
 __all__ = ["caption_metrics", "caption_metrics_by_reference_type", "METRIC_NAMES"]
 
 METRIC_NAMES = ("BLEU-4", "METEOR", "CIDEr")
@@ -35,12 +37,7 @@ _LINE_BREAKS = re.compile(r"[\n\r\u2028\u2029\u000B\u000C\u0085]")
 
 
 def _check_captions(name: str, value) -> list[str]:
-    if isinstance(value, str) or not isinstance(value, (list, tuple)):
-        raise TypeError(f"{name} must be a list of str, got {type(value).__name__}")
-    for i, item in enumerate(value):
-        if not isinstance(item, str):
-            raise TypeError(f"{name}[{i}] must be a str, got {type(item).__name__}: {item!r}")
-    return [_LINE_BREAKS.sub(" ", c) for c in value]
+    return [_LINE_BREAKS.sub(" ", c) for c in _checks.str_list(name, value)]
 
 
 def _check_references(name: str, value, count: int) -> list[list[str]]:
