@@ -6,22 +6,16 @@ import json
 import pytest
 import torch
 
-from avex.captioner import (AUDIO, PAD, TEXT, VISUAL, AVBatch, FrozenCaptioner, PRESETS,
-                            default_captioner_path, ensure_captioner, train_captioner)
+from avex.captioner import AVBatch, FrozenCaptioner, PRESETS, ensure_captioner, train_captioner
+from avex.modality import AUDIO, PAD, TEXT, VISUAL
 from avex.captioner.__main__ import main as captioner_cli
-from avex.data import FeatureCache, ensure_benchmark
+from avex.data import FeatureCache
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    """The tiny benchmark and a captioner trained on it for a few steps."""
-    root = tmp_path_factory.mktemp("avex-cache")
-    bench = ensure_benchmark("tiny", cache_dir=root, progress=False)
-    cfg = dataclasses.replace(PRESETS["tiny"], steps=150, lr=1e-2)
-    path = train_captioner(bench, default_captioner_path(bench.name, "tiny", root), cfg,
-                           progress=False)
-    cache = FeatureCache(bench)
-    return root, bench, path, cache
+def tiny(tiny_cache_dir, tiny_benchmark, tiny_captioner):
+    """The session's tiny benchmark and captioner (tests/conftest.py)."""
+    return tiny_cache_dir, tiny_benchmark, tiny_captioner, FeatureCache(tiny_benchmark)
 
 
 def test_trained_captioner_is_saved_and_reloads(tiny):
@@ -124,8 +118,9 @@ def test_caption_rejects_bad_keep(tiny):
         cap.embed([bad])
 
 
-def test_attention_and_its_cache(tiny):
-    root, _, path, cache = tiny
+def test_attention_and_its_cache(tiny, tmp_path):
+    _, _, path, cache = tiny
+    root = tmp_path  # its own cache: other modules' runs add attention files to the shared one
     cap = FrozenCaptioner.load(path, device="cpu")
     clips = list(cache.split("val"))
     att = cap.text_to_av_attention(clips)
@@ -189,7 +184,7 @@ def test_ensure_and_cli(tiny, capsys, monkeypatch):
 
 
 def test_spearman_helper():
-    from avex.data.gates import rank_average, spearman
+    from avex.evaluate.gates import rank_average, spearman
 
     assert rank_average([3.0, 1.0, 1.0, 2.0]).tolist() == [3.0, 0.5, 0.5, 2.0]
     assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
@@ -198,7 +193,7 @@ def test_spearman_helper():
 
 
 def test_gates_run_on_the_tiny_benchmark(tiny, tmp_path):
-    from avex.data.gates import run_gates, write_report
+    from avex.evaluate.gates import run_gates, write_report
 
     _, bench, path, cache = tiny
     report = run_gates(bench, path, seeds=1, retentions=(0.5, 0.1), counterfactual_clips=2,
@@ -210,7 +205,7 @@ def test_gates_run_on_the_tiny_benchmark(tiny, tmp_path):
     assert report["gate_random_lowest_share"] == pytest.approx(
         report["random_sweep"]["0.1"]["C_av"] / report["full"]["C_av"])
     assert report["run"]["settings"]["counterfactual_clips"] == 2
-    out = write_report(report, tmp_path / "gates.md", "python -m avex.data gates")
+    out = write_report(report, tmp_path / "gates.md", "python -m avex.evaluate gates")
     text = out.read_text()
     assert "## Random pruning (test split)" in text and "**Gate:**" in text
     assert json.loads(out.with_suffix(".json").read_text())["test_clips"] == len(

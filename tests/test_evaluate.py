@@ -1,26 +1,21 @@
 """python -m avex.evaluate on the tiny benchmark: the sweep (training its policies, then reusing
 given runs with several seeds), Rel. as the paper defines it, the motivation figure, bad
 arguments."""
-import dataclasses
 import json
 
 import pytest
 
-from avex.baselines import METHODS
-from avex.captioner.train import PRESETS, default_captioner_path, train_captioner
-from avex.data import ensure_benchmark
-from avex.evaluate import main, relative_performance
+from avex.methods import METHODS, SELECTORS
+from avex.evaluate.__main__ import main
+from avex.evaluate.sweep import relative_performance
 
 TRAIN = "--batch-size 8 --micro-batch-size 4 --epochs 0.5 --warmup-epochs 0.5"
 
 
 @pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("avex-cache")
-    bench = ensure_benchmark("tiny", cache_dir=root, progress=False)
-    cfg = dataclasses.replace(PRESETS["tiny"], steps=150, lr=1e-2)
-    train_captioner(bench, default_captioner_path(bench.name, "tiny", root), cfg, progress=False)
-    return root
+def cache_dir(tiny_cache_dir):
+    """The session's tiny benchmark and captioner (tests/conftest.py)."""
+    return tiny_cache_dir
 
 
 def tiny(cache_dir, out, *extra):
@@ -50,9 +45,9 @@ def test_sweep_writes_table_json_figure_and_examples(trained_sweep):
     out, result = trained_sweep
     rows = json.loads((out / "sweep.json").read_text())["rows"]
     assert [r["method"] for r in rows[:1]] == ["full"] and rows[0]["Rel"] == 100.0
-    assert len(rows) == 1 + len(METHODS) * 2
+    assert len(rows) == 1 + len(SELECTORS) * 2
     assert {(r["method"], r["retention"]) for r in rows[1:]} == \
-        {(m, r) for m in METHODS for r in (0.4, 0.2)}
+        {(m, r) for m in SELECTORS for r in (0.4, 0.2)}
     full = rows[0]
     assert full["C_av"] > 0 and full["C_T"] > 0
     for r in rows[1:]:
@@ -64,11 +59,11 @@ def test_sweep_writes_table_json_figure_and_examples(trained_sweep):
     assert cacovid["exchanges"] is False
     md = (out / "sweep.md").read_text()
     assert "| method | retention | C_av | C_v | C_a | transfer C | Rel. | seeds |" in md
-    for label, _ in METHODS.values():
+    for label in (METHODS[m].label for m in SELECTORS):
         assert f"| {label} | 40% |" in md and f"| {label} | 20% |" in md
     assert md.count("| Full tokens |") == 1 + 2  # the table + two qualitative clips
     assert (out / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert len(result["qualitative"]) == 2 and set(METHODS) <= set(result["qualitative"][0])
+    assert len(result["qualitative"]) == 2 and set(SELECTORS) <= set(result["qualitative"][0])
 
 
 def test_seeds_give_mean_and_std_and_given_runs_are_reused(trained_sweep, cache_dir, tmp_path):

@@ -6,27 +6,21 @@ import dataclasses
 import pytest
 import torch
 
-from avex.baselines import (METHODS, Selection, make_selector, split_budget, topk_keep)
-from avex.baselines.fastav import attention_rollout
-from avex.baselines.tome import merge_modality
+from avex.methods import METHODS, SELECTORS, Selection, make_selector
+from avex.methods.fastav import attention_rollout
+from avex.methods.tome import merge_modality
 from avex.captioner import FrozenCaptioner
-from avex.captioner.train import PRESETS, default_captioner_path, train_captioner
-from avex.data import FeatureCache, ensure_benchmark
-from avex.evaluation import caption_split
+from avex.data import FeatureCache
+from avex.scoring import caption_split
 from avex.policy import AVEXPolicy
 from avex.pruning import TEXT, expand_av_keep
-from avex.rollout import AVLayout
+from avex.selection import AVLayout, split_budget, topk_keep
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    root = tmp_path_factory.mktemp("avex-cache")
-    bench = ensure_benchmark("tiny", cache_dir=root, progress=False)
-    cfg = dataclasses.replace(PRESETS["tiny"], steps=20, lr=1e-2)
-    path = train_captioner(bench, default_captioner_path(bench.name, "tiny", root), cfg,
-                           progress=False)
-    captioner = FrozenCaptioner.load(path, device="cpu")
-    cache = FeatureCache(bench)
+def tiny(tiny_benchmark, tiny_captioner):
+    captioner = FrozenCaptioner.load(tiny_captioner, device="cpu")
+    cache = FeatureCache(tiny_benchmark)
     test = cache.split("test")
     clips = [test[i] for i in range(len(test))]
     torch.manual_seed(0)
@@ -36,7 +30,7 @@ def tiny(tmp_path_factory):
 
 def _selectors(captioner, policy):
     return {name: make_selector(name, captioner=captioner, policy=policy, seed=5)
-            for name in METHODS}
+            for name in SELECTORS}
 
 
 @pytest.mark.parametrize("retention", [1.0, 0.5, 0.3, 0.1, 0.01])
@@ -62,7 +56,7 @@ def test_methods_are_deterministic_and_random_follows_its_seed(tiny):
     captioner, clips, policy = tiny
     batch = captioner.embed(clips[:4])
     layout = AVLayout.of(batch.modality)
-    for name in METHODS:
+    for name in SELECTORS:
         a = make_selector(name, captioner=captioner, policy=policy, seed=1)(batch, layout, 0.3)
         b = make_selector(name, captioner=captioner, policy=policy, seed=1)(batch, layout, 0.3)
         ka = a.keep if isinstance(a, Selection) else a
@@ -156,11 +150,11 @@ def test_bad_arguments_name_themselves(tiny):
         make_selector("fastv", captioner=captioner, layer=2)
     with pytest.raises(ValueError, match="features must be one of"):
         make_selector("tome", features="values")
-    for name in METHODS:
+    for name in SELECTORS:
         with pytest.raises(ValueError, match=r"retention must be in \(0, 1\], got 1.5"):
             make_selector(name, captioner=captioner, policy=policy)(batch, layout, 1.5)
     with pytest.raises(FileNotFoundError, match="run_dir: no run directory"):
-        from avex.baselines import load_policy
+        from avex.methods import load_policy
         load_policy("/no/such/run", captioner)
 
 

@@ -5,29 +5,21 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from avex.captioner.train import PRESETS as CAPTIONER_PRESETS
-from avex.captioner.train import default_captioner_path, train_captioner
-from avex.data import ensure_benchmark
 from avex.train import main
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    """The tiny benchmark and a tiny captioner trained long enough to earn non-zero rewards."""
-    root = tmp_path_factory.mktemp("avex-cache")
-    bench = ensure_benchmark("tiny", cache_dir=root, progress=False)
-    cfg = replace(CAPTIONER_PRESETS["tiny"], steps=150, lr=1e-2)
-    train_captioner(bench, default_captioner_path(bench.name, "tiny", root), cfg, progress=False)
-    return root
+def cache_dir(tiny_cache_dir):
+    """The session's tiny benchmark and captioner (tests/conftest.py)."""
+    return tiny_cache_dir
 
 
 def tiny_args(cache_dir, run_dir, *extra):
@@ -45,7 +37,7 @@ def final_weights(run_dir) -> dict:
 def test_tiny_end_to_end_run(cache_dir, tmp_path):
     results = main(tiny_args(cache_dir, tmp_path / "run", "--eval-retentions", "0.4"))
     methods = [(row["method"], row["retention"]) for row in results["rows"]]
-    assert methods == [("full tokens", 1.0), ("random", 0.4), ("warmup only", 0.4),
+    assert methods == [("Full tokens", 1.0), ("Random", 0.4), ("warmup only", 0.4),
                        ("AVEX, L_ex only (this run)", 0.4)]
     assert results["rows"][0]["C_av"] > 0  # the captioner says something sensible
     log = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
