@@ -6,10 +6,92 @@
 ``AUDIO``              1     an audio token; prunable
 ``TEXT``               2     a text token (markers included); never pruned
 ====================  =====  ==========================================
+
+Only the placeholder tokens a processor expands into visual or audio features are ``VISUAL`` or
+``AUDIO``. Everything else the model reads is ``TEXT``: the chat template, the start/end markers
+around a block (``<|vision_start|>``, ``<start_of_audio>``, ...), and LLaVA-OneVision's
+newline token between image rows. :func:`codes_from_ids` builds the codes that way; Hugging
+Face's own ``mm_token_type_ids`` (0 text, 1 image, 2 video) are a different code and are
+refused by :func:`check_codes` when they would prune the text.
 """
 from __future__ import annotations
 
-__all__ = ["PAD", "VISUAL", "AUDIO", "TEXT", "CODES"]
+from typing import Iterable
+
+import torch
+
+from avex import _checks
+
+__all__ = ["PAD", "VISUAL", "AUDIO", "TEXT", "CODES", "codes_from_ids", "check_codes"]
 
 PAD, VISUAL, AUDIO, TEXT = -1, 0, 1, 2
 CODES = (PAD, VISUAL, AUDIO, TEXT)
+
+
+def _id_tensor(name: str, ids, like: torch.Tensor) -> torch.Tensor:
+    ids = [ids] if isinstance(ids, int) and not isinstance(ids, bool) else list(ids)
+    for value in ids:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be token ids (int), got {value!r}")
+    return torch.tensor(ids, dtype=like.dtype, device=like.device)
+
+
+def codes_from_ids(input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+                   visual_ids: int | Iterable[int] = (),
+                   audio_ids: int | Iterable[int] = ()) -> torch.Tensor:
+    """int64 [B, L] modality codes from a processor's ``input_ids``.
+
+    Positions holding one of ``visual_ids`` (image / video placeholder ids) are ``VISUAL``, one
+    of ``audio_ids`` ``AUDIO``, positions where ``attention_mask`` is 0 ``PAD``, everything else
+    ``TEXT`` (markers and newline tokens included)."""
+    _checks.tensor("input_ids", input_ids, ndim=2, integer=True)
+    visual = _id_tensor("visual_ids", visual_ids, input_ids)
+    audio = _id_tensor("audio_ids", audio_ids, input_ids)
+    both = set(visual.tolist()) & set(audio.tolist())
+    if both:
+        raise ValueError(f"token id(s) {sorted(both)} are in both visual_ids and audio_ids")
+    codes = torch.full_like(input_ids, TEXT, dtype=torch.long)
+    codes[torch.isin(input_ids, visual)] = VISUAL
+    codes[torch.isin(input_ids, audio)] = AUDIO
+    if attention_mask is not None:
+        _checks.tensor("attention_mask", attention_mask, ndim=2)
+        if attention_mask.shape != input_ids.shape:
+            raise ValueError(f"attention_mask must have the shape of input_ids "
+                             f"{list(input_ids.shape)}, got {list(attention_mask.shape)}")
+        codes[attention_mask == 0] = PAD
+    return codes
+
+
+def check_codes(modality: torch.Tensor, *, input_ids: torch.Tensor | None = None,
+                placeholder_ids: Iterable[int] = ()) -> None:
+    """Refuse modality codes that can't be right, naming the row and the reason: a value
+    outside {-1, 0, 1, 2}; a row with no text at all (e.g. ``torch.zeros_like(input_ids)``
+    with only the audio marked, or ``mm_token_type_ids`` of an image prompt); and, given
+    ``input_ids`` and the placeholder ids, a row whose only "text" sits where the placeholders
+    are (``mm_token_type_ids`` of a video prompt code video as 2)."""
+    bad = (modality < PAD) | (modality > TEXT)
+    if bool(bad.any()):
+        raise ValueError(f"modality must hold -1 (padding), 0 (visual), 1 (audio) or 2 (text), "
+                         f"got {int(modality[bad][0])}")
+    is_text = modality == TEXT
+    no_text = ~is_text.any(1)
+    if bool(no_text.any()):
+        row = int(torch.nonzero(no_text)[0, 0])
+        raise ValueError(f"modality row {row} has no text token (code 2); every prompt has "
+                         "text, and text is what is never pruned. Build the codes from the "
+                         "placeholder ids with avex.modality.codes_from_ids (Hugging Face's "
+                         "mm_token_type_ids are a different code)")
+    if input_ids is None:
+        return
+    _checks.tensor("input_ids", input_ids, ndim=2, integer=True)
+    if input_ids.shape != modality.shape:
+        raise ValueError(f"input_ids must have the shape of modality {list(modality.shape)}, "
+                         f"got {list(input_ids.shape)}")
+    placeholder = torch.isin(input_ids, _id_tensor("placeholder_ids", placeholder_ids,
+                                                   input_ids))
+    text_outside = (is_text & ~placeholder).any(1)
+    if bool((~text_outside).any()):
+        row = int(torch.nonzero(~text_outside)[0, 0])
+        raise ValueError(f"modality row {row} codes as text only placeholder tokens (the "
+                         "audio-visual features), so the real text would be pruned; build "
+                         "the codes with avex.modality.codes_from_ids")

@@ -11,7 +11,13 @@ Modality codes (one per position of ``inputs_embeds``) are those of :mod:`avex.m
 
 Original positions count the non-padding tokens of the input row: the token at the i-th
 non-padding slot has position i, whether or not the tokens before it were kept (the position
-ids a Hugging Face model computes from the attention mask of the unpruned batch).
+ids a Hugging Face model computes from the attention mask of the unpruned batch). A model with
+its own position ids (Qwen2.5-VL's M-RoPE, Qwen2.5-Omni's TMRoPE: ``[3, B, L]``) passes them as
+``position_ids``; they are gathered with the same index as the embeddings, and decoding
+continues where the model's own generation would: after the last original token's position,
+on each axis, even when that token was pruned. Extra per-token inputs (Gemma 3n's
+``per_layer_inputs``) are gathered the same way and reach the prefill. :mod:`avex.adapters`
+builds all of these from a processor's output.
 """
 from __future__ import annotations
 
@@ -25,14 +31,16 @@ import torch
 from avex import _checks
 from avex.kernels.compact import compact
 from avex.kernels.gumbel_topk import gumbel_topk
-from avex.modality import AUDIO, PAD, TEXT, VISUAL
+from avex.modality import AUDIO, PAD, TEXT, VISUAL, check_codes
 from avex.selection import num_kept
 
 __all__ = ["PAD", "VISUAL", "AUDIO", "TEXT", "PrunedInputs", "prune_inputs", "generate",
-           "expand_av_keep", "num_kept"]
+           "expand_av_keep", "gather_tokens", "num_kept"]
 
 ATTENTION_PATHS = ("auto", "padded", "varlen")
 VARLEN_REFERENCE_ATTENTION = "avex_varlen_sdpa"
+_RESERVED_INPUTS = ("inputs_embeds", "input_ids", "attention_mask", "position_ids",
+                    "past_key_values", "cache")
 
 
 class PrunedInputs(NamedTuple):
@@ -41,14 +49,19 @@ class PrunedInputs(NamedTuple):
     Attributes:
         inputs_embeds: [R, L', D] the kept tokens in original order, left-padded with zeros.
         attention_mask: int64 [R, L'], 1 at tokens, 0 at padding.
-        position_ids: int64 [R, L'], original positions (or 0..n-1 with
-            ``positions="contiguous"``); 0 at padding.
-        next_position: int64 [R], the position of the first generated token: last original
-            position + 1 (or n with ``"contiguous"``).
+        position_ids: int64 [R, L'] (or [..., R, L'] for a model's own positions of higher
+            rank), original positions (or 0..n-1 with ``positions="contiguous"``); 0 at
+            padding.
+        next_position: int64 [R] (or [..., R] like ``position_ids``), the position of the
+            first generated token: the last original token's position + 1, on each axis (or
+            n with ``"contiguous"``), whether that token was kept or not.
         keep: bool [B, S, L], the keep-sets applied, in the input layout (text True,
             padding False).
         index: int64 [R, L'], the row of ``inputs_embeds_in.reshape(B * L, D)`` each token
             came from; -1 at padding.
+        per_token: name -> [R, L', ...] extra per-token model inputs gathered like the
+            embeddings (zero at padding); empty when none were given.
+        original_length: int64 [R], the number of non-padding tokens of the unpruned row.
     """
     inputs_embeds: torch.Tensor
     attention_mask: torch.Tensor
@@ -56,6 +69,8 @@ class PrunedInputs(NamedTuple):
     next_position: torch.Tensor
     keep: torch.Tensor
     index: torch.Tensor
+    per_token: dict | None = None
+    original_length: torch.Tensor | None = None
 
     @property
     def num_sets(self) -> int:
@@ -67,7 +82,8 @@ class PrunedInputs(NamedTuple):
 # ----------------------------------------------------------------------------------------------
 
 def prune_inputs(inputs_embeds: torch.Tensor, modality: torch.Tensor, *, scores=None,
-                 keep=None, retention=None, positions: str = "original") -> PrunedInputs:
+                 keep=None, retention=None, positions: str = "original", position_ids=None,
+                 per_token: dict | None = None) -> PrunedInputs:
     """Keep the text and the chosen audio-visual tokens; compact them for prefill.
 
     Args:
@@ -85,11 +101,18 @@ def prune_inputs(inputs_embeds: torch.Tensor, modality: torch.Tensor, *, scores=
         retention: rho in (0, 1], used with ``scores``.
         positions: ``"original"`` (each token keeps its position in the unpruned sequence) or
             ``"contiguous"`` (0..n-1).
+        position_ids: int [B, L] or [..., B, L] (M-RoPE / TMRoPE: [3, B, L]), the model's own
+            positions of the unpruned sequence; default: the count of non-padding tokens.
+            Only with ``positions="original"``.
+        per_token: name -> [B, L, ...] extra per-token inputs the model takes beside
+            ``inputs_embeds`` (Gemma 3n: ``{"per_layer_inputs": ...}``); gathered with the
+            same index, and passed to the model at prefill by :func:`generate`.
 
     Returns:
         :class:`PrunedInputs`. Differentiable w.r.t. ``inputs_embeds``.
     """
     _check_inputs(inputs_embeds, modality, positions)
+    _check_native(position_ids, per_token, modality, positions)
     is_av = (modality == VISUAL) | (modality == AUDIO)
     is_text = modality == TEXT
     if keep is not None:
@@ -108,16 +131,39 @@ def prune_inputs(inputs_embeds: torch.Tensor, modality: torch.Tensor, *, scores=
                   padding_side="left")
     present = modality != PAD
     num_sets = keep.shape[1]
-    if positions == "original":
+    original_length = present.sum(1).repeat_interleave(num_sets)
+    if positions == "contiguous":
+        position_ids, next_position = out.position_ids, out.lengths
+    elif position_ids is None:
         original = (present.long().cumsum(1) - 1).clamp_min(0)
-        position_ids = torch.where(out.index >= 0, original.reshape(-1)[out.index.clamp_min(0)],
-                                   torch.zeros_like(out.index))
-        next_position = present.sum(1).repeat_interleave(num_sets)
+        position_ids, next_position = gather_tokens(original, out.index), original_length
     else:
-        position_ids = out.position_ids
-        next_position = out.lengths
+        native = position_ids.long()
+        # decoding continues after the row's last token, axis by axis (as generate does)
+        columns = torch.arange(present.shape[1], device=present.device)
+        last = torch.where(present, columns, -1).amax(1)
+        next_position = native[..., torch.arange(present.shape[0]), last] + 1
+        next_position = next_position.repeat_interleave(num_sets, dim=-1)
+        position_ids = gather_tokens(native, out.index)
+    extras = {name: gather_tokens(value, out.index, batch_first=True)
+              for name, value in (per_token or {}).items()}
     return PrunedInputs(out.hidden, out.attention_mask, position_ids, next_position, keep,
-                        out.index)
+                        out.index, extras, original_length)
+
+
+def gather_tokens(values: torch.Tensor, index: torch.Tensor, *, batch_first: bool = False):
+    """Gather per-token values [..., B, L] (positions), or [B, L, ...] with ``batch_first``,
+    with a compaction ``index`` (rows of the flattened [B * L]; -1 at padding, which reads 0),
+    in the padded ([R, L']) or varlen ([total]) layout alike."""
+    safe = index.clamp_min(0)
+    if not batch_first:
+        flat = values.reshape(*values.shape[:-2], -1)
+        out = flat[..., safe]
+        return out.masked_fill(index < 0, 0)
+    flat = values.reshape(-1, *values.shape[2:])
+    out = flat[safe]
+    pad = (index < 0).reshape(*index.shape, *([1] * (values.dim() - 2)))
+    return out.masked_fill(pad, 0)
 
 
 def expand_av_keep(av_keep: torch.Tensor, modality: torch.Tensor) -> torch.Tensor:
@@ -156,10 +202,34 @@ def _check_inputs(inputs_embeds, modality, positions):
     if modality.shape != inputs_embeds.shape[:2]:
         raise ValueError(f"modality must have shape {list(inputs_embeds.shape[:2])} "
                          f"(the [B, L] of inputs_embeds), got {list(modality.shape)}")
-    bad = (modality < PAD) | (modality > TEXT)
-    if bool(bad.any()):
-        raise ValueError(f"modality must hold -1 (padding), 0 (visual), 1 (audio) or 2 (text), "
-                         f"got {int(modality[bad][0])}")
+    check_codes(modality)
+
+
+def _check_native(position_ids, per_token, modality, positions):
+    batch, width = modality.shape
+    if position_ids is not None:
+        _checks.tensor("position_ids", position_ids, integer=True)
+        _checks.same_device("position_ids", position_ids, "modality", modality)
+        if positions != "original":
+            raise ValueError("position_ids are the model's own positions of the unpruned "
+                             f"sequence and need positions='original', got {positions!r}")
+        if position_ids.dim() < 2 or position_ids.shape[-2:] != modality.shape:
+            raise ValueError(f"position_ids must have shape [{batch}, {width}] or "
+                             f"[..., {batch}, {width}] (the [B, L] of inputs_embeds), got "
+                             f"{list(position_ids.shape)}")
+    if per_token is None:
+        return
+    if not isinstance(per_token, dict):
+        raise TypeError(f"per_token must be a dict of name -> tensor, got "
+                        f"{type(per_token).__name__}")
+    for name, value in per_token.items():
+        _checks.tensor(f"per_token[{name!r}]", value)
+        _checks.same_device(f"per_token[{name!r}]", value, "modality", modality)
+        if value.dim() < 2 or value.shape[:2] != modality.shape:
+            raise ValueError(f"per_token[{name!r}] must have shape [{batch}, {width}, ...] "
+                             f"(the [B, L] of inputs_embeds first), got {list(value.shape)}")
+        if name in _RESERVED_INPUTS:
+            raise ValueError(f"per_token may not hold {name!r}: generate passes it from pruned")
 
 
 def _check_keep(keep, modality, is_text):
@@ -208,8 +278,13 @@ def generate(model, pruned: PrunedInputs, *, attention: str = "auto", **generate
 
     Every decoding strategy of ``model.generate`` works (greedy, beam search with
     ``num_beams``, sampling, ``num_return_sequences``, logits processors, stopping criteria):
-    the prompt is prefilled with ``pruned.position_ids`` and each decode step t takes
-    position ``pruned.next_position + t``.
+    the prompt is prefilled with ``pruned.position_ids`` (and ``pruned.per_token``) and each
+    decode step t takes position ``pruned.next_position + t`` (on each axis).
+
+    Sliding-window attention counts cache slots, not original positions, so a pruned prompt
+    would see further back than the full one. ``generate`` runs a model with sliding-window
+    layers only where the window can't bind (every row's original length + ``max_new_tokens``
+    - 1 within the window: then it is exact) and refuses it otherwise.
 
     Args:
         model: a Hugging Face ``*ForCausalLM`` that takes ``inputs_embeds``.
@@ -241,14 +316,21 @@ def generate(model, pruned: PrunedInputs, *, attention: str = "auto", **generate
     if bool((pruned.attention_mask.sum(1) == 0).any()):
         row = int(torch.nonzero(pruned.attention_mask.sum(1) == 0)[0, 0])
         raise ValueError(f"pruned row {row} keeps no tokens; there is nothing to prefill")
+    window = sliding_window(model)
+    if window is not None:
+        _check_window_cannot_bind(model, pruned, window, generate_kwargs)
     path = attention
     if path == "auto":
         flash_ready = (_flash_attn_installed() and pruned.inputs_embeds.is_cuda
                        and model.dtype in (torch.float16, torch.bfloat16))
-        path = "varlen" if flash_ready and generate_kwargs.get("use_cache", True) else "padded"
+        path = ("varlen" if flash_ready and window is None
+                and generate_kwargs.get("use_cache", True) else "padded")
     if path == "varlen" and generate_kwargs.get("use_cache", True) is False:
         raise ValueError("generate(attention='varlen') hands a prefilled cache to model.generate "
                          "and needs use_cache=True")
+    if path == "varlen" and window is not None:
+        raise ValueError(f"generate(attention='varlen') does not support sliding-window "
+                         f"attention layers (sliding_window={window}); use attention='padded'")
     extra = {}
     if path == "varlen" and pruned.inputs_embeds.shape[1] > 1:
         extra["past_key_values"] = _varlen_prefill(model, pruned,
@@ -265,25 +347,32 @@ def _flash_attn_installed() -> bool:
 
 @contextlib.contextmanager
 def _continue_positions(model, pruned):
-    """``model.generate`` gives decode step t the position (last prompt position) + 1 + t.
-    When a row's last original token was pruned, shift its decode steps up to
-    next_position + t with a forward pre-hook, removed on exit."""
-    last = pruned.position_ids[:, -1]
-    shift = pruned.next_position - last - 1
-    if not bool((shift != 0).any()):
+    """``model.generate`` gives decode step t the position (last prompt position) + 1 + t on
+    each axis. Where that isn't ``next_position + t`` (the row's last original token was
+    pruned, or an M-RoPE prompt's axes end apart), shift the decode steps with a forward
+    pre-hook, removed on exit. The same hook hands ``pruned.per_token`` to the prefill."""
+    last = pruned.position_ids[..., -1]                      # [..., R]
+    shift = pruned.next_position - last - 1                  # [..., R]
+    per_token = pruned.per_token or {}
+    if not bool((shift != 0).any()) and not per_token:
         yield
         return
-    rows = last.shape[0]
+    rows = last.shape[-1]
 
     def hook(module, args, kwargs):
         position_ids = kwargs.get("position_ids")
-        if position_ids is None or position_ids.dim() != 2:
-            return None
-        expand = position_ids.shape[0] // rows  # beams / return sequences, repeat-interleaved
-        row_last = last.repeat_interleave(expand)[:, None]
-        row_shift = shift.repeat_interleave(expand)[:, None]
-        decoding = position_ids[:, :1] > row_last  # past the prompt: a generated token
-        kwargs["position_ids"] = position_ids + torch.where(decoding, row_shift, 0)
+        if position_ids is not None and position_ids.dim() == pruned.position_ids.dim():
+            expand = position_ids.shape[-2] // rows  # beams / return sequences, interleaved
+            row_last = last.repeat_interleave(expand, dim=-1)[..., None]
+            row_shift = shift.repeat_interleave(expand, dim=-1)[..., None]
+            decoding = position_ids[..., :1] > row_last  # past the prompt: a generated token
+            kwargs["position_ids"] = position_ids + torch.where(decoding, row_shift, 0)
+        embeds = kwargs.get("inputs_embeds")
+        if embeds is not None and per_token:  # the prefill (decode steps take input_ids)
+            expand = embeds.shape[0] // rows
+            for name, value in per_token.items():
+                value = value.repeat_interleave(expand, dim=0) if expand > 1 else value
+                kwargs[name] = value[:, value.shape[1] - embeds.shape[1]:]
         return args, kwargs
 
     handle = model.register_forward_pre_hook(hook, with_kwargs=True)
@@ -291,6 +380,37 @@ def _continue_positions(model, pruned):
         yield
     finally:
         handle.remove()
+
+
+def sliding_window(model) -> int | None:
+    """The sliding window of a model's attention layers, or None when no layer slides."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") \
+        else model.config
+    window = getattr(config, "sliding_window", None)
+    if window is None:
+        return None
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None:
+        return window if any("sliding" in str(kind) for kind in layer_types) else None
+    return window if getattr(config, "use_sliding_window", True) else None
+
+
+def _check_window_cannot_bind(model, pruned, window, generate_kwargs):
+    config = generate_kwargs.get("generation_config") or model.generation_config
+    new_tokens = generate_kwargs.get("max_new_tokens", getattr(config, "max_new_tokens", None))
+    if new_tokens is None:
+        new_tokens = generate_kwargs.get("max_length", getattr(config, "max_length", 0))
+    longest = int(pruned.original_length.max()) if pruned.original_length is not None \
+        else int(pruned.next_position.max())
+    # the last token fed in (the next-to-last generated) sits longest + new - 2 tokens after
+    # the first; the window reaches window - 1 back
+    if longest + int(new_tokens) - 1 > window:
+        raise ValueError(
+            f"the model's sliding_window={window} counts cache slots, which after pruning are "
+            f"not original positions: a prompt of {longest} tokens + max_new_tokens="
+            f"{new_tokens} outgrows it, so the pruned model would attend further back than the "
+            "full one. Keep prompt + max_new_tokens - 1 within the window, or prune for a "
+            "model without sliding-window layers")
 
 
 def _expand_size(model, generate_kwargs) -> int:
@@ -310,7 +430,9 @@ def _varlen_prefill(model, pruned, expand):
     rows, width = pruned.attention_mask.shape
     head = pruned.attention_mask[:, :-1].bool()
     packed = compact(pruned.inputs_embeds[:, :-1], head, layout="varlen", positions="contiguous")
-    position_ids = pruned.position_ids[:, :-1].reshape(-1)[packed.index]
+    position_ids = gather_tokens(pruned.position_ids[..., :-1], packed.index)[..., None, :]
+    per_token = {name: gather_tokens(value[:, :-1], packed.index, batch_first=True)[None]
+                 for name, value in (pruned.per_token or {}).items()}
     cu_seqlens = packed.cu_seqlens
     use_flash = (_flash_attn_installed() and packed.hidden.is_cuda
                  and model.dtype in (torch.float16, torch.bfloat16))
@@ -319,15 +441,12 @@ def _varlen_prefill(model, pruned, expand):
         model.forward).parameters else {}
     prefill_cache = DynamicCache()
     with _attention_implementation(model, implementation):
-        model(inputs_embeds=packed.hidden[None], position_ids=position_ids[None],
+        model(inputs_embeds=packed.hidden[None], position_ids=position_ids, **per_token,
               past_key_values=prefill_cache, use_cache=True,
               cu_seq_lens_q=cu_seqlens, cu_seq_lens_k=cu_seqlens,
               max_length_q=packed.max_seqlen, max_length_k=packed.max_seqlen, **kwargs)
 
     cache = DynamicCache(config=model.config)
-    if any(getattr(layer, "is_sliding", False) for layer in cache.layers):
-        raise ValueError("generate(attention='varlen') does not support sliding-window "
-                         "attention layers; use attention='padded'")
     row_of = packed.index // (width - 1)
     col_of = packed.index % (width - 1)
     for layer_idx, layer in enumerate(prefill_cache.layers):

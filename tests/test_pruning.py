@@ -325,7 +325,10 @@ def test_generate_rejects_bad_input(qwen2):
         generate(qwen2, pruned, attention="varlen", use_cache=False)
     no_text = modality.clone()
     no_text[0][no_text[0] == TEXT] = VISUAL  # sample 0: AV tokens and padding only
-    empty = prune_inputs(embeds, no_text, keep=no_text == TEXT)  # drops every AV token
+    with pytest.raises(ValueError, match="modality row 0 has no text token"):
+        prune_inputs(embeds, no_text, keep=no_text == TEXT)
+    empty = pruned._replace(attention_mask=pruned.attention_mask * torch.tensor(
+        [0, 1, 1], device=DEVICE)[:, None])
     with pytest.raises(ValueError, match="pruned row 0 keeps no tokens"):
         generate(qwen2, empty)
     assert isinstance(pruned, PrunedInputs)
