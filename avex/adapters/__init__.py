@@ -1,0 +1,41 @@
+"""Model adapters, one thin file per Hugging Face model family (as ToMe's ``tome/patch/``):
+what the model's processor returns in, what pruning needs out
+(:class:`~avex.adapters._capture.AdaptedInputs`: merged ``inputs_embeds``, modality codes
+from the placeholder ids, the model's own position ids, extra per-token inputs)::
+
+    inputs = processor(text=..., videos=..., audio=..., return_tensors="pt")
+    adapted = avex.adapters.adapt(model, **inputs)
+    pruned = adapted.prune(scores=scores, retention=0.3)
+    tokens = avex.pruning.generate(model, pruned, max_new_tokens=64)
+
+docs/models.md lists the families, what is refused and why.
+"""
+from __future__ import annotations
+
+from avex.adapters import gemma3n, llava_onevision, qwen2_5_omni, qwen2_5_vl, qwen2_audio
+from avex.adapters._capture import AdaptedInputs
+
+__all__ = ["AdaptedInputs", "adapt", "adapter_for", "FAMILIES"]
+
+FAMILIES = {module.__name__.rsplit(".", 1)[1]: module
+            for module in (qwen2_5_omni, qwen2_5_vl, llava_onevision, qwen2_audio, gemma3n)}
+_BY_MODEL_TYPE = {kind: module for module in FAMILIES.values() for kind in module.MODEL_TYPES}
+
+
+def adapter_for(model):
+    """The adapter module of ``model``'s family (by ``config.model_type``)."""
+    kind = getattr(getattr(model, "config", None), "model_type", None)
+    if kind == "qwen2_5_omni":
+        raise ValueError("model is the full Qwen2.5-Omni (thinker + talker); pass model.thinker, "
+                         "the part that reads the prompt and writes text")
+    if kind not in _BY_MODEL_TYPE:
+        raise ValueError(f"no adapter for model_type {kind!r} ({type(model).__name__}); "
+                         f"supported: {sorted(_BY_MODEL_TYPE)}. For a text-only *ForCausalLM, "
+                         "build inputs_embeds and modality codes yourself "
+                         "(avex.modality.codes_from_ids) and call prune_inputs")
+    return _BY_MODEL_TYPE[kind]
+
+
+def adapt(model, **processor_outputs) -> AdaptedInputs:
+    """``adapter_for(model).adapt(model, **processor_outputs)``."""
+    return adapter_for(model).adapt(model, **processor_outputs)
