@@ -152,7 +152,7 @@ class AVEXPolicy(nn.Module):
         A smaller ``hidden_size`` gives a compact policy with input projections, randomly
         initialised.
         """
-        c = llm.config
+        c = llm.config.get_text_config()  # an audio-visual model's decoder settings
         width = hidden_size or c.hidden_size
         matched = width == c.hidden_size
         cfg = PolicyConfig(
@@ -161,7 +161,8 @@ class AVEXPolicy(nn.Module):
             num_kv_heads=getattr(c, "num_key_value_heads", None) if matched else None,
             intermediate_size=c.intermediate_size if matched else None,
             num_layers=num_layers,
-            qkv_bias=bool(getattr(c, "attention_bias", False) or c.model_type == "qwen2")
+            qkv_bias=bool(getattr(c, "attention_bias", False)
+                          or c.model_type.startswith("qwen2"))
             if matched else False,
             norm_eps=getattr(c, "rms_norm_eps", 1e-6))
         policy = cls(cfg)

@@ -42,7 +42,8 @@ def caption_split(captioner, clips, selector: Selector, retention: float, *,
         if isinstance(keep, tuple):  # Selection(keep, inputs_embeds): a merging method
             keep, embeds = keep
         sets = captioner.caption_keep_sets(embeds, batch.modality, keep[:, None],
-                                           num_beams=num_beams, max_new_tokens=max_new_tokens)
+                                           num_beams=num_beams, max_new_tokens=max_new_tokens,
+                                           position_ids=batch.native_position_ids)
         captions.extend(s[0] for s in sets)
     return captions
 

@@ -122,13 +122,18 @@ def topk_keep(scores: torch.Tensor, budget: torch.Tensor) -> torch.Tensor:
 
 
 def balanced_attention_keep(attention: torch.Tensor, n_visual: int, n_audio: int,
-                            retention: float) -> torch.Tensor:
+                            retention: float, av_modality: torch.Tensor | None = None
+                            ) -> torch.Tensor:
     """bool [Nv + Na] for one clip: K = :func:`num_kept` tokens split by :func:`split_budget`,
-    each modality's share the most attended within it. ``attention`` is float [Nv + Na], video
-    then audio (``FrozenCaptioner.text_to_av_attention``)."""
+    each modality's share the most attended within it. ``attention`` is float [Nv + Na], in the
+    order of the AV tokens (``FrozenCaptioner.text_to_av_attention``): video then audio, or as
+    ``av_modality`` (codes [Nv + Na]) says for an interleaved layout (Qwen2.5-Omni)."""
     k = int(num_kept(retention, torch.tensor(n_visual + n_audio)))
     kv, ka = split_budget(k, n_visual, n_audio)
+    if av_modality is None:
+        av_modality = torch.tensor([VISUAL] * n_visual + [AUDIO] * n_audio)
     keep = torch.zeros(n_visual + n_audio, dtype=torch.bool)
-    keep[attention[:n_visual].topk(kv).indices] = True
-    keep[n_visual + attention[n_visual:].topk(ka).indices] = True
+    for code, budget in ((VISUAL, kv), (AUDIO, ka)):
+        where = torch.nonzero(av_modality == code).flatten()
+        keep[where[attention[where].topk(budget).indices]] = True
     return keep

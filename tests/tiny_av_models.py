@@ -58,10 +58,10 @@ def omni_audio_tokens(frames):
     return ((frames - 1) // 2 + 1 - 2) // 2 + 1
 
 
-def omni(end_with_av=False):
+def omni(end_with_av=False, seed=1, vocab=TEXT_VOCAB):
     from transformers import Qwen2_5OmniThinkerConfig, Qwen2_5OmniThinkerForConditionalGeneration
     config = Qwen2_5OmniThinkerConfig(
-        text_config=dict(TEXT, vocab_size=TEXT_VOCAB, rope_parameters=MROPE),
+        text_config=dict(TEXT, vocab_size=vocab, rope_parameters=MROPE),
         vision_config=dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2,
                            out_hidden_size=32, fullatt_block_indexes=[0], patch_size=2,
                            spatial_merge_size=2, temporal_patch_size=2),
@@ -81,7 +81,7 @@ def omni(end_with_av=False):
             [10, 11] + omni_av_block(2, 4, omni_audio_tokens(frames[1])) + tail[1]]
     ids, mask = left_pad(rows)
     grids = torch.tensor([[3, 4, 4], [2, 4, 4]])
-    gen = torch.Generator().manual_seed(1)
+    gen = torch.Generator().manual_seed(seed)
     features_mask = (torch.arange(40)[None] < torch.tensor(frames)[:, None]).long()
     inputs = dict(input_ids=ids, attention_mask=mask,
                   pixel_values_videos=torch.randn(int(grids.prod(-1).sum()), 24, generator=gen),
@@ -95,10 +95,10 @@ def omni(end_with_av=False):
 VL = dict(image=191, video=192, vision_start=195, vision_end=196)
 
 
-def qwen2_5_vl():
+def qwen2_5_vl(seed=1, vocab=TEXT_VOCAB):
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
     config = Qwen2_5_VLConfig(
-        text_config=dict(TEXT, vocab_size=TEXT_VOCAB, rope_parameters=MROPE),
+        text_config=dict(TEXT, vocab_size=vocab, rope_parameters=MROPE),
         vision_config=dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2,
                            out_hidden_size=32, fullatt_block_indexes=[0], patch_size=2,
                            spatial_merge_size=2, temporal_patch_size=2, window_size=8),
@@ -115,7 +115,7 @@ def qwen2_5_vl():
     types = torch.zeros_like(ids)
     types[ids == VL["image"]] = 1
     types[ids == VL["video"]] = 2
-    gen = torch.Generator().manual_seed(1)
+    gen = torch.Generator().manual_seed(seed)
     video_grids = torch.tensor([[3, 4, 4], [2, 4, 4]])
     inputs = dict(input_ids=ids, attention_mask=mask, mm_token_type_ids=types,
                   pixel_values=torch.randn(16, 24, generator=gen),

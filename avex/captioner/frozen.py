@@ -9,6 +9,7 @@ position carries a modality code (:data:`PAD` -1, :data:`VISUAL` 0, :data:`AUDIO
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
 from dataclasses import dataclass
@@ -83,6 +84,8 @@ class AVBatch:
     position_ids: torch.Tensor       # [B, L] int64
     clip_ids: list
     av_counts: list
+    # the model's own positions of clips exported from it ([3, B, L] for M-RoPE), else None
+    native_position_ids: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.inputs_embeds.shape[0]
@@ -101,6 +104,37 @@ def _left_pad(pieces: list, value, dtype=None) -> torch.Tensor:
         out.append(torch.cat([torch.full(pad_shape, value, dtype=dtype or p.dtype,
                                          device=p.device), p]))
     return torch.stack(out)
+
+
+# model types whose decoder positions are not a count of tokens: their clips must be exported
+# with their own positions (CacheWriter.add_merged) and captioned at them
+NATIVE_POSITION_MODELS = ("qwen2_5_vl", "qwen2_5_omni_thinker")
+
+
+def _load_model(path: Path, dtype):
+    """A local Hugging Face model directory: a ``*ForCausalLM``, or an audio-visual model whose
+    class ``config.json`` names (Qwen2.5-VL, the Qwen2.5-Omni thinker, ...)."""
+    import transformers
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    config = AutoConfig.from_pretrained(str(path))
+    if config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+    else:
+        names = [n for n in (config.architectures or []) if hasattr(transformers, n)]
+        if not names:
+            raise ValueError(f"{path}/config.json (model_type {config.model_type!r}) names no "
+                             "model class this transformers has; expected a *ForCausalLM or "
+                             "an audio-visual model such as Qwen2_5_VLForConditionalGeneration")
+        model = getattr(transformers, names[0]).from_pretrained(str(path), dtype=dtype)
+    forward = inspect.signature(type(model).forward).parameters
+    if "per_layer_inputs" in forward:
+        raise ValueError(f"{path}: {type(model).__name__} needs per-layer token inputs beside "
+                         "inputs_embeds (Gemma 3n), which the feature cache does not hold; it "
+                         "can't caption cached clips correctly. avex.adapters + generate prune "
+                         "it at inference")
+    return model
 
 
 class FrozenCaptioner:
@@ -133,7 +167,7 @@ class FrozenCaptioner:
     @classmethod
     def load(cls, path=None, *, device=None, dtype: torch.dtype = torch.float32,
              feature_dim: int | None = None) -> "FrozenCaptioner":
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
 
         if path is None or path == "embedded":
             path = default_captioner_path()
@@ -146,7 +180,7 @@ class FrozenCaptioner:
             raise FileNotFoundError(f"{path} is not a Hugging Face model directory "
                                     "(no config.json)")
         device = torch.device(device) if device is not None else default_device()
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).to(device)
+        model = _load_model(path, dtype).to(device)
         tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir(path)))
         hidden = model.get_input_embeddings().embedding_dim
         info, max_new = {}, 32
@@ -204,9 +238,21 @@ class FrozenCaptioner:
         return embeds.to(self.device, self.dtype)
 
     def embed(self, clips: Sequence[Clip]) -> AVBatch:
-        """Clips -> an :class:`AVBatch` (prefix text, video, audio, suffix text; left-padded)."""
+        """Clips -> an :class:`AVBatch` (prefix text, video, audio, suffix text; left-padded).
+        Clips exported from a real model (``Clip.merged``) are taken as stored: the model's
+        merged embeddings, codes and positions."""
         if len(clips) == 0:
             raise ValueError("clips is empty")
+        merged = [clip.merged is not None for clip in clips]
+        if any(merged):
+            if not all(merged):
+                raise ValueError("a batch mixes clips exported from a model (merged) with "
+                                 "plain ones; a cache holds one kind")
+            return self._embed_merged(clips)
+        if self.model.config.model_type in NATIVE_POSITION_MODELS:
+            raise ValueError(f"{type(self.model).__name__} has its own positions ([3, B, L]); "
+                             "its clips must be exported with them (CacheWriter.add_merged), "
+                             f"clip {clips[0].clip_id!r} was not")
         embeds, mods, counts = [], [], []
         with torch.no_grad():
             for clip in clips:
@@ -232,6 +278,35 @@ class FrozenCaptioner:
         return AVBatch(inputs_embeds=_left_pad(embeds, 0.0), attention_mask=attention_mask,
                        modality=_left_pad(mods, PAD), position_ids=position_ids,
                        clip_ids=[c.clip_id for c in clips], av_counts=counts)
+
+    def _embed_merged(self, clips: Sequence[Clip]) -> AVBatch:
+        embeds, mods, positions = [], [], []
+        for clip in clips:
+            stored = clip.merged["inputs_embeds"]
+            if stored.shape[-1] != self.hidden_size:
+                raise ValueError(f"clip {clip.clip_id!r}: merged embeddings have width "
+                                 f"{stored.shape[-1]} but {type(self.model).__name__} takes "
+                                 f"{self.hidden_size}")
+            embeds.append(stored.to(self.device, self.dtype))
+            mods.append(clip.merged["modality"].to(self.device))
+            positions.append(clip.merged["position_ids"])
+        native = None
+        if any(p is not None for p in positions):
+            if any(p is None for p in positions) or len({p.dim() for p in positions}) > 1:
+                raise ValueError("the clips of a batch must all hold position ids of one rank")
+            native = _left_pad([p.to(self.device).movedim(-1, 0) for p in positions], 0)
+            native = native.permute(*range(2, native.dim()), 0, 1)  # [B, L, ...] -> [..., B, L]
+        elif self.model.config.model_type in NATIVE_POSITION_MODELS:
+            raise ValueError(f"{type(self.model).__name__} has its own positions; clip "
+                             f"{clips[0].clip_id!r} was exported without them")
+        masks = [torch.ones(len(m), dtype=torch.long, device=self.device) for m in mods]
+        attention_mask = _left_pad(masks, 0)
+        counts = [(int((m == VISUAL).sum()), int((m == AUDIO).sum())) for m in mods]
+        return AVBatch(inputs_embeds=_left_pad(embeds, 0.0), attention_mask=attention_mask,
+                       modality=_left_pad(mods, PAD),
+                       position_ids=(attention_mask.cumsum(1) - 1).clamp(min=0),
+                       clip_ids=[c.clip_id for c in clips], av_counts=counts,
+                       native_position_ids=native)
 
     # -- generation -----------------------------------------------------------------------------
     def _sequence_keep(self, batch: AVBatch, keep) -> torch.Tensor:
@@ -263,11 +338,16 @@ class FrozenCaptioner:
     @torch.no_grad()
     def generate_captions(self, inputs_embeds: torch.Tensor, modality: torch.Tensor,
                           keep: torch.Tensor, *, max_new_tokens: int,
-                          num_beams: int = 1) -> list[str]:
+                          num_beams: int = 1, position_ids=None) -> list[str]:
         """The one captioning path: prune to ``keep`` (bool [B, L] or [B, S, L] in the sequence
-        layout), generate greedily (or with beams) at original positions, cut each caption at
+        layout), generate greedily (or with beams) at original positions (the model's own
+        ``position_ids`` where given: ``AVBatch.native_position_ids``), cut each caption at
         EOS. Returns B * S captions, row b * S + s."""
-        pruned = prune_inputs(inputs_embeds, modality, keep=keep, positions="original")
+        if position_ids is None and self.model.config.model_type in NATIVE_POSITION_MODELS:
+            raise ValueError(f"{type(self.model).__name__} needs its own position_ids "
+                             "(AVBatch.native_position_ids); a count of tokens is wrong for it")
+        pruned = prune_inputs(inputs_embeds, modality, keep=keep, positions="original",
+                              position_ids=position_ids)
         pad = self.tokenizer.pad_token_id
         tokens = generate(self.model, pruned, max_new_tokens=max_new_tokens,
                           num_beams=num_beams, do_sample=False, eos_token_id=self.eos_token_id,
@@ -281,7 +361,7 @@ class FrozenCaptioner:
 
     def caption_keep_sets(self, inputs_embeds: torch.Tensor, modality: torch.Tensor,
                           av_keep: torch.Tensor, *, num_beams: int = 1,
-                          max_new_tokens: int = 24) -> list[list[str]]:
+                          max_new_tokens: int = 24, position_ids=None) -> list[list[str]]:
         """Caption every keep-set of every sample in one batched generation.
 
         ``av_keep`` is bool [B, S, M] on the AV axis (e.g. ``Exchanges.sets()``); the S sets of
@@ -289,7 +369,8 @@ class FrozenCaptioner:
         """
         batch, sets = av_keep.shape[:2]
         flat = self.generate_captions(inputs_embeds, modality, expand_av_keep(av_keep, modality),
-                                      max_new_tokens=max_new_tokens, num_beams=num_beams)
+                                      max_new_tokens=max_new_tokens, num_beams=num_beams,
+                                      position_ids=position_ids)
         return [flat[b * sets:(b + 1) * sets] for b in range(batch)]
 
     def caption(self, inputs, *, keep=None, max_new_tokens: int | None = None,
@@ -309,7 +390,8 @@ class FrozenCaptioner:
         if isinstance(inputs, AVBatch):
             return self.generate_captions(inputs.inputs_embeds, inputs.modality,
                                           self._sequence_keep(inputs, keep),
-                                          max_new_tokens=max_new, num_beams=num_beams)
+                                          max_new_tokens=max_new, num_beams=num_beams,
+                                          position_ids=inputs.native_position_ids)
         clips = list(inputs)
         if keep is not None and len(keep) != len(clips):
             raise ValueError(f"keep has {len(keep)} rows but {len(clips)} clips were given")
@@ -322,7 +404,8 @@ class FrozenCaptioner:
             part = None if keep is None else keep[start:start + batch_size]
             texts.extend(self.generate_captions(chunk.inputs_embeds, chunk.modality,
                                                 self._sequence_keep(chunk, part),
-                                                max_new_tokens=max_new, num_beams=num_beams))
+                                                max_new_tokens=max_new, num_beams=num_beams,
+                                                position_ids=chunk.native_position_ids))
         return texts
 
     # -- attention ------------------------------------------------------------------------------
@@ -348,7 +431,8 @@ class FrozenCaptioner:
         try:
             out = self.model(inputs_embeds=batch.inputs_embeds,
                              attention_mask=batch.attention_mask,
-                             position_ids=batch.position_ids, output_attentions=True)
+                             position_ids=batch.position_ids if batch.native_position_ids is None
+                             else batch.native_position_ids, output_attentions=True)
         finally:
             self.model.set_attn_implementation(previous)
         # [B, L_query, L_key], averaged over layers and heads

@@ -6,7 +6,10 @@ A cache is a directory::
     manifest.jsonl     one JSON object per clip (id, split, shard, token counts, references)
     shards/*.safetensors   per clip: "<clip_id>/visual" [Nv, d], "<clip_id>/audio" [Na, d],
                            "<clip_id>/prompt_prefix_ids" [Lp], "<clip_id>/prompt_suffix_ids" [Ls]
-                           (or "..._embeds" [L, D] instead of ids), optional annotations
+                           (or "..._embeds" [L, D] instead of ids), optional annotations;
+                           a clip exported from a real model (CacheWriter.add_merged) also holds
+                           "<clip_id>/merged_embeds" [L, D], "<clip_id>/merged_modality" [L] and
+                           optionally "<clip_id>/merged_position_ids" [..., L]
 
 The README's "Feature-cache format" section is the user-facing specification; this module is its
 reference writer (:class:`CacheWriter`) and reader (:class:`FeatureCache`). Reading memory-maps the
@@ -80,6 +83,9 @@ class Clip:
     prompt_suffix_embeds: torch.Tensor | None = None
     annotations: dict[str, torch.Tensor] = field(default_factory=dict)
     info: dict = field(default_factory=dict)
+    # a clip exported from a real model: "inputs_embeds" [L, D] (the model's merged embeddings),
+    # "modality" int64 [L] (avex.modality codes), "position_ids" int64 [..., L] or None
+    merged: dict | None = None
 
     @property
     def n_visual(self) -> int:
@@ -170,7 +176,8 @@ class CacheWriter:
             refs_av: Sequence[str], refs_v: Sequence[str] = (), refs_a: Sequence[str] = (),
             prompt_prefix_ids=None, prompt_suffix_ids=None, prompt_prefix_embeds=None,
             prompt_suffix_embeds=None, prompt_text: dict | None = None,
-            annotations: dict | None = None, info: dict | None = None) -> None:
+            annotations: dict | None = None, info: dict | None = None,
+            _merged: tuple[dict, dict] | None = None) -> None:
         if not isinstance(clip_id, str) or not CLIP_ID_PATTERN.match(clip_id):
             raise ValueError("clip_id must match [A-Za-z0-9_.-]{1,200}, got " + repr(clip_id))
         if clip_id in self._ids:
@@ -221,10 +228,63 @@ class CacheWriter:
             row["prompt"] = {k: str(prompt_text[k]) for k in PROMPT_SIDES if k in prompt_text}
         if info:
             row["info"] = info
+        if _merged is not None:
+            merged_tensors, row["merged"] = _merged
+            tensors.update({f"{clip_id}/{k}": v for k, v in merged_tensors.items()})
         self._ids.add(clip_id)
         self._pending.setdefault(split, []).append((row, tensors))
         if len(self._pending[split]) >= self.clips_per_shard:
             self._flush(split)
+
+    def add_merged(self, clip_id: str, split: str, inputs_embeds: torch.Tensor,
+                   modality: torch.Tensor, position_ids: torch.Tensor | None = None, *,
+                   refs_av: Sequence[str], refs_v: Sequence[str] = (),
+                   refs_a: Sequence[str] = (), info: dict | None = None) -> None:
+        """A clip as a real model's decoder reads it (e.g. ``avex.adapters.adapt`` of one
+        row, padding removed): its merged ``inputs_embeds`` [L, D], modality codes [L] and, for
+        a model with its own positions, ``position_ids`` [..., L] (M-RoPE: [3, L]). The AV rows
+        are also stored as ``visual`` / ``audio`` and the text before the first AV token as
+        the prompt prefix, the rest of the text as the suffix, so every reader of the plain
+        format still works; the captioner reads the merged sequence as it is."""
+        if not isinstance(inputs_embeds, torch.Tensor) or inputs_embeds.dim() != 2 \
+                or inputs_embeds.shape[1] != self.dim or not inputs_embeds.is_floating_point():
+            shape = list(inputs_embeds.shape) if isinstance(inputs_embeds, torch.Tensor) \
+                else type(inputs_embeds).__name__
+            raise ValueError(f"inputs_embeds for clip {clip_id!r} must be a float tensor "
+                             f"[L, {self.dim}], got {shape}")
+        length = inputs_embeds.shape[0]
+        if not isinstance(modality, torch.Tensor) or modality.shape != (length,) \
+                or modality.is_floating_point():
+            shape = list(modality.shape) if isinstance(modality, torch.Tensor) else modality
+            raise ValueError(f"modality for clip {clip_id!r} must be an int tensor [{length}], "
+                             f"got {shape}")
+        if bool(((modality < 0) | (modality > 2)).any()):
+            raise ValueError(f"modality for clip {clip_id!r} must hold 0 (visual), 1 (audio) "
+                             f"or 2 (text) (no padding), got {sorted(set(modality.tolist()))}")
+        if not bool((modality == 2).any()):
+            raise ValueError(f"modality for clip {clip_id!r} has no text token (code 2)")
+        tensors = {"merged_embeds": inputs_embeds.detach().to("cpu", self.dtype).contiguous(),
+                   "merged_modality": modality.detach().to("cpu", torch.int8).contiguous()}
+        rank = None
+        if position_ids is not None:
+            if not isinstance(position_ids, torch.Tensor) or position_ids.is_floating_point() \
+                    or position_ids.dim() < 1 or position_ids.shape[-1] != length:
+                shape = list(position_ids.shape) if isinstance(position_ids, torch.Tensor) \
+                    else position_ids
+                raise ValueError(f"position_ids for clip {clip_id!r} must be an int tensor "
+                                 f"[..., {length}], got {shape}")
+            tensors["merged_position_ids"] = position_ids.detach().to("cpu", torch.int64) \
+                .contiguous()
+            rank = position_ids.dim()
+        embeds, codes = tensors["merged_embeds"], modality.cpu()
+        av = torch.nonzero(codes != 2).flatten()
+        first_av = int(av[0]) if av.numel() else length
+        is_text = codes == 2
+        before = is_text & (torch.arange(length) < first_av)
+        self.add(clip_id, split, embeds[codes == 0], embeds[codes == 1], refs_av=refs_av,
+                 refs_v=refs_v, refs_a=refs_a, prompt_prefix_embeds=embeds[before],
+                 prompt_suffix_embeds=embeds[is_text & ~before], info=info,
+                 _merged=(tensors, {"length": length, "position_rank": rank}))
 
     def _flush(self, split: str) -> None:
         items = self._pending.pop(split, [])
@@ -495,6 +555,26 @@ class FeatureCache:
             else:
                 raise CacheError(f"{where}: shard {path} has neither {ids_key!r} nor "
                                  f"{emb_key!r}")
+        if row.get("merged") is not None:
+            self._check_merged(row, header, path)
+
+    def _check_merged(self, row: dict, header: dict, path: Path) -> None:
+        where, clip_id, merged = self._row_where(row), row["clip_id"], row["merged"]
+        length, rank = merged.get("length"), merged.get("position_rank")
+        expect = {"merged_embeds": (FLOAT_DTYPES, [length, self.meta.dim]),
+                  "merged_modality": ({"I8"}, [length])}
+        if rank is not None:
+            expect["merged_position_ids"] = (INT_DTYPES, None)
+        for name, (dtypes, shape) in expect.items():
+            key = f"{clip_id}/{name}"
+            if key not in header:
+                raise CacheError(f"{where}: shard {path} has no tensor {key!r}")
+            dtype, got = header[key]
+            if dtype not in dtypes or (shape is not None and got != shape) or \
+                    (shape is None and (len(got) != rank or got[-1] != length)):
+                raise CacheError(f"{where}: {key} in {path} is {dtype} {got}; the manifest "
+                                 f"says length {length}" + ("" if rank is None else
+                                                            f", position rank {rank}"))
 
     def _check_all_rows(self) -> None:
         by_shard: dict[str, list[dict]] = {}
@@ -586,13 +666,19 @@ class FeatureCache:
             value = self._tensor(handle, row, name, optional=True)
             if value is not None:
                 annotations[name] = value
+        merged = None
+        if row.get("merged") is not None:
+            positions = self._tensor(handle, row, "merged_position_ids", optional=True)
+            merged = {"inputs_embeds": self._tensor(handle, row, "merged_embeds"),
+                      "modality": self._tensor(handle, row, "merged_modality").to(torch.int64),
+                      "position_ids": None if positions is None else positions.to(torch.int64)}
         return Clip(clip_id=row["clip_id"], split=row["split"], visual=visual, audio=audio,
                     prompt_prefix_ids=prompt["prefix"][0], prompt_suffix_ids=prompt["suffix"][0],
                     prompt_prefix_embeds=prompt["prefix"][1],
                     prompt_suffix_embeds=prompt["suffix"][1],
                     refs_av=list(row["refs_av"]), refs_v=list(row["refs_v"]),
                     refs_a=list(row["refs_a"]), annotations=annotations,
-                    info=dict(row.get("info", {})))
+                    info=dict(row.get("info", {})), merged=merged)
 
     def __iter__(self) -> Iterator[Clip]:
         for i in range(len(self.rows)):
