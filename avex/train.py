@@ -42,6 +42,7 @@ from avex.data import FeatureCache
 from avex.kernels import build_exchanges, gumbel_topk
 from avex.losses import avex_objective, set_level_loss
 from avex.methods import label, policy_selector, random_selector
+from avex.modality import AUDIO, VISUAL
 from avex.policy import AVEXPolicy
 from avex.progress import progress_bar
 from avex.reward import CiderD
@@ -148,7 +149,16 @@ def warmup_targets(attention: dict, clips, retention: float) -> list[torch.Tenso
     (:func:`avex.selection.balanced_attention_keep`). ``attention`` maps clip_id -> float [M]
     (``FrozenCaptioner.cached_text_to_av_attention``)."""
     return [balanced_attention_keep(attention[clip.clip_id], clip.n_visual, clip.n_audio,
-                                    retention) for clip in clips]
+                                    retention, av_modality=_av_order(clip)) for clip in clips]
+
+
+def _av_order(clip):
+    """The modality of each AV token in sequence order for a clip exported from a model (its AV
+    tokens may interleave, as Qwen2.5-Omni's audio and video do); None: video then audio."""
+    if clip.merged is None:
+        return None
+    codes = clip.merged["modality"]
+    return codes[(codes == VISUAL) | (codes == AUDIO)]
 
 
 def warmup_loss(policy, batch, layout: AVLayout, targets: list[torch.Tensor]) -> torch.Tensor:
@@ -181,7 +191,8 @@ def rl_loss(cfg: TrainConfig, policy, captioner, cider, batch, clips, seed: int)
         sets = indices_to_keep(anchor_idx, scores.shape[1])[:, None]
     captions = captioner.caption_keep_sets(batch.inputs_embeds, batch.modality, sets,
                                            num_beams=cfg.num_beams,
-                                           max_new_tokens=cfg.max_new_tokens)
+                                           max_new_tokens=cfg.max_new_tokens,
+                                           position_ids=batch.native_position_ids)
     num_sets = sets.shape[1]
     flat = [c for row in captions for c in row]
     refs = [clip.refs_av for clip in clips for _ in range(num_sets)]
