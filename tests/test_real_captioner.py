@@ -16,6 +16,8 @@ import tiny_av_models as tiny
 from avex.adapters import adapt
 from avex.captioner import FrozenCaptioner
 from avex.data import CacheWriter, FeatureCache
+from avex.methods import make_selector
+from avex.scoring import caption_split
 from avex.modality import PAD
 
 REPO = Path(__file__).resolve().parents[1]
@@ -75,6 +77,10 @@ def test_train_against_a_real_architecture(name, tmp_path):
     with pytest.raises(ValueError, match="needs its own position_ids"):
         captioner.generate_captions(batch.inputs_embeds, batch.modality,
                                     batch.modality != PAD, max_new_tokens=2)
+    # the attention-scoring baselines run on it too (at its own positions)
+    for method in ("fastv", "fastav", "tome"):
+        selector = make_selector(method, captioner=captioner)
+        assert len(caption_split(captioner, clips, selector, 0.4, max_new_tokens=2)) == 2
 
     run = tmp_path / "run"
     done = subprocess.run(

@@ -5,7 +5,7 @@ import torch
 
 
 def num_layers(captioner) -> int:
-    return int(captioner.model.config.num_hidden_layers)
+    return int(captioner.model.config.get_text_config().num_hidden_layers)
 
 
 @torch.no_grad()

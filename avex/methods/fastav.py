@@ -64,8 +64,10 @@ def fastav_selector(captioner, rollout_layers: int | None = None, late_layer: in
         budget = layout.budget(retention).cpu()
         counts = layout.counts.cpu()
         # stage 1: rollout from the last prompt token, joint Top-K1
+        positions = batch.position_ids if batch.native_position_ids is None \
+            else batch.native_position_ids  # a model's own (M-RoPE) positions where it has them
         atts = head_averaged_attentions(captioner, batch.inputs_embeds, batch.attention_mask,
-                                        batch.position_ids, upto=rollout_layers)
+                                        positions, upto=rollout_layers)
         rollout = attention_rollout(atts)
         scores1 = layout.gather(rollout[:, -1, :]).cpu()
         k1 = torch.tensor([n - math.ceil(stage1_drop * (n - k))
@@ -74,7 +76,8 @@ def fastav_selector(captioner, rollout_layers: int | None = None, late_layer: in
         # stage 2: last-query attention at late_layer on the survivors
         pruned = prune_inputs(batch.inputs_embeds, batch.modality,
                               keep=expand_av_keep(keep1.to(batch.modality.device),
-                                                  batch.modality))
+                                                  batch.modality),
+                              position_ids=batch.native_position_ids)
         att2 = head_averaged_attentions(captioner, pruned.inputs_embeds, pruned.attention_mask,
                                         pruned.position_ids, upto=late_layer)[late_layer - 1]
         width = batch.modality.shape[1]

@@ -43,8 +43,10 @@ def fastv_selector(captioner, layer: int | None = None):
     @torch.no_grad()
     def select(batch, layout, retention):
         retention = _checks.ratio("retention", retention)
+        positions = batch.position_ids if batch.native_position_ids is None \
+            else batch.native_position_ids  # a model's own (M-RoPE) positions where it has them
         att = head_averaged_attentions(captioner, batch.inputs_embeds, batch.attention_mask,
-                                       batch.position_ids, upto=layer)[layer - 1]
+                                       positions, upto=layer)[layer - 1]
         return topk_keep(last_query_scores(att, layout).cpu(), layout.budget(retention).cpu()
                          ).to(layout.modality.device)
     select.layer = layer
