@@ -316,6 +316,7 @@ def generate(model, pruned: PrunedInputs, *, attention: str = "auto", **generate
     if bool((pruned.attention_mask.sum(1) == 0).any()):
         row = int(torch.nonzero(pruned.attention_mask.sum(1) == 0)[0, 0])
         raise ValueError(f"pruned row {row} keeps no tokens; there is nothing to prefill")
+    _check_per_token_inputs(model, pruned)
     window = sliding_window(model)
     if window is not None:
         _check_window_cannot_bind(model, pruned, window, generate_kwargs)
@@ -380,6 +381,24 @@ def _continue_positions(model, pruned):
         yield
     finally:
         handle.remove()
+
+
+def _check_per_token_inputs(model, pruned):
+    """Gemma 3n adds per-layer token embeddings computed from input_ids; inputs_embeds alone
+    drops them, so its prefill needs them gathered (avex.adapters.gemma3n)."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") \
+        else model.config
+    if getattr(config, "vocab_size_per_layer_input", None) is None:
+        return
+    if "per_layer_inputs" not in inspect.signature(type(model).forward).parameters:
+        raise ValueError(f"{type(model).__name__} computes per-layer token inputs from "
+                         "input_ids and takes none beside inputs_embeds, so a pruned prompt "
+                         "would lose them; prune Gemma3nForConditionalGeneration with "
+                         "avex.adapters.gemma3n instead")
+    if "per_layer_inputs" not in (pruned.per_token or {}):
+        raise ValueError(f"{type(model).__name__} needs per_layer_inputs beside inputs_embeds; "
+                         "pass per_token={'per_layer_inputs': ...} to prune_inputs (the "
+                         "avex.adapters.gemma3n adapter gives them)")
 
 
 def sliding_window(model) -> int | None:

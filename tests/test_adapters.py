@@ -167,6 +167,17 @@ def test_generation_matches_the_masked_full_sequence(family, beams):
                                ref)
 
 
+def test_gemma3n_without_its_per_layer_inputs_is_refused():
+    model, inputs = tiny.gemma3n()
+    embeds = torch.randn(2, 6, tiny.TEXT["hidden_size"])
+    pruned = pruning.prune_inputs(embeds, torch.tensor([[TEXT, VISUAL, VISUAL, AUDIO, TEXT,
+                                                         TEXT]] * 2), keep=torch.ones(2, 6,
+                                                                                     dtype=bool))
+    match = "needs per_layer_inputs" if GEMMA3N_SUPPORTED else "takes none beside inputs_embeds"
+    with pytest.raises(ValueError, match=match):
+        generate(model, pruned, max_new_tokens=2)
+
+
 def test_decoding_continues_where_the_model_would_after_a_pruned_final_av_token():
     """Prompts that end in the video/audio block; the last AV token of each row is dropped."""
     model, inputs = tiny.omni(end_with_av=True)

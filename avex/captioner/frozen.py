@@ -9,7 +9,6 @@ position carries a modality code (:data:`PAD` -1, :data:`VISUAL` 0, :data:`AUDIO
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 import os
 from dataclasses import dataclass
@@ -128,8 +127,7 @@ def _load_model(path: Path, dtype):
                              "model class this transformers has; expected a *ForCausalLM or "
                              "an audio-visual model such as Qwen2_5_VLForConditionalGeneration")
         model = getattr(transformers, names[0]).from_pretrained(str(path), dtype=dtype)
-    forward = inspect.signature(type(model).forward).parameters
-    if "per_layer_inputs" in forward:
+    if getattr(model.config.get_text_config(), "vocab_size_per_layer_input", None) is not None:
         raise ValueError(f"{path}: {type(model).__name__} needs per-layer token inputs beside "
                          "inputs_embeds (Gemma 3n), which the feature cache does not hold; it "
                          "can't caption cached clips correctly. avex.adapters + generate prune "
