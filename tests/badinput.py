@@ -1,0 +1,34 @@
+"""The table format of the bad-input tests (tests/test_bad_input_*.py): one case a line.
+
+``case(id, call, error, match)``: ``call()`` must raise ``error`` with a message matching
+``match`` (a regex searched in the message).
+``usage(id, main, argv, match)``: ``main(argv)`` must exit with status 2 (a usage error),
+print a message matching ``match`` on stderr and no traceback.
+"""
+import re
+
+import pytest
+
+NAN, INF = float("nan"), float("inf")
+
+
+def case(case_id: str, call, error, match: str):
+    return pytest.param(call, error, match, id=case_id)
+
+
+def usage(case_id: str, main, argv, match: str):
+    return pytest.param(main, list(argv), match, id=case_id)
+
+
+def raises(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+def exits_with_usage_error(main, argv, match, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2, err
+    assert re.search(match, err), err
+    assert "Traceback" not in err
