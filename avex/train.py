@@ -303,6 +303,8 @@ class Run:
         data_path, captioner_path = prepare_assets(cfg, self.procs)
         cache, captioner, policy = load_assets(cfg, data_path, captioner_path, self.device)
         self.cache = cache
+        if cfg.evaluate:  # a missing evaluation split fails now, not after training
+            cache.split(cfg.eval_split)
         train = cache.split("train")
         clips_train = [train[i] for i in range(len(train))]
         n = len(clips_train)
