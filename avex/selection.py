@@ -33,8 +33,14 @@ __all__ = ["AVLayout", "Selection", "num_kept", "split_budget", "random_keep", "
 
 
 def num_kept(retention: float, num_tokens: torch.Tensor) -> torch.Tensor:
-    """K = round(rho * N) per row, halves rounded up, at least 1 where N >= 1."""
+    """K = round(rho * N) per row, halves rounded up, at least 1 where N >= 1. ``num_tokens``
+    is an integer tensor of counts N >= 0 (or one int)."""
     rho = _checks.ratio("retention", retention)
+    if isinstance(num_tokens, int) and not isinstance(num_tokens, bool):
+        num_tokens = torch.tensor(num_tokens)
+    _checks.tensor("num_tokens", num_tokens, integer=True)
+    if num_tokens.numel() and int(num_tokens.min()) < 0:
+        raise ValueError(f"num_tokens must be token counts >= 0, got {int(num_tokens.min())}")
     k = torch.floor(num_tokens.double() * rho + 0.5).long()
     return torch.where(num_tokens > 0, k.clamp_min(1), torch.zeros_like(k))
 
