@@ -26,9 +26,13 @@ def raises(call, error, match):
 
 
 def exits_with_usage_error(main, argv, match, capsys):
-    with pytest.raises(SystemExit) as stop:
-        main(argv)
+    """``main(argv)`` exits with status 2 (SystemExit(2), or a returned 2 that ``sys.exit``
+    passes on), a message matching ``match`` on stderr and no traceback."""
+    try:
+        code = main(argv)
+    except SystemExit as stop:
+        code = stop.code
     err = capsys.readouterr().err
-    assert stop.value.code == 2, err
+    assert code == 2, err
     assert re.search(match, err), err
     assert "Traceback" not in err
