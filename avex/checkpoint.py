@@ -115,11 +115,11 @@ def read_state(path) -> dict:
 
 
 def read_weights(file) -> dict[str, torch.Tensor]:
-    """A safetensors file of policy weights; a corrupt or truncated one is refused naming it."""
+    """A safetensors file of weights; a corrupt or truncated one is refused naming it."""
     try:
         return load_file(str(file))
     except Exception as err:  # SafetensorError, OSError
-        raise ValueError(f"{file}: corrupt or truncated policy weights ({type(err).__name__}: "
+        raise ValueError(f"{file}: corrupt or truncated weights ({type(err).__name__}: "
                          f"{err}); use an intact copy of the run") from None
 
 
@@ -130,7 +130,7 @@ def check_weights(file) -> None:
         with safe_open(str(file), framework="pt") as handle:
             handle.keys()
     except Exception as err:  # SafetensorError, OSError
-        raise ValueError(f"{file}: corrupt or truncated policy weights ({type(err).__name__}: "
+        raise ValueError(f"{file}: corrupt or truncated weights ({type(err).__name__}: "
                          f"{err}); use an intact copy of the run") from None
 
 

@@ -128,6 +128,9 @@ class TrainConfig:
             raise FileNotFoundError(f"data: no feature cache at {self.data!r}")
         if self.captioner != "embedded" and not Path(self.captioner).exists():
             raise FileNotFoundError(f"captioner: no model directory at {self.captioner!r}")
+        if self.captioner == "embedded" and self.data != "embedded":
+            raise ValueError("captioner='embedded' goes with data='embedded'; for your own "
+                             "feature cache pass --captioner PATH to its Hugging Face causal LM")
         _checks.choice("benchmark_preset", self.benchmark_preset, set(BENCHMARK_PRESETS))
         _checks.choice("captioner_preset", self.captioner_preset, set(CAPTIONER_PRESETS))
         return self

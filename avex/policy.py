@@ -227,7 +227,11 @@ def _count_main(argv=None):
     parser.add_argument("--hidden-size", type=int, default=None,
                         help="policy width; default: the LLM's width (first block from the LLM)")
     args = parser.parse_args(argv)
-    config = backbone_config(args.backbone)
+    try:  # a bad flag is a usage error, before any model is built
+        _checks.optional_int_at_least("hidden_size", args.hidden_size, 1)
+        config = backbone_config(args.backbone)
+    except (ValueError, TypeError, OSError) as err:
+        parser.error(str(err))
     with torch.device("meta"):
         llm = AutoModelForCausalLM.from_config(config)
         policy = AVEXPolicy.from_llm(llm, hidden_size=args.hidden_size, init_from_llm=False)

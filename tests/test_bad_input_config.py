@@ -159,7 +159,7 @@ RESUME_CASES = [
     case("state.pt corrupt", lambda r: (step_dir(r) / "state.pt").write_bytes(b"garbage"), SystemExit, r"step-00000003/state\.pt: corrupt or truncated checkpoint state"),
     case("state.pt truncated", lambda r: truncate(step_dir(r) / "state.pt"), SystemExit, r"state\.pt: corrupt or truncated checkpoint state"),
     case("state.pt not a state", lambda r: torch.save([1, 2], step_dir(r) / "state.pt"), SystemExit, r"state\.pt: not a training checkpoint state"),
-    case("policy.safetensors truncated", lambda r: truncate(step_dir(r) / "policy.safetensors"), SystemExit, r"policy\.safetensors: corrupt or truncated policy weights"),
+    case("policy.safetensors truncated", lambda r: truncate(step_dir(r) / "policy.safetensors"), SystemExit, r"policy\.safetensors: corrupt or truncated weights"),
     case("policy.safetensors garbage", lambda r: (step_dir(r) / "policy.safetensors").write_bytes(b"\x00" * 9), SystemExit, r"policy\.safetensors: corrupt or truncated"),
     case("latest points outside the run", lambda r: (r / "checkpoints" / "latest").write_text("../../other/checkpoints/step-00000003\n"), SystemExit, r"names '\.\./\.\./other/.*', not a step-N checkpoint of this run"),
     case("latest points at a missing step", lambda r: (r / "checkpoints" / "latest").write_text("step-00000099\n"), SystemExit, r"points at .*step-00000099, which is missing or incomplete"),

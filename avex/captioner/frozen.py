@@ -19,6 +19,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from ..checkpoint import load_weights
 from ..data.cache import Clip
 from ..modality import AUDIO, PAD, TEXT, VISUAL
 from ..paths import attention_dir, default_captioner_path
@@ -145,19 +146,29 @@ class FrozenCaptioner:
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"{path} is not a Hugging Face model directory "
                                     "(no config.json)")
+        info, max_new = {}, 32
+        if (path / CAPTIONER_FILE).is_file():  # checked before the model is loaded
+            try:
+                info = json.loads((path / CAPTIONER_FILE).read_text(encoding="utf-8"))
+            except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
+                raise ValueError(f"{path / CAPTIONER_FILE}: corrupt or truncated ({err}); "
+                                 "retrain with --overwrite") from None
+            if not isinstance(info, dict) or info.get("format") != CAPTIONER_FORMAT:
+                got = info.get("format") if isinstance(info, dict) else info
+                raise ValueError(f"{path / CAPTIONER_FILE}: 'format' must be "
+                                 f"{CAPTIONER_FORMAT!r}, got {got!r}")
+            if isinstance(info.get("feature_dim"), bool) or \
+                    not isinstance(info.get("feature_dim"), int) or info["feature_dim"] < 1:
+                raise ValueError(f"{path / CAPTIONER_FILE}: 'feature_dim' must be a positive "
+                                 f"int, got {info.get('feature_dim')!r}")
         device = torch.device(device) if device is not None else default_device()
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).to(device)
         tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir(path)))
         hidden = model.get_input_embeddings().embedding_dim
-        info, max_new = {}, 32
-        if (path / CAPTIONER_FILE).is_file():
-            info = json.loads((path / CAPTIONER_FILE).read_text())
-            if info.get("format") != CAPTIONER_FORMAT:
-                raise ValueError(f"{path / CAPTIONER_FILE}: 'format' must be "
-                                 f"{CAPTIONER_FORMAT!r}, got {info.get('format')!r}")
+        if info:
             projector = AVProjector(info["feature_dim"], hidden, info.get("projector", "mlp"))
             if projector.kind == "mlp":
-                projector.load_state_dict(load_file(str(path / PROJECTOR_FILE)))
+                load_weights(projector, path / PROJECTOR_FILE)
             max_new = int(info.get("max_new_tokens", max_new))
         else:  # a plain Hugging Face model: features must already be in its hidden size
             projector = AVProjector(hidden, hidden, "identity")
