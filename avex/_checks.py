@@ -12,6 +12,8 @@ import re
 
 import torch
 
+from avex.modality import AUDIO, PAD, TEXT, VISUAL
+
 DEVICE_PATTERN = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
 
@@ -46,6 +48,18 @@ def finite(name: str, value: torch.Tensor) -> torch.Tensor:
         bad = value[~torch.isfinite(value)][0].item()
         raise ValueError(f"{name} must be finite, got {bad} at "
                          f"{tuple(torch.nonzero(~torch.isfinite(value))[0].tolist())}")
+    return value
+
+
+def modality_codes(name: str, value: torch.Tensor) -> torch.Tensor:
+    """Every entry one of the codes of :mod:`avex.modality` (PAD, VISUAL, AUDIO, TEXT)."""
+    bad = (value < PAD) | (value > TEXT)
+    if bool(bad.any()):
+        where = torch.nonzero(bad)[0].tolist()
+        at = (f"sample {where[0]}, position {where[1]}" if len(where) == 2
+              else f"index {tuple(where)}")
+        raise ValueError(f"{name} must hold {PAD} (padding), {VISUAL} (visual), {AUDIO} (audio) "
+                         f"or {TEXT} (text), got {int(value[tuple(where)])} at {at}")
     return value
 
 

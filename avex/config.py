@@ -91,6 +91,12 @@ class TrainConfig:
         for name in ("epochs", "warmup_epochs", "lambda_ex", "weight_decay"):
             _checks.real(name, getattr(self, name), low=0)
         _checks.positive_float("grad_clip", self.grad_clip)  # 0 would zero every gradient
+        if self.epochs == 0 and not self.warmup_only:
+            raise ValueError("epochs is 0: the run would take no RL step; pass --warmup-only "
+                             "for a warmup-only run")
+        if self.warmup_only and self.warmup_epochs == 0:
+            raise ValueError("warmup_only with warmup_epochs 0 trains nothing; give "
+                             "--warmup-epochs > 0")
         _checks.int_at_least("batch_size", self.batch_size, 1)
         _checks.int_at_least("micro_batch_size", self.micro_batch_size, 1)
         _checks.positive_float("lr", self.lr)

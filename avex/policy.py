@@ -47,6 +47,10 @@ class PolicyConfig:
         _checks.int_at_least("hidden_size", self.hidden_size, 1)
         _checks.int_at_least("num_heads", self.num_heads, 1)
         _checks.int_at_least("num_layers", self.num_layers, 1)
+        _checks.optional_int_at_least("num_kv_heads", self.num_kv_heads, 1)
+        _checks.optional_int_at_least("intermediate_size", self.intermediate_size, 1)
+        _checks.flag("qkv_bias", self.qkv_bias)
+        _checks.positive_float("norm_eps", self.norm_eps)
         self.num_kv_heads = self.num_kv_heads or self.num_heads
         self.intermediate_size = self.intermediate_size or 3 * self.hidden_size
         if self.hidden_size % self.num_heads:
@@ -181,6 +185,7 @@ class AVEXPolicy(nn.Module):
         if inputs_embeds.shape[-1] != self.config.input_size:
             raise ValueError(f"inputs_embeds has width {inputs_embeds.shape[-1]}, the policy "
                              f"expects input_size={self.config.input_size}")
+        _checks.modality_codes("modality", modality)
         is_av = (modality == VISUAL) | (modality == AUDIO)
         is_text = modality == TEXT
         # rows without any key of a kind attend to everything: their outputs are discarded

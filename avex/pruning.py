@@ -130,7 +130,7 @@ def expand_av_keep(av_keep: torch.Tensor, modality: torch.Tensor) -> torch.Tenso
     _checks.tensor("av_keep", av_keep, ndim=(2, 3), boolean=True)
     _checks.tensor("modality", modality, ndim=2, integer=True)
     _checks.same_device("av_keep", av_keep, "modality", modality)
-    _check_codes(modality)
+    _checks.modality_codes("modality", modality)
     squeeze = av_keep.dim() == 2
     av_keep = av_keep[:, None, :] if squeeze else av_keep
     batch = modality.shape[0]
@@ -157,15 +157,7 @@ def _check_inputs(inputs_embeds, modality, positions):
     if modality.shape != inputs_embeds.shape[:2]:
         raise ValueError(f"modality must have shape {list(inputs_embeds.shape[:2])} "
                          f"(the [B, L] of inputs_embeds), got {list(modality.shape)}")
-    _check_codes(modality)
-
-
-def _check_codes(modality):
-    bad = (modality < PAD) | (modality > TEXT)
-    if bool(bad.any()):
-        b, pos = torch.nonzero(bad)[0].tolist()
-        raise ValueError(f"modality must hold -1 (padding), 0 (visual), 1 (audio) or 2 (text), "
-                         f"got {int(modality[b, pos])} at sample {b}, position {pos}")
+    _checks.modality_codes("modality", modality)
 
 
 def _check_keep(keep, modality, is_text):

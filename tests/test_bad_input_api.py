@@ -5,13 +5,17 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
+from avex.captioner import FrozenCaptioner
+from avex.captioner.frozen import CAPTIONER_FILE
 from avex.kernels import build_exchanges, compact, gumbel_topk, plackett_luce_log_prob
 from avex.modality import AUDIO, TEXT, VISUAL
 from avex.profiling import ProfileSettings
 from avex.profiling.latency import Timer
 from avex.pruning import expand_av_keep, generate, prune_inputs
 from avex.scoring import caption_split, keep_all
-from avex.selection import num_kept
+from avex.policy import AVEXPolicy, PolicyConfig
+from avex.selection import (AVLayout, balanced_attention_keep, num_kept, random_keep, split_budget,
+                            topk_keep)
 from badinput import INF, NAN, case, raises
 
 HIDDEN = 16
@@ -71,6 +75,27 @@ HELPER_CASES = [
     case("expand_av_keep meta", lambda: expand_av_keep(torch.ones(1, 2, dtype=torch.bool, device="meta"), torch.tensor([[0, 1]])), ValueError, "av_keep is a meta tensor"),
 ]
 
+POLICY = AVEXPolicy(PolicyConfig(input_size=HIDDEN, hidden_size=8, num_heads=2))
+
+PROBED_CASES = [  # found by probing beyond the list
+    case("policy modality code 7", lambda: POLICY(EMBEDS, torch.tensor([[2, 2, 2, 2, 2], [2, 0, 7, 1, 2]])), ValueError, "modality must hold .* got 7 at sample 1, position 2"),
+    case("PolicyConfig num_kv_heads 0", lambda: PolicyConfig(input_size=8, hidden_size=8, num_kv_heads=0), ValueError, "num_kv_heads must be >= 1, got 0"),
+    case("PolicyConfig num_kv_heads -2", lambda: PolicyConfig(input_size=8, hidden_size=8, num_heads=2, num_kv_heads=-2), ValueError, "num_kv_heads must be >= 1, got -2"),
+    case("PolicyConfig intermediate_size -1", lambda: PolicyConfig(input_size=8, hidden_size=8, intermediate_size=-1), ValueError, "intermediate_size must be >= 1, got -1"),
+    case("PolicyConfig norm_eps nan", lambda: PolicyConfig(input_size=8, hidden_size=8, norm_eps=NAN), ValueError, "norm_eps must be a finite number > 0, got nan"),
+    case("random_keep clip_ids shorter", lambda: random_keep(["a"], torch.tensor([3, 4]), torch.tensor([1, 1]), 0), ValueError, "clip_ids has 1 entries but counts has 2"),
+    case("random_keep budget > count", lambda: random_keep(["a"], torch.tensor([3]), torch.tensor([5]), 0), ValueError, r"budget\[0\] = 5 must lie in \[0, counts\[0\] = 3\]"),
+    case("random_keep budget -1", lambda: random_keep(["a"], torch.tensor([3]), torch.tensor([-1]), 0), ValueError, r"budget\[0\] = -1 must lie in"),
+    case("topk_keep budget rows", lambda: topk_keep(torch.randn(2, 4), torch.tensor([1])), ValueError, "budget has 1 rows but scores has 2"),
+    case("topk_keep NaN score", lambda: topk_keep(torch.tensor([[NAN, 1.0]]), torch.tensor([1])), ValueError, r"scores must be finite or -inf \(padding\), got NaN or \+inf"),
+    case("balanced_attention_keep length", lambda: balanced_attention_keep(torch.randn(3), 4, 2, 0.5), ValueError, r"attention has 3 values but the clip has n_visual \+ n_audio = 4 \+ 2 tokens"),
+    case("split_budget k -2", lambda: split_budget(-2, 3, 3), ValueError, "k must be >= 0, got -2"),
+    case("split_budget k > n", lambda: split_budget(10, 3, 3), ValueError, r"k = 10 exceeds the 6 tokens"),
+    case("AVLayout.of float codes", lambda: AVLayout.of(torch.tensor([[0.0, 1.0]])), TypeError, "modality must be an integer tensor"),
+    case("AVLayout.of 1-D", lambda: AVLayout.of(torch.tensor([0, 1])), ValueError, r"modality must be 2-D, got shape \[2\]"),
+    case("AVLayout.of code 9", lambda: AVLayout.of(torch.tensor([[0, 9]])), ValueError, "got 9 at sample 0, position 1"),
+]
+
 PRUNE_CASES = [
     case("every AV score -inf", lambda: prune_inputs(EMBEDS, MODALITY, scores=scores_with(((1, 1), -INF), ((1, 2), -INF), ((1, 3), -INF)), retention=0.5), ValueError, r"scores: sample 1 has 0 audio-visual tokens with a score > -inf, but retention=0.5 keeps 2 of its 3"),
     case("too few finite AV scores", lambda: prune_inputs(EMBEDS, MODALITY, scores=scores_with(((1, 1), -INF), ((1, 3), -INF)), retention=1.0), ValueError, r"sample 1 has 1 audio-visual tokens with a score > -inf, but retention=1.0 keeps 3"),
@@ -128,7 +153,8 @@ PROFILING_CASES = [
 ]
 
 
-@pytest.mark.parametrize("call,error,match", KERNEL_CASES + HELPER_CASES + PRUNE_CASES + PROFILING_CASES)
+@pytest.mark.parametrize("call,error,match", KERNEL_CASES + HELPER_CASES + PROBED_CASES +
+                         PRUNE_CASES + PROFILING_CASES)
 def test_bad_input_is_refused_naming_the_argument(call, error, match):
     raises(call, error, match)
 
@@ -150,3 +176,22 @@ def test_prune_inputs_names_the_right_row_after_a_row_without_av_tokens():
     with pytest.raises(ValueError, match="sample 1 has 0 audio-visual tokens"):
         prune_inputs(EMBEDS, MODALITY, scores=scores_with(((1, 1), -INF), ((1, 2), -INF),
                                                           ((1, 3), -INF)), retention=0.5)
+
+
+def captioner_dir(root, info: str):
+    root.mkdir()
+    (root / "config.json").write_text("{}")
+    (root / CAPTIONER_FILE).write_text(info)
+    return root
+
+
+CAPTIONER_FILE_CASES = [
+    case("captioner.json not JSON", "{oops", ValueError, r"captioner\.json: corrupt or truncated"),
+    case("captioner.json other format", '{"format": "x"}', ValueError, r"captioner\.json: 'format' must be"),
+    case("captioner.json feature_dim '4'", '{"format": "avex-captioner", "feature_dim": "4"}', ValueError, r"captioner\.json: 'feature_dim' must be a positive int, got '4'"),
+]
+
+
+@pytest.mark.parametrize("info,error,match", CAPTIONER_FILE_CASES)
+def test_corrupt_captioner_file_is_named_before_the_model_loads(tmp_path, info, error, match):
+    raises(lambda: FrozenCaptioner.load(captioner_dir(tmp_path / "cap", info)), error, match)

@@ -61,6 +61,9 @@ CONFIG_CASES = [
     case("data 7", cfg(data=7), TypeError, "data must be a non-empty str, got int: 7"),
     case("run_dir empty", cfg(run_dir=""), TypeError, "run_dir must be a non-empty str or None, got str: ''"),
     case("captioner_preset huge", cfg(captioner_preset="huge"), ValueError, r"captioner_preset must be one of .* got 'huge'"),
+    case("own cache, embedded captioner", cfg(data="."), ValueError, "captioner='embedded' goes with data='embedded'"),
+    case("epochs 0 without warmup_only", cfg(epochs=0.0), ValueError, "epochs is 0: the run would take no RL step"),
+    case("warmup_only with warmup_epochs 0", cfg(warmup_only=True, warmup_epochs=0.0), ValueError, "warmup_only with warmup_epochs 0 trains nothing"),
 ]
 
 
