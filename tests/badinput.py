@@ -12,8 +12,8 @@ import pytest
 NAN, INF = float("nan"), float("inf")
 
 
-def case(case_id: str, call, error, match: str):
-    return pytest.param(call, error, match, id=case_id)
+def case(case_id: str, call, error, match: str, marks=()):
+    return pytest.param(call, error, match, id=case_id, marks=marks)
 
 
 def usage(case_id: str, main, argv, match: str):

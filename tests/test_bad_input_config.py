@@ -110,6 +110,17 @@ TRAIN_CLI_CASES = [
     usage("--preset huge", train_main, ["--preset", "huge"], r"argument --preset: invalid choice: 'huge'"),
     usage("--config missing", train_main, ["--config", "/no/such/run.yaml"], "config: no file at '/no/such/run.yaml'"),
     usage("--data missing", train_main, ["--data", "/no/such/cache"], "data: no feature cache at '/no/such/cache'"),
+    usage("--micro-batch-size 0", train_main, ["--micro-batch-size", "0"], "micro_batch_size must be >= 1, got 0"),
+    usage("--tau 0", train_main, ["--tau", "0"], "tau must be a finite number > 0, got 0.0"),
+    usage("--warmup-lr nan", train_main, ["--warmup-lr", "nan"], "warmup_lr must be a finite number > 0, got nan"),
+    usage("--lr-warmup 1", train_main, ["--lr-warmup", "1"], r"lr_warmup must be a finite number in \[0, 1\), got 1.0"),
+    usage("--seed -1", train_main, ["--seed", "-1"], "seed must be >= 0, got -1"),
+    usage("--num-beams 0", train_main, ["--num-beams", "0"], "num_beams must be >= 1, got 0"),
+    usage("--max-new-tokens 0", train_main, ["--max-new-tokens", "0"], "max_new_tokens must be >= 1, got 0"),
+    usage("--exchange-selection greedy", train_main, ["--exchange-selection", "greedy"], r"exchange_selection must be one of .* got 'greedy'"),
+    usage("--exchange-types vv,vv", train_main, ["--exchange-types", "vv,vv"], r"exchange_types has duplicates: \['vv', 'vv'\]"),
+    usage("--epochs 0", train_main, ["--epochs", "0"], "epochs is 0: the run would take no RL step"),
+    pytest.param(train_main, ["--device", "cuda:1"], "CUDA is not available|this machine has 1 CUDA", id="--device cuda:1 on a machine without it", marks=pytest.mark.skipif(torch.cuda.device_count() > 1, reason="this machine has a cuda:1")),
 ]
 
 

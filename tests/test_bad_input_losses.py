@@ -5,6 +5,7 @@ import torch
 
 from avex.losses import avex_objective, exchange_loss, policy_gradient_loss, set_level_loss
 from badinput import INF, NAN, case, raises
+from conftest import requires_cuda
 
 B, E = 2, 4
 
@@ -61,9 +62,9 @@ LOSS_CASES = [
     case("set_level reward nan", lambda: set_level_loss(t(2), torch.tensor([0.0, NAN])), ValueError, "reward must be finite, got nan"),
     case("exchange_loss shapes differ", lambda: exchange_loss(t(B, E), t(B, 3), VALID), ValueError, r"delta_reward has shape \[2, 3\] but valid has \[2, 4\]"),
     case("exchange_loss 3-D", lambda: exchange_loss(t(B, E, 1), t(B, E, 1), VALID[..., None]), ValueError, r"valid must be 2-D"),
+    case("devices differ", lambda: pg(anchor=t(B, device="cuda"))(), ValueError, "anchor_reward is on cuda:0 but log_prob is on cpu", marks=requires_cuda),
+    case("valid on another device", lambda: pg(valid=VALID.cuda())(), ValueError, "counterfactual_rewards is on cpu but valid is on cuda:0", marks=requires_cuda),
 ]
-if torch.cuda.is_available():
-    LOSS_CASES.append(case("devices differ", pg(anchor=t(B, device="cuda")), ValueError, "anchor_reward is on cuda:0 but log_prob is on cpu"))
 
 
 @pytest.mark.parametrize("call,error,match", LOSS_CASES)
