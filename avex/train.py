@@ -33,6 +33,7 @@ import torch.distributed as torch_dist
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
+from avex import _checks
 from avex.assets import resolve_asset_paths
 from avex.captioner import FrozenCaptioner
 from avex.checkpoint import (POLICY_FILE, check_weights, latest_checkpoint, load_checkpoint,
@@ -553,6 +554,9 @@ def check_owner(checkpoint: Path, cfg: TrainConfig) -> None:
 def prepare_run(cfg: TrainConfig, *, resume: bool = False, explicit: dict | None = None) -> "Run":
     """Every check of a training run (settings, run directory, checkpoint), before any model
     is loaded; the only files written are the run directory and its config.json."""
+    if not isinstance(cfg, TrainConfig):
+        raise TypeError(f"cfg must be a TrainConfig, got {type(cfg).__name__}")
+    _checks.flag("resume", resume)
     cfg = dataclasses.replace(cfg).validate()
     cfg.run_dir = choose_run_dir(cfg, resume)
     if resume:

@@ -7,15 +7,18 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from avex.captioner import FrozenCaptioner
 from avex.captioner.frozen import CAPTIONER_FILE
+from avex.config import TrainConfig
 from avex.kernels import build_exchanges, compact, gumbel_topk, plackett_luce_log_prob
+from avex.methods import load_policy
 from avex.modality import AUDIO, TEXT, VISUAL
+from avex.policy import AVEXPolicy, PolicyConfig
 from avex.profiling import ProfileSettings
 from avex.profiling.latency import Timer
 from avex.pruning import expand_av_keep, generate, prune_inputs
 from avex.scoring import caption_split, keep_all
-from avex.policy import AVEXPolicy, PolicyConfig
 from avex.selection import (AVLayout, balanced_attention_keep, num_kept, random_keep, split_budget,
                             topk_keep)
+from avex.train import train
 from badinput import INF, NAN, case, raises
 
 HIDDEN = 16
@@ -195,3 +198,33 @@ CAPTIONER_FILE_CASES = [
 @pytest.mark.parametrize("info,error,match", CAPTIONER_FILE_CASES)
 def test_corrupt_captioner_file_is_named_before_the_model_loads(tmp_path, info, error, match):
     raises(lambda: FrozenCaptioner.load(captioner_dir(tmp_path / "cap", info)), error, match)
+
+
+CAPTIONER_CASES = [
+    case("embed([1, 2])", lambda c: c.embed([1, 2]), TypeError, r"clips\[0\] must be a Clip \(from a FeatureCache\), got int"),
+    case("embed('clip')", lambda c: c.embed("clip"), TypeError, "clips must be a sequence of Clip, got str"),
+    case("caption('clip')", lambda c: c.caption("clip"), TypeError, "inputs must be an AVBatch or a sequence of Clip, got str"),
+    case("caption batch_size 0", lambda c: c.caption([], batch_size=0), ValueError, "batch_size must be >= 1, got 0"),
+    case("caption num_beams 0", lambda c: c.caption([], num_beams=0), ValueError, "num_beams must be an int >= 1, got 0"),
+]
+
+
+@pytest.mark.parametrize("call,error,match", CAPTIONER_CASES)
+def test_bad_captioner_input_is_refused(tiny_captioner, call, error, match):
+    raises(lambda: call(FrozenCaptioner.load(tiny_captioner, device="cpu")), error, match)
+
+
+LOAD_CASES = [
+    case("load device 'cuda:x'", lambda path: FrozenCaptioner.load(path, device="cuda:x"), ValueError, r"device must be .* got 'cuda:x'"),
+    case("load_policy checkpoint '../x'", lambda path: load_policy(path, None, checkpoint="../x"), ValueError, r"checkpoint must be 'latest', 'warmup' or a step-N directory name, got '\.\./x'"),
+    case("train(a dict)", lambda path: train({"epochs": 1}), TypeError, "cfg must be a TrainConfig, got dict"),
+    case("train(resume='no')", lambda path: train(TrainConfig(), resume="no"), TypeError, "resume must be True or False, got str: 'no'"),
+]
+
+
+@pytest.mark.parametrize("call,error,match", LOAD_CASES)
+def test_bad_loader_argument_is_refused(tmp_path, call, error, match):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text("{}")
+    raises(lambda: call(run), error, match)

@@ -19,6 +19,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from .. import _checks
 from ..checkpoint import load_weights
 from ..data.cache import Clip
 from ..modality import AUDIO, PAD, TEXT, VISUAL
@@ -161,6 +162,8 @@ class FrozenCaptioner:
                     not isinstance(info.get("feature_dim"), int) or info["feature_dim"] < 1:
                 raise ValueError(f"{path / CAPTIONER_FILE}: 'feature_dim' must be a positive "
                                  f"int, got {info.get('feature_dim')!r}")
+        if device is not None and not isinstance(device, torch.device):
+            device = None if _checks.device("device", device) == "auto" else device
         device = torch.device(device) if device is not None else default_device()
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).to(device)
         tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir(path)))
@@ -216,8 +219,14 @@ class FrozenCaptioner:
 
     def embed(self, clips: Sequence[Clip]) -> AVBatch:
         """Clips -> an :class:`AVBatch` (prefix text, video, audio, suffix text; left-padded)."""
+        if isinstance(clips, (str, Clip)) or not hasattr(clips, "__len__"):
+            raise TypeError(f"clips must be a sequence of Clip, got {type(clips).__name__}")
         if len(clips) == 0:
             raise ValueError("clips is empty")
+        for i, clip in enumerate(clips):
+            if not isinstance(clip, Clip):
+                raise TypeError(f"clips[{i}] must be a Clip (from a FeatureCache), got "
+                                f"{type(clip).__name__}")
         embeds, mods, counts = [], [], []
         with torch.no_grad():
             for clip in clips:
@@ -317,6 +326,10 @@ class FrozenCaptioner:
             raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
         if isinstance(num_beams, bool) or not isinstance(num_beams, int) or num_beams < 1:
             raise ValueError(f"num_beams must be an int >= 1, got {num_beams!r}")
+        _checks.int_at_least("batch_size", batch_size, 1)
+        if isinstance(inputs, (str, Clip)):
+            raise TypeError(f"inputs must be an AVBatch or a sequence of Clip, got "
+                            f"{type(inputs).__name__}")
         if isinstance(inputs, AVBatch):
             return self.generate_captions(inputs.inputs_embeds, inputs.modality,
                                           self._sequence_keep(inputs, keep),

@@ -17,7 +17,8 @@ from pathlib import Path
 import torch
 
 from avex import _checks
-from avex.checkpoint import POLICY_FILE, latest_checkpoint, load_weights, read_run_config
+from avex.checkpoint import (POLICY_FILE, STEP_NAME, latest_checkpoint, load_weights,
+                             read_run_config)
 from avex.kernels import gumbel_topk
 from avex.policy import AVEXPolicy
 from avex.selection import indices_to_keep
@@ -53,6 +54,9 @@ def load_policy(run_dir, captioner, *, checkpoint: str = "latest"):
             raise FileNotFoundError(f"run_dir: {run_dir} has no checkpoints/latest")
         weights = latest / POLICY_FILE
     else:
+        if not isinstance(checkpoint, str) or not STEP_NAME.match(checkpoint):
+            raise ValueError(f"checkpoint must be 'latest', 'warmup' or a step-N directory "
+                             f"name, got {checkpoint!r}")
         weights = run_dir / "checkpoints" / checkpoint / POLICY_FILE
     if not weights.is_file():
         raise FileNotFoundError(f"run_dir: no policy weights at {weights}")
