@@ -1,6 +1,9 @@
 """Bad flags of every command line: each exits with status 2, a message naming the flag and the
 value, and no traceback, before any captioning, training or file writing. One case a line
 (tests/badinput.py). ``python -m avex.train``'s flags are in test_bad_input_config.py."""
+import importlib.util
+from pathlib import Path
+
 import pytest
 
 from avex.captioner.__main__ import main as captioner_main
@@ -9,6 +12,16 @@ from avex.evaluate.__main__ import main as evaluate_main
 from avex.policy import _count_main as policy_main
 from avex.profiling.__main__ import main as profiling_main
 from badinput import exits_with_usage_error, usage
+
+
+def _script(path: Path):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+summarize_main = _script(Path(__file__).resolve().parents[1] / "bench" / "summarize.py").main
 
 CLI_CASES = [
     usage("evaluate --fastv-layer -5", evaluate_main, ["sweep", "--fastv-layer", "-5"], "fastv_layer must be >= 1, got -5"),
@@ -66,6 +79,8 @@ CLI_CASES = [
     usage("captioner caption --data missing", captioner_main, ["caption", "--data", "/no/such"], "--data: no feature cache at '/no/such'"),
     usage("policy --hidden-size 0", policy_main, ["--hidden-size", "0"], "hidden_size must be >= 1, got 0"),
     usage("policy --backbone gpt-9", policy_main, ["--backbone", "gpt-9"], r"backbone must be one of .* got 'gpt-9'"),
+    usage("bench/summarize.py missing file", summarize_main, ["/no/such.json"], r"/no/such\.json: .*No such file"),
+    usage("bench/summarize.py not benchmark JSON", summarize_main, [str(Path(__file__))], r"test_bad_input_cli\.py: .*"),
 ]
 
 
