@@ -561,6 +561,11 @@ def prepare_run(cfg: TrainConfig, *, resume: bool = False, explicit: dict | None
     cfg.run_dir = choose_run_dir(cfg, resume)
     if resume:
         cfg = resumed_config(cfg, explicit)
+    if cfg.data != "embedded":  # a user's cache: manifest, shard headers and splits, read now
+        cache = FeatureCache(cfg.data)
+        cache.split("train")
+        if cfg.evaluate:
+            cache.split(cfg.eval_split)
     return Run(cfg, resume=resume)
 
 

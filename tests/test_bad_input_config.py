@@ -130,6 +130,25 @@ def test_bad_train_flag_is_a_usage_error(tmp_path, capsys, main, argv, match):
     assert not (tmp_path / "run").exists()
 
 
+USER_CACHE_CASES = [
+    case("meta.json not JSON", lambda d: (d / "meta.json").write_text("{"), SystemExit, r"cache/meta\.json: not valid JSON"),
+    case("no manifest", lambda d: (d / "meta.json").write_text('{"format": "avex-feature-cache", "version": 1, "dim": 4, "dtype": "F32"}'), SystemExit, r"cache/manifest\.jsonl: missing"),
+]
+
+
+@pytest.mark.parametrize("damage,error,match", USER_CACHE_CASES)
+def test_broken_user_cache_is_a_usage_error_before_any_model(tmp_path, capsys, damage, error,
+                                                             match):
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "lm").mkdir()
+    damage(tmp_path / "cache")
+    assert error is SystemExit
+    exits_with_usage_error(train_main, ["--data", str(tmp_path / "cache"), "--captioner",
+                                        str(tmp_path / "lm"), "--run-dir", str(tmp_path / "run")],
+                           match, capsys)
+    assert not (tmp_path / "run").exists()
+
+
 def test_yaml_error_in_train_config_names_the_file(tmp_path, capsys):
     config = write(tmp_path, "bad.yaml", "epochs: [1\n")
     exits_with_usage_error(train_main, ["--config", str(config), "--run-dir", str(tmp_path / "r")],
