@@ -6,8 +6,14 @@ with a message that names the argument and the value it got.
 from __future__ import annotations
 
 import math
+import numbers
+import os
+import re
 
 import torch
+
+
+DEVICE_PATTERN = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
 
 def _shape(t: torch.Tensor) -> str:
@@ -29,6 +35,18 @@ def tensor(name: str, value, *, ndim: int | tuple[int, ...] | None = None,
         raise TypeError(f"{name} must be an integer tensor, got dtype {value.dtype}")
     if boolean and value.dtype != torch.bool:
         raise TypeError(f"{name} must be a bool tensor, got dtype {value.dtype}")
+    if value.is_meta:
+        raise ValueError(f"{name} is a meta tensor (shape {_shape(value)}, no data); pass a "
+                         "tensor on cpu or cuda")
+    return value
+
+
+def finite(name: str, value: torch.Tensor) -> torch.Tensor:
+    """A floating tensor with no NaN or inf (one device sync)."""
+    if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+        bad = value[~torch.isfinite(value)][0].item()
+        raise ValueError(f"{name} must be finite, got {bad} at "
+                         f"{tuple(torch.nonzero(~torch.isfinite(value))[0].tolist())}")
     return value
 
 
@@ -40,19 +58,70 @@ def same_device(name: str, value: torch.Tensor, ref_name: str, ref: torch.Tensor
 
 def positive_float(name: str, value) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}: {value!r}")
     value = float(value)
     if not (value > 0 and math.isfinite(value)):
         raise ValueError(f"{name} must be a finite number > 0, got {value}")
     return value
 
 
+def real(name: str, value, *, low: float | None = None, high: float | None = None,
+         low_open: bool = False, high_open: bool = False) -> float:
+    """A finite number (bool refused) in [low, high]; ``*_open`` excludes that end."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}: {value!r}")
+    value = float(value)
+    too_low = low is not None and (value <= low if low_open else value < low)
+    too_high = high is not None and (value >= high if high_open else value > high)
+    if not math.isfinite(value) or too_low or too_high:
+        left = "any" if low is None else ("(" if low_open else "[") + f"{low:g}"
+        right = "any" if high is None else f"{high:g}" + (")" if high_open else "]")
+        where = (f"in {left}, {right}" if low is not None and high is not None
+                 else f"{'>' if low_open else '>='} {low:g}" if low is not None
+                 else f"{'<' if high_open else '<='} {high:g}" if high is not None else "")
+        raise ValueError(f"{name} must be a finite number{' ' + where if where else ''}, "
+                         f"got {value}")
+    return value
+
+
+def flag(name: str, value) -> bool:
+    """True or False, nothing truthy (the string 'no' is not False)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {type(value).__name__}: {value!r}")
+    return value
+
+
+def text(name: str, value, *, optional: bool = False) -> str | None:
+    """A non-empty str (a path or a name); None too when ``optional``."""
+    if value is None and optional:
+        return None
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str) or not value.strip():
+        kind = "a non-empty str" + (" or None" if optional else "")
+        raise TypeError(f"{name} must be {kind}, got {type(value).__name__}: {value!r}")
+    return value
+
+
+def device(name: str, value) -> str:
+    """'auto', 'cpu', 'cuda' or 'cuda:N'."""
+    if not isinstance(value, str) or not DEVICE_PATTERN.match(value):
+        raise ValueError(f"{name} must be 'auto', 'cpu', 'cuda' or 'cuda:N' (N a device "
+                         f"index), got {value!r}")
+    return value
+
+
 def int_at_least(name: str, value, low: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}: {value!r}")
+    value = int(value)
     if value < low:
         raise ValueError(f"{name} must be >= {low}, got {value}")
     return value
+
+
+def optional_int_at_least(name: str, value, low: int) -> int | None:
+    return None if value is None else int_at_least(name, value, low)
 
 
 def ratio(name: str, value) -> float:
@@ -66,7 +135,11 @@ def ratio(name: str, value) -> float:
 
 
 def choice(name: str, value, options) -> str:
-    if value not in options:
+    try:
+        known = value in options
+    except TypeError:  # unhashable
+        known = False
+    if not known:
         raise ValueError(f"{name} must be one of {sorted(options)}, got {value!r}")
     return value
 

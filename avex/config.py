@@ -16,6 +16,7 @@ from pathlib import Path
 from avex import _checks
 from avex.captioner.train import PRESETS as CAPTIONER_PRESETS
 from avex.data import PRESETS as BENCHMARK_PRESETS
+from avex.data import SPLITS
 
 EXCHANGE_TYPES = ("vv", "aa", "va", "av")
 
@@ -76,20 +77,39 @@ class TrainConfig:
     progress: bool = True
 
     def validate(self) -> "TrainConfig":
+        """Check every setting (type, range, choice) before any file is written; the error
+        names the setting and the value it got."""
+        for name in ("data", "benchmark_preset", "captioner", "captioner_preset"):
+            _checks.text(name, getattr(self, name))
+        for name in ("cache_dir", "run_dir"):
+            _checks.text(name, getattr(self, name), optional=True)
+        _checks.device("device", self.device)
+        _checks.int_at_least("seed", self.seed, 0)
+        _checks.optional_int_at_least("policy_hidden", self.policy_hidden, 1)
+        _checks.positive_float("tau", self.tau)
         _checks.ratio("retention", self.retention)
-        for r in self.eval_retentions:
-            _checks.ratio("eval_retentions", r)
-        _checks.int_at_least("g", self.g, 1)
+        for name in ("epochs", "warmup_epochs", "lambda_ex", "weight_decay"):
+            _checks.real(name, getattr(self, name), low=0)
+        _checks.positive_float("grad_clip", self.grad_clip)  # 0 would zero every gradient
+        if self.epochs == 0 and not self.warmup_only:
+            raise ValueError("epochs is 0: the run would take no RL step; pass --warmup-only "
+                             "for a warmup-only run")
+        if self.warmup_only and self.warmup_epochs == 0:
+            raise ValueError("warmup_only with warmup_epochs 0 trains nothing; give "
+                             "--warmup-epochs > 0")
         _checks.int_at_least("batch_size", self.batch_size, 1)
         _checks.int_at_least("micro_batch_size", self.micro_batch_size, 1)
-        _checks.int_at_least("num_beams", self.num_beams, 1)
-        _checks.int_at_least("max_new_tokens", self.max_new_tokens, 1)
-        _checks.positive_float("tau", self.tau)
         _checks.positive_float("lr", self.lr)
         _checks.positive_float("warmup_lr", self.warmup_lr)
+        _checks.real("lr_warmup", self.lr_warmup, low=0, high=1, high_open=True)
         if self.batch_size % self.micro_batch_size:
             raise ValueError(f"batch_size ({self.batch_size}) must be a multiple of "
                              f"micro_batch_size ({self.micro_batch_size})")
+        _checks.int_at_least("g", self.g, 1)
+        _checks.str_list("exchange_types", self.exchange_types)
+        for name in ("exchanges", "warmup_only", "rl", "normalize_rl", "evaluate",
+                     "deterministic", "progress"):
+            _checks.flag(name, getattr(self, name))
         if not self.exchange_types and self.exchanges:
             raise ValueError("exchange_types is empty; pass --no-exchanges for the set-level "
                              "reward variant")
@@ -99,17 +119,24 @@ class TrainConfig:
                                  f"got {t!r}")
         if len(set(self.exchange_types)) != len(self.exchange_types):
             raise ValueError(f"exchange_types has duplicates: {self.exchange_types}")
-        for name in ("epochs", "warmup_epochs", "lambda_ex", "weight_decay", "grad_clip"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if not 0 <= self.lr_warmup < 1:
-            raise ValueError(f"lr_warmup must be in [0, 1), got {self.lr_warmup}")
+        _checks.choice("exchange_selection", self.exchange_selection, {"confidence", "random"})
+        _checks.int_at_least("num_beams", self.num_beams, 1)
+        _checks.int_at_least("max_new_tokens", self.max_new_tokens, 1)
+        if not isinstance(self.eval_retentions, (list, tuple)):
+            raise TypeError(f"eval_retentions must be a list of ratios in (0, 1], got "
+                            f"{type(self.eval_retentions).__name__}: {self.eval_retentions!r}")
+        for i, r in enumerate(self.eval_retentions):
+            _checks.ratio(f"eval_retentions[{i}]", r)
+        _checks.choice("eval_split", self.eval_split, set(SPLITS))
+        _checks.optional_int_at_least("max_eval_clips", self.max_eval_clips, 1)
+        _checks.int_at_least("checkpoint_every", self.checkpoint_every, 1)
         if self.data != "embedded" and not Path(self.data).exists():
             raise FileNotFoundError(f"data: no feature cache at {self.data!r}")
         if self.captioner != "embedded" and not Path(self.captioner).exists():
             raise FileNotFoundError(f"captioner: no model directory at {self.captioner!r}")
-        _checks.choice("exchange_selection", self.exchange_selection, {"confidence", "random"})
-        _checks.choice("device", self.device.split(":")[0], {"auto", "cpu", "cuda"})
+        if self.captioner == "embedded" and self.data != "embedded":
+            raise ValueError("captioner='embedded' goes with data='embedded'; for your own "
+                             "feature cache pass --captioner PATH to its Hugging Face causal LM")
         _checks.choice("benchmark_preset", self.benchmark_preset, set(BENCHMARK_PRESETS))
         _checks.choice("captioner_preset", self.captioner_preset, set(CAPTIONER_PRESETS))
         return self
@@ -119,15 +146,24 @@ class TrainConfig:
 
 
 def load_config_file(path) -> dict:
+    """The settings of a YAML or JSON file; an unreadable one is refused naming the file."""
     path = Path(path)
-    if not path.exists():
+    if not path.is_file():
         raise FileNotFoundError(f"config: no file at {str(path)!r}")
-    text = path.read_text()
-    if path.suffix in (".yaml", ".yml"):
-        import yaml
-        data = yaml.safe_load(text) or {}
-    else:
-        data = json.loads(text)
+    try:
+        text = path.read_text(encoding="utf-8")
+        if path.suffix in (".yaml", ".yml"):
+            import yaml
+            data = yaml.safe_load(text)
+        else:
+            data = json.loads(text)
+    except Exception as err:  # yaml.YAMLError, JSONDecodeError, UnicodeDecodeError, OSError
+        detail = str(err).replace("<unicode string>", str(path))
+        raise ValueError(f"config {path}: cannot be read as "
+                         f"{'YAML' if path.suffix in ('.yaml', '.yml') else 'JSON'}: "
+                         f"{detail}") from None
+    if data is None:
+        data = {}
     if not isinstance(data, dict):
         raise ValueError(f"config {path}: expected a mapping of settings, got {type(data).__name__}")
     return data
@@ -140,6 +176,7 @@ def _flag(name: str) -> str:
 def _parse_list(kind):
     def parse(text: str):
         return [kind(item) for item in text.split(",") if item.strip()]
+    parse.__name__ = f"comma-separated {kind.__name__}"  # argparse's "invalid ... value"
     return parse
 
 
@@ -172,8 +209,8 @@ def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
     return parser
 
 
-def resolve_config(args: argparse.Namespace) -> TrainConfig:
-    """Defaults < preset < config file < flags; then validate."""
+def explicit_settings(args: argparse.Namespace) -> dict:
+    """The settings the command line asked for: the preset's, the config file's, then flags."""
     values = dict(PRESETS[args.preset])
     if args.config:
         file_values = load_config_file(args.config)
@@ -185,4 +222,9 @@ def resolve_config(args: argparse.Namespace) -> TrainConfig:
         flag_value = getattr(args, f.name, None)
         if flag_value is not None:
             values[f.name] = flag_value
-    return TrainConfig(**values).validate()
+    return values
+
+
+def resolve_config(args: argparse.Namespace) -> TrainConfig:
+    """Defaults < preset < config file < flags; then validate."""
+    return TrainConfig(**explicit_settings(args)).validate()

@@ -4,6 +4,9 @@ Rewards are CIDEr-D in *points* (pycocoevalcap's score x 100, the unit of the pa
 so that w(dR) = min(|dR| / 5, 1) saturates at 5 points as the paper states.
 
 Shapes: B samples, E exchange slots per sample (the four types, some of them skipped).
+Every function checks its shapes, dtypes (``valid`` is bool) and devices, and refuses NaN or
+inf where it would reach the loss; values in slots that ``valid`` masks out are never read, so
+they can't reach the loss or its gradient.
 """
 from __future__ import annotations
 
@@ -28,7 +31,10 @@ def exchange_loss(delta_f: torch.Tensor, delta_reward: torch.Tensor,
     delta_f = sum s_G - sum s_G' (differentiable), delta_reward = R(S) - R(S') (constants),
     valid marks the exchanges that were built (group size >= 2).
     """
-    _check_same_shape(delta_f=delta_f, delta_reward=delta_reward, valid=valid)
+    _check_slots(delta_f=delta_f, delta_reward=delta_reward, valid=valid)
+    # masked slots are replaced before any arithmetic: a NaN there must not reach the gradient
+    delta_f = torch.where(valid, delta_f, torch.zeros_like(delta_f))
+    delta_reward = torch.where(valid, delta_reward, torch.zeros_like(delta_reward))
     pairwise = exchange_weight(delta_reward) * F.softplus(-torch.sign(delta_reward) * delta_f)
     pairwise = torch.where(valid, pairwise, torch.zeros_like(pairwise))
     count = valid.sum(dim=1)
@@ -43,16 +49,27 @@ def policy_gradient_loss(log_prob: torch.Tensor, anchor_reward: torch.Tensor,
 
     ``normalize`` (not in the paper; off in its preset) divides the advantages by their batch
     standard deviation and log pi by the set size K (``set_size`` [B]), so that L_RL is O(1)
-    like L_ex whatever the reward scale and K.
+    like L_ex whatever the reward scale and K. Where that is undefined the value is defined
+    here: a batch whose advantages are all equal (std 0, e.g. B = 1) divides them by their
+    common magnitude instead (each becomes -1, 0 or +1), and a sample with K = 0 (no
+    audio-visual token, log pi = 0) contributes 0.
     """
-    _check_same_shape(counterfactual_rewards=counterfactual_rewards, valid=valid)
-    _check_same_shape(log_prob=log_prob, anchor_reward=anchor_reward)
+    _check_samples(log_prob=log_prob, anchor_reward=anchor_reward)
+    _check_slots(counterfactual_rewards=counterfactual_rewards, valid=valid)
+    _check_batch(log_prob, counterfactual_rewards)
+    _checks.flag("normalize", normalize)
+    if normalize:
+        if set_size is None:
+            raise TypeError("normalize=True divides log pi by the set size K: pass set_size, "
+                            "an integer tensor [B]")
+        _check_set_size(set_size, log_prob)
     cf = torch.where(valid, counterfactual_rewards, torch.zeros_like(counterfactual_rewards))
     baseline = (anchor_reward + cf.sum(dim=1)) / (1 + valid.sum(dim=1))
     advantage = (anchor_reward - baseline).detach()
     if normalize:
-        advantage = advantage / (advantage.std(unbiased=False) + 1e-6)
-        log_prob = log_prob / set_size.to(log_prob.dtype)
+        advantage = advantage / _advantage_scale(advantage)
+        k = set_size.to(log_prob.dtype)
+        log_prob = torch.where(set_size > 0, log_prob / k.clamp_min(1), torch.zeros_like(log_prob))
     return -advantage * log_prob
 
 
@@ -60,7 +77,7 @@ def set_level_loss(log_prob: torch.Tensor, reward: torch.Tensor) -> torch.Tensor
     """REINFORCE with a set-level reward only (exchanges off, the CaCoVID-AV variant), per
     sample [B]. Without counterfactuals the baseline is the mean reward of the *other* samples
     of the batch (leave-one-out), so that it does not depend on the sample's own action."""
-    _check_same_shape(log_prob=log_prob, reward=reward)
+    _check_samples(log_prob=log_prob, reward=reward)
     count = reward.shape[0]
     if count < 2:
         baseline = torch.zeros_like(reward)
@@ -73,8 +90,12 @@ def avex_objective(log_prob, anchor_reward, counterfactual_rewards, delta_f, val
                    *, lambda_ex: float = 1.0, use_rl: bool = True, use_exchange: bool = True,
                    normalize_rl: bool = False, set_size=None) -> dict[str, torch.Tensor]:
     """The batch-mean losses: {"loss", "rl", "exchange"}. dR = R(S) - R(S') per exchange."""
-    if lambda_ex < 0:
-        raise ValueError(f"lambda_ex must be >= 0, got {lambda_ex}")
+    _checks.real("lambda_ex", lambda_ex, low=0)
+    _checks.flag("use_rl", use_rl)
+    _checks.flag("use_exchange", use_exchange)
+    _check_samples(log_prob=log_prob, anchor_reward=anchor_reward)
+    _check_slots(counterfactual_rewards=counterfactual_rewards, delta_f=delta_f, valid=valid)
+    _check_batch(log_prob, counterfactual_rewards)
     delta_reward = anchor_reward[:, None] - counterfactual_rewards
     rl = policy_gradient_loss(log_prob, anchor_reward, counterfactual_rewards, valid,
                               normalize=normalize_rl, set_size=set_size).mean()
@@ -84,11 +105,55 @@ def avex_objective(log_prob, anchor_reward, counterfactual_rewards, delta_f, val
     return {"loss": loss, "rl": rl.detach(), "exchange": ex.detach()}
 
 
-def _check_same_shape(**tensors):
-    (first_name, first), *rest = tensors.items()
-    _checks.tensor(first_name, first)
-    for name, t in rest:
-        _checks.tensor(name, t)
+def _advantage_scale(advantage: torch.Tensor) -> torch.Tensor:
+    """The batch std of the advantages; their common magnitude where they are (numerically) all
+    equal, so that the standardised advantage is -1, 0 or +1 there; 1 where all are 0."""
+    std = advantage.std(unbiased=False)
+    rms = advantage.square().mean().sqrt()
+    scale = torch.where(std > 1e-6 * rms, std, rms)
+    return torch.where(scale > 0, scale, torch.ones_like(scale))
+
+
+def _check_samples(**tensors):
+    """Per-sample tensors: 1-D [B] floats, same shape and device, finite."""
+    (first_name, first), *_ = tensors.items()
+    for name, t in tensors.items():
+        _checks.tensor(name, t, ndim=1, floating=True)
+        _checks.same_device(name, t, first_name, first)
         if t.shape != first.shape:
             raise ValueError(f"{name} has shape {list(t.shape)} but {first_name} has "
                              f"{list(first.shape)}")
+        _checks.finite(name, t.detach())
+
+
+def _check_slots(valid, **tensors):
+    """Per-exchange tensors: 2-D [B, E] floats finite wherever ``valid`` (bool [B, E]) is True."""
+    _checks.tensor("valid", valid, ndim=2, boolean=True)
+    for name, t in tensors.items():
+        _checks.tensor(name, t, ndim=2, floating=True)
+        _checks.same_device(name, t, "valid", valid)
+        if t.shape != valid.shape:
+            raise ValueError(f"{name} has shape {list(t.shape)} but valid has "
+                             f"{list(valid.shape)}")
+        bad = valid & ~torch.isfinite(t.detach())
+        if bool(bad.any()):
+            row, slot = torch.nonzero(bad)[0].tolist()
+            raise ValueError(f"{name} must be finite where valid is True, got "
+                             f"{t[row, slot].item()} at row {row}, slot {slot}")
+
+
+def _check_batch(per_sample: torch.Tensor, per_slot: torch.Tensor):
+    if per_slot.shape[0] != per_sample.shape[0]:
+        raise ValueError(f"counterfactual_rewards has {per_slot.shape[0]} rows but log_prob has "
+                         f"{per_sample.shape[0]} samples")
+    _checks.same_device("counterfactual_rewards", per_slot, "log_prob", per_sample)
+
+
+def _check_set_size(set_size, log_prob):
+    _checks.tensor("set_size", set_size, ndim=1, integer=True)
+    _checks.same_device("set_size", set_size, "log_prob", log_prob)
+    if set_size.shape != log_prob.shape:
+        raise ValueError(f"set_size has shape {list(set_size.shape)} but log_prob has "
+                         f"{list(log_prob.shape)}")
+    if bool((set_size < 0).any()):
+        raise ValueError(f"set_size must be >= 0, got {int(set_size.min())}")

@@ -22,7 +22,8 @@ import torch
 
 from avex import _checks
 
-__all__ = ["PAD", "VISUAL", "AUDIO", "TEXT", "CODES", "codes_from_ids", "check_codes"]
+__all__ = ["PAD", "VISUAL", "AUDIO", "TEXT", "CODES", "check_code_values", "codes_from_ids",
+           "check_codes"]
 
 PAD, VISUAL, AUDIO, TEXT = -1, 0, 1, 2
 CODES = (PAD, VISUAL, AUDIO, TEXT)
@@ -34,6 +35,18 @@ def _id_tensor(name: str, ids, like: torch.Tensor) -> torch.Tensor:
         if isinstance(value, bool) or not isinstance(value, int):
             raise TypeError(f"{name} must be token ids (int), got {value!r}")
     return torch.tensor(ids, dtype=like.dtype, device=like.device)
+
+
+def check_code_values(name: str, value: torch.Tensor) -> torch.Tensor:
+    """Every entry one of :data:`CODES`; the error names ``name``, the value and where it is."""
+    bad = (value < PAD) | (value > TEXT)
+    if bool(bad.any()):
+        where = torch.nonzero(bad)[0].tolist()
+        at = (f"sample {where[0]}, position {where[1]}" if len(where) == 2
+              else f"index {tuple(where)}")
+        raise ValueError(f"{name} must hold {PAD} (padding), {VISUAL} (visual), {AUDIO} (audio) "
+                         f"or {TEXT} (text), got {int(value[tuple(where)])} at {at}")
+    return value
 
 
 def codes_from_ids(input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
@@ -69,10 +82,7 @@ def check_codes(modality: torch.Tensor, *, input_ids: torch.Tensor | None = None
     with only the audio marked, or ``mm_token_type_ids`` of an image prompt); and, given
     ``input_ids`` and the placeholder ids, a row whose only "text" sits where the placeholders
     are (``mm_token_type_ids`` of a video prompt code video as 2)."""
-    bad = (modality < PAD) | (modality > TEXT)
-    if bool(bad.any()):
-        raise ValueError(f"modality must hold -1 (padding), 0 (visual), 1 (audio) or 2 (text), "
-                         f"got {int(modality[bad][0])}")
+    check_code_values("modality", modality)
     is_text = modality == TEXT
     no_text = ~is_text.any(1)
     if bool(no_text.any()):

@@ -27,7 +27,7 @@ from torch import nn
 
 from avex import _checks
 from avex.backbones import BACKBONES, backbone_config
-from avex.modality import AUDIO, TEXT, VISUAL
+from avex.modality import AUDIO, TEXT, VISUAL, check_code_values
 
 
 @dataclass
@@ -47,6 +47,10 @@ class PolicyConfig:
         _checks.int_at_least("hidden_size", self.hidden_size, 1)
         _checks.int_at_least("num_heads", self.num_heads, 1)
         _checks.int_at_least("num_layers", self.num_layers, 1)
+        _checks.optional_int_at_least("num_kv_heads", self.num_kv_heads, 1)
+        _checks.optional_int_at_least("intermediate_size", self.intermediate_size, 1)
+        _checks.flag("qkv_bias", self.qkv_bias)
+        _checks.positive_float("norm_eps", self.norm_eps)
         self.num_kv_heads = self.num_kv_heads or self.num_heads
         self.intermediate_size = self.intermediate_size or 3 * self.hidden_size
         if self.hidden_size % self.num_heads:
@@ -182,6 +186,7 @@ class AVEXPolicy(nn.Module):
         if inputs_embeds.shape[-1] != self.config.input_size:
             raise ValueError(f"inputs_embeds has width {inputs_embeds.shape[-1]}, the policy "
                              f"expects input_size={self.config.input_size}")
+        check_code_values("modality", modality)
         is_av = (modality == VISUAL) | (modality == AUDIO)
         is_text = modality == TEXT
         # rows without any key of a kind attend to everything: their outputs are discarded
@@ -228,7 +233,11 @@ def _count_main(argv=None):
     parser.add_argument("--hidden-size", type=int, default=None,
                         help="policy width; default: the LLM's width (first block from the LLM)")
     args = parser.parse_args(argv)
-    config = backbone_config(args.backbone)
+    try:  # a bad flag is a usage error, before any model is built
+        _checks.optional_int_at_least("hidden_size", args.hidden_size, 1)
+        config = backbone_config(args.backbone)
+    except (ValueError, TypeError, OSError) as err:
+        parser.error(str(err))
     with torch.device("meta"):
         llm = AutoModelForCausalLM.from_config(config)
         policy = AVEXPolicy.from_llm(llm, hidden_size=args.hidden_size, init_from_llm=False)

@@ -31,7 +31,7 @@ import torch
 from avex import _checks
 from avex.kernels.compact import compact
 from avex.kernels.gumbel_topk import gumbel_topk
-from avex.modality import AUDIO, PAD, TEXT, VISUAL, check_codes
+from avex.modality import AUDIO, PAD, TEXT, VISUAL, check_code_values, check_codes
 from avex.selection import num_kept
 
 __all__ = ["PAD", "VISUAL", "AUDIO", "TEXT", "PrunedInputs", "prune_inputs", "generate",
@@ -176,6 +176,7 @@ def expand_av_keep(av_keep: torch.Tensor, modality: torch.Tensor) -> torch.Tenso
     _checks.tensor("av_keep", av_keep, ndim=(2, 3), boolean=True)
     _checks.tensor("modality", modality, ndim=2, integer=True)
     _checks.same_device("av_keep", av_keep, "modality", modality)
+    check_code_values("modality", modality)
     squeeze = av_keep.dim() == 2
     av_keep = av_keep[:, None, :] if squeeze else av_keep
     batch = modality.shape[0]
@@ -258,8 +259,18 @@ def _top_k_keep(scores, retention, modality, is_av):
                          f"inputs_embeds), got {list(scores.shape)}")
     k = num_kept(retention, is_av.sum(1))
     av_scores = torch.where(is_av, scores.detach(), torch.full_like(scores, float("-inf")))
-    if bool(torch.isnan(av_scores).any()):
-        raise ValueError("scores contains NaN at an audio-visual position")
+    for bad, what in ((torch.isnan(av_scores), "NaN"), (torch.isposinf(av_scores), "+inf")):
+        if bool(bad.any()):
+            b, pos = torch.nonzero(bad)[0].tolist()
+            raise ValueError(f"scores contains {what} at audio-visual position {pos} of sample "
+                             f"{b}; scores must be finite there (-inf: never keep)")
+    selectable = (av_scores > float("-inf")).sum(1)
+    short = selectable < k
+    if bool(short.any()):
+        b = int(torch.nonzero(short)[0, 0])
+        raise ValueError(f"scores: sample {b} has {int(selectable[b])} audio-visual tokens with a "
+                         f"score > -inf, but retention={retention} keeps {int(k[b])} of its "
+                         f"{int(is_av[b].sum())}; give its tokens finite scores, or pass keep")
     keep = torch.zeros_like(is_av)
     rows = torch.nonzero(k > 0).flatten()
     if rows.numel():
@@ -313,6 +324,7 @@ def generate(model, pruned: PrunedInputs, *, attention: str = "auto", **generate
                 "past_key_values"):
         if key in generate_kwargs:
             raise ValueError(f"generate takes {key} from pruned; don't pass {key}=")
+    _check_model(model, pruned, generate_kwargs)
     if bool((pruned.attention_mask.sum(1) == 0).any()):
         row = int(torch.nonzero(pruned.attention_mask.sum(1) == 0)[0, 0])
         raise ValueError(f"pruned row {row} keeps no tokens; there is nothing to prefill")
@@ -340,6 +352,30 @@ def generate(model, pruned: PrunedInputs, *, attention: str = "auto", **generate
         return model.generate(inputs_embeds=pruned.inputs_embeds,
                               attention_mask=pruned.attention_mask,
                               position_ids=pruned.position_ids, **extra, **generate_kwargs)
+
+
+def _check_model(model, pruned, generate_kwargs):
+    """The model can take these embeddings, and the decoding sizes make sense, before
+    ``model.generate`` would fail deep inside transformers."""
+    if not callable(getattr(model, "generate", None)) or getattr(model, "config", None) is None:
+        raise TypeError("model must be a Hugging Face *ForCausalLM (with .generate and "
+                        f".config), got {type(model).__name__}")
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    width = getattr(embeddings, "embedding_dim", None) or getattr(model.config, "hidden_size",
+                                                                  None)
+    embeds = pruned.inputs_embeds
+    if width is not None and embeds.shape[-1] != width:
+        raise ValueError(f"pruned.inputs_embeds has width {embeds.shape[-1]} but the model's "
+                         f"embeddings have width {width}; prune the model's own inputs_embeds")
+    if embeds.is_floating_point() and embeds.dtype != model.dtype:
+        raise TypeError(f"pruned.inputs_embeds has dtype {embeds.dtype} but the model runs in "
+                        f"{model.dtype}; cast the embeddings (or the model)")
+    if embeds.device != model.device:
+        raise ValueError(f"pruned.inputs_embeds is on {embeds.device} but the model is on "
+                         f"{model.device}; put them on the same device")
+    for name in ("num_beams", "num_return_sequences", "max_new_tokens", "num_beam_groups"):
+        if generate_kwargs.get(name) is not None:
+            _checks.int_at_least(name, generate_kwargs[name], 1)
 
 
 def _flash_attn_installed() -> bool:

@@ -11,6 +11,7 @@ from typing import Callable
 
 import torch
 
+from avex import _checks
 from avex.metrics import caption_metrics_by_reference_type
 from avex.progress import progress_bar
 from avex.selection import AVLayout
@@ -30,6 +31,13 @@ def caption_split(captioner, clips, selector: Selector, retention: float, *,
                   progress: bool = False, desc: str = "captioning") -> list[str]:
     """One caption per clip: ``selector`` picks each batch's keep-set, the captioner captions
     the text plus the kept AV tokens (merged embeddings too, for a merging method)."""
+    if not callable(selector):
+        raise TypeError(f"selector must be callable (batch, layout, retention) -> keep, got "
+                        f"{type(selector).__name__}")
+    _checks.ratio("retention", retention)
+    _checks.int_at_least("batch_size", batch_size, 1)
+    _checks.int_at_least("num_beams", num_beams, 1)
+    _checks.int_at_least("max_new_tokens", max_new_tokens, 1)
     captions = []
     starts = range(0, len(clips), batch_size)
     for start in progress_bar(starts, desc=desc, unit="batch", disable=not progress,

@@ -26,15 +26,21 @@ import torch
 
 from avex import _checks
 from avex.kernels.exchange_ref import position_mask as indices_to_keep
-from avex.modality import AUDIO, PAD, VISUAL
+from avex.modality import AUDIO, PAD, VISUAL, check_code_values
 
 __all__ = ["AVLayout", "Selection", "num_kept", "split_budget", "random_keep", "topk_keep",
            "balanced_attention_keep", "indices_to_keep"]
 
 
 def num_kept(retention: float, num_tokens: torch.Tensor) -> torch.Tensor:
-    """K = round(rho * N) per row, halves rounded up, at least 1 where N >= 1."""
+    """K = round(rho * N) per row, halves rounded up, at least 1 where N >= 1. ``num_tokens``
+    is an integer tensor of counts N >= 0 (or one int)."""
     rho = _checks.ratio("retention", retention)
+    if isinstance(num_tokens, int) and not isinstance(num_tokens, bool):
+        num_tokens = torch.tensor(num_tokens)
+    _checks.tensor("num_tokens", num_tokens, integer=True)
+    if num_tokens.numel() and int(num_tokens.min()) < 0:
+        raise ValueError(f"num_tokens must be token counts >= 0, got {int(num_tokens.min())}")
     k = torch.floor(num_tokens.double() * rho + 0.5).long()
     return torch.where(num_tokens > 0, k.clamp_min(1), torch.zeros_like(k))
 
@@ -42,6 +48,11 @@ def num_kept(retention: float, num_tokens: torch.Tensor) -> torch.Tensor:
 def split_budget(k: int, n_visual: int, n_audio: int) -> tuple[int, int]:
     """(K_v, K_a) with K_a = round(K Na / N) (halves up), at least one token of a present
     modality when K >= 2, and K_v + K_a = K."""
+    _checks.int_at_least("n_visual", n_visual, 0)
+    _checks.int_at_least("n_audio", n_audio, 0)
+    _checks.int_at_least("k", k, 0)
+    if k > n_visual + n_audio:
+        raise ValueError(f"k = {k} exceeds the {n_visual + n_audio} tokens (n_visual + n_audio)")
     n = n_visual + n_audio
     ka = min(n_audio, int(k * n_audio / n + 0.5)) if n else 0
     if k >= 2 and n_audio and ka == 0:
@@ -60,6 +71,8 @@ class AVLayout:
 
     @classmethod
     def of(cls, modality: torch.Tensor) -> "AVLayout":
+        _checks.tensor("modality", modality, ndim=2, integer=True)
+        check_code_values("modality", modality)
         is_av = (modality == VISUAL) | (modality == AUDIO)
         counts = is_av.sum(1)
         width = max(int(counts.max()), 1) if len(counts) else 1
@@ -84,6 +97,20 @@ class AVLayout:
         return values.masked_fill(self.modality == PAD, fill)
 
 
+def _check_budget(counts, budget):
+    """counts [B] and budget [B]: integer tensors with 0 <= budget <= counts."""
+    _checks.tensor("counts", counts, ndim=1, integer=True)
+    _checks.tensor("budget", budget, ndim=1, integer=True)
+    if budget.shape != counts.shape:
+        raise ValueError(f"budget has shape {list(budget.shape)} but counts has "
+                         f"{list(counts.shape)}")
+    bad = (budget < 0) | (budget > counts) | (counts < 0)
+    if bool(bad.any()):
+        row = int(torch.nonzero(bad)[0, 0])
+        raise ValueError(f"budget[{row}] = {int(budget[row])} must lie in [0, counts[{row}] = "
+                         f"{int(counts[row])}]")
+
+
 class Selection(NamedTuple):
     """A keep-set plus replacement embeddings (for methods that merge tokens)."""
     keep: torch.Tensor            # bool [B, M] on the AV axis
@@ -96,6 +123,9 @@ def random_keep(clip_ids: Sequence[str], counts: torch.Tensor, budget: torch.Ten
 
     Row b's draw depends only on ``seed`` and ``clip_ids[b]`` (crc32, not ``hash()``, which
     changes from one process to the next), so a clip gets the same tokens in any batch."""
+    _check_budget(counts, budget)
+    if len(clip_ids) != len(counts):
+        raise ValueError(f"clip_ids has {len(clip_ids)} entries but counts has {len(counts)}")
     counts, budget = counts.tolist(), budget.tolist()
     width = max(counts, default=0) if width is None else width
     keep = torch.zeros(len(counts), width, dtype=torch.bool)
@@ -108,6 +138,14 @@ def random_keep(clip_ids: Sequence[str], counts: torch.Tensor, budget: torch.Ten
 def topk_keep(scores: torch.Tensor, budget: torch.Tensor) -> torch.Tensor:
     """bool [B, M]: the ``budget[b]`` highest finite scores of each row (ties to the lower
     index). ``-inf`` marks padding and is never chosen."""
+    _checks.tensor("scores", scores, ndim=2, floating=True)
+    _checks.tensor("budget", budget, ndim=1, integer=True)
+    if budget.shape[0] != scores.shape[0]:
+        raise ValueError(f"budget has {budget.shape[0]} rows but scores has {scores.shape[0]}")
+    if bool(torch.isnan(scores).any()) or bool(torch.isposinf(scores).any()):
+        raise ValueError("scores must be finite or -inf (padding), got NaN or +inf")
+    if budget.numel() and int(budget.min()) < 0:
+        raise ValueError(f"budget must be >= 0, got {int(budget.min())}")
     keep = torch.zeros_like(scores, dtype=torch.bool)
     for row in range(scores.shape[0]):
         k = int(budget[row])
@@ -128,6 +166,10 @@ def balanced_attention_keep(attention: torch.Tensor, n_visual: int, n_audio: int
     each modality's share the most attended within it. ``attention`` is float [Nv + Na], in the
     order of the AV tokens (``FrozenCaptioner.text_to_av_attention``): video then audio, or as
     ``av_modality`` (codes [Nv + Na]) says for an interleaved layout (Qwen2.5-Omni)."""
+    _checks.tensor("attention", attention, ndim=1, floating=True)
+    if attention.shape[0] != n_visual + n_audio:
+        raise ValueError(f"attention has {attention.shape[0]} values but the clip has "
+                         f"n_visual + n_audio = {n_visual} + {n_audio} tokens")
     k = int(num_kept(retention, torch.tensor(n_visual + n_audio)))
     kv, ka = split_budget(k, n_visual, n_audio)
     if av_modality is None:

@@ -33,11 +33,13 @@ import torch.distributed as torch_dist
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
+from avex import _checks
 from avex.assets import resolve_asset_paths
 from avex.captioner import FrozenCaptioner
-from avex.checkpoint import (latest_checkpoint, load_checkpoint, rng_state, save_checkpoint,
+from avex.checkpoint import (POLICY_FILE, check_weights, latest_checkpoint, load_checkpoint,
+                             read_run_config, read_state, rng_state, save_checkpoint,
                              set_rng_state)
-from avex.config import TrainConfig, build_parser, resolve_config
+from avex.config import TrainConfig, build_parser, explicit_settings, resolve_config
 from avex.data import FeatureCache
 from avex.kernels import build_exchanges, gumbel_topk
 from avex.losses import avex_objective, set_level_loss
@@ -84,8 +86,15 @@ def pick_device(cfg: TrainConfig, procs: Processes) -> torch.device:
         kind = "cuda" if torch.cuda.is_available() else "cpu"
     if kind.startswith("cuda"):
         if not torch.cuda.is_available():
-            raise RuntimeError(f"device={cfg.device!r} but CUDA is not available")
-        return torch.device("cuda", procs.local_rank if procs.world > 1 else 0)
+            raise ValueError(f"device={cfg.device!r} but CUDA is not available; pass "
+                             "--device cpu")
+        if procs.world > 1:
+            return torch.device("cuda", procs.local_rank)
+        index = torch.device(kind).index or 0
+        if index >= torch.cuda.device_count():
+            raise ValueError(f"device={cfg.device!r} but this machine has "
+                             f"{torch.cuda.device_count()} CUDA device(s)")
+        return torch.device("cuda", index)
     return torch.device("cpu")
 
 
@@ -259,7 +268,10 @@ class Run:
         self.cfg.run_dir = str(self.run_dir)
         self.checkpoint = latest_checkpoint(self.run_dir) if resume else None
         if resume and self.checkpoint is None:
-            raise FileNotFoundError(f"--resume: no checkpoint under {self.run_dir}/checkpoints")
+            raise FileNotFoundError(f"--resume: no checkpoint under {self.run_dir}/checkpoints; "
+                                    "start the run without --resume")
+        if resume:
+            check_owner(self.checkpoint, cfg)
         if not resume and latest_checkpoint(self.run_dir) is not None:
             raise FileExistsError(f"{self.run_dir} already holds a run; pass --resume to "
                                   "continue it or --run-dir for a new one")
@@ -303,6 +315,8 @@ class Run:
         data_path, captioner_path = prepare_assets(cfg, self.procs)
         cache, captioner, policy = load_assets(cfg, data_path, captioner_path, self.device)
         self.cache = cache
+        if cfg.evaluate:  # a missing evaluation split fails now, not after training
+            cache.split(cfg.eval_split)
         train = cache.split("train")
         clips_train = [train[i] for i in range(len(train))]
         n = len(clips_train)
@@ -506,6 +520,66 @@ def choose_run_dir(cfg: TrainConfig, resume: bool) -> str:
     return str(RUNS_ROOT / time.strftime("%Y%m%d-%H%M%S"))
 
 
+# Settings a resumed run may take from the command line: where it lives and how it reports.
+# Every other setting is the run's own; a flag that contradicts it is refused.
+RESUME_OVERRIDES = ("run_dir", "cache_dir", "device", "progress")
+
+
+def resumed_config(cfg: TrainConfig, explicit: dict | None = None) -> TrainConfig:
+    """The settings a resumed run continues with: its own ``config.json``, in the directory it
+    was given (a copied or moved run writes where it now is, never where it was made).
+    ``explicit`` (settings asked for on the command line) must agree with them."""
+    run_dir = Path(cfg.run_dir)
+    if not (run_dir / "config.json").exists():
+        return cfg
+    saved = read_run_config(run_dir)
+    unknown = set(saved) - {f.name for f in dataclasses.fields(TrainConfig)}
+    if unknown:
+        raise ValueError(f"{run_dir / 'config.json'}: unknown settings {sorted(unknown)} (a "
+                         "run of another version, or a corrupt file)")
+    overrides = {name: getattr(cfg, name) for name in RESUME_OVERRIDES
+                 if name == "run_dir" or name in (explicit or {})}
+    conflicts = {name: (value, saved[name]) for name, value in (explicit or {}).items()
+                 if name not in RESUME_OVERRIDES and name in saved and value != saved[name]}
+    if conflicts:
+        listed = ", ".join(f"{name}={asked!r} (the run has {had!r})"
+                           for name, (asked, had) in sorted(conflicts.items()))
+        raise ValueError(f"--resume continues {run_dir} with its own settings, but the command "
+                         f"line asks for {listed}; drop those flags, or start a new run")
+    return TrainConfig(**{**saved, **overrides}).validate()
+
+
+def check_owner(checkpoint: Path, cfg: TrainConfig) -> None:
+    """Refuse a checkpoint written by a run with other settings (checkpoints copied in from
+    elsewhere): resuming it would mix two runs."""
+    check_weights(checkpoint / POLICY_FILE)
+    saved = read_state(checkpoint)["config"]
+    differ = sorted(name for name, value in cfg.to_dict().items()
+                    if name not in RESUME_OVERRIDES and name in saved and saved[name] != value)
+    if differ:
+        raise ValueError(f"{checkpoint} belongs to a run with other settings than "
+                         f"{Path(cfg.run_dir) / 'config.json'} (they differ in {differ}); "
+                         "resume the run it came from, or start a new one")
+
+
+def prepare_run(cfg: TrainConfig, *, resume: bool = False, explicit: dict | None = None) -> "Run":
+    """Every check of a training run (settings, run directory, checkpoint), before any model
+    is loaded; the only files written are the run directory and its config.json."""
+    if not isinstance(cfg, TrainConfig):
+        raise TypeError(f"cfg must be a TrainConfig, got {type(cfg).__name__}")
+    _checks.flag("resume", resume)
+    cfg = dataclasses.replace(cfg).validate()
+    cfg.run_dir = choose_run_dir(cfg, resume)
+    if resume:
+        cfg = resumed_config(cfg, explicit)
+    if cfg.data != "embedded":  # a user's cache: manifest, shard headers and splits, read now
+        cache = FeatureCache(cfg.data)
+        cache.split("train")
+        if cfg.evaluate:
+            cache.split(cfg.eval_split)
+    return Run(cfg, resume=resume)
+
+
 def train(cfg: TrainConfig, *, resume: bool = False) -> dict:
     """Train a policy with ``cfg`` (warmup, then RL + exchanges) and, unless
     ``cfg.evaluate`` is off, score it. ``resume=True`` continues the run in ``cfg.run_dir``
@@ -513,21 +587,19 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> dict:
 
     Returns ``{"run_dir": str, "rows": [...], "table": str}`` (no rows without evaluation).
     """
-    cfg = dataclasses.replace(cfg).validate()
-    cfg.run_dir = choose_run_dir(cfg, resume)
-    if resume:
-        saved = Path(cfg.run_dir) / "config.json"
-        if saved.exists():  # a resumed run keeps its own settings
-            cfg = TrainConfig(**json.loads(saved.read_text())).validate()
-    results = Run(cfg, resume=resume).execute()
-    return {"run_dir": cfg.run_dir, **results}
+    run = prepare_run(cfg, resume=resume)
+    return {"run_dir": run.cfg.run_dir, **run.execute()}
 
 
 def main(argv=None) -> dict:
     parser = build_parser("python -m avex.train", __doc__.split("\n\n")[0])
     args = parser.parse_args(argv)
-    cfg = resolve_config(args)  # every setting is checked before any work starts
-    return train(cfg, resume=args.resume)
+    try:  # every setting is checked before any work starts; a bad one is a usage error
+        run = prepare_run(resolve_config(args), resume=args.resume,
+                          explicit=explicit_settings(args) if args.resume else None)
+    except (ValueError, TypeError, OSError) as err:
+        parser.error(str(err))
+    return {"run_dir": run.cfg.run_dir, **run.execute()}
 
 
 if __name__ == "__main__":

@@ -23,13 +23,18 @@ def fmt_time(seconds: float) -> str:
     return f"{seconds * 1e9:.3g} ns"
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("json_file")
     parser.add_argument("--title", default="Benchmark results")
-    args = parser.parse_args()
-    with open(args.json_file) as f:
-        data = json.load(f)
+    args = parser.parse_args(argv)
+    try:  # an unreadable file is a usage error naming it
+        with open(args.json_file, encoding="utf-8") as f:
+            data = json.load(f)
+        if not isinstance(data, dict) or not isinstance(data.get("benchmarks"), list):
+            raise ValueError("not pytest-benchmark JSON (no 'benchmarks' list)")
+    except (OSError, ValueError) as err:
+        parser.error(f"{args.json_file}: {err}")
     commit = data.get("commit_info", {}).get("id") or subprocess.run(
         ["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     machine = data.get("machine_info", {})

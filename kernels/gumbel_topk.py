@@ -65,6 +65,7 @@ def gumbel_topk(scores: torch.Tensor, k, *, tau: float = 1.0, lengths=None, seed
         log_prob: [B] log pi(S|x), differentiable w.r.t. ``scores``; float32 (float64 for
             float64 scores).
     """
+    _checks.flag("sample", sample)
     scores, k_rows, kmax, lengths = _check_common(scores, k, lengths, tau)
     seed = _check_seed(seed) if sample else 0
     path = resolve_row_backend(backend, scores, op="gumbel_topk", max_width=MAX_TRITON_WIDTH,
@@ -124,6 +125,8 @@ def _check_common(scores, k, lengths, tau, k_name: str = "k"):
         if k_rows.shape[0] != batch:
             raise ValueError(f"{k_name} must have shape [{batch}], got {list(k.shape)}")
     elif isinstance(k, int) and not isinstance(k, bool):
+        if k < 1:  # checked here too: an empty batch has no row to check it on
+            raise ValueError(f"{k_name} must be >= 1 for every row, got {k}")
         k_rows = torch.full((batch,), k, dtype=torch.int64, device=scores.device)
     else:
         raise TypeError(f"{k_name} must be an int or an integer tensor, got {type(k).__name__}")
@@ -154,6 +157,8 @@ def _check_common(scores, k, lengths, tau, k_name: str = "k"):
         raise ValueError(
             f"{k_name} = {int(k_rows[row])} for row {row} exceeds its {int(valid_counts[row])} "
             "selectable tokens (positions < lengths with a score > -inf)")
+    if batch == 0:  # no row to take K from: an empty batch keeps the K it was asked for
+        k_max = k if isinstance(k, int) else (int(k) if k.dim() == 0 else 0)
     return scores, k_rows, int(k_max), lengths
 
 
@@ -175,18 +180,22 @@ def check_selection(scores, indices, k_rows, lengths):
     safe = indices.clamp(0, width - 1)
     sorted_idx = torch.where(in_prefix, indices, torch.full_like(indices, -1)).sort(dim=1).values
     stats = torch.stack([
+        (indices < -1).any(),
         ((indices >= 0) != in_prefix).any(),  # -1 only as trailing padding
         (in_prefix & ((indices >= lengths[:, None]) | (indices >= width))).any(),
         (in_prefix & (scores.gather(1, safe) == float("-inf"))).any(),
         ((sorted_idx[:, 1:] == sorted_idx[:, :-1]) & (sorted_idx[:, 1:] >= 0)).any(),
     ]).tolist()
     if stats[0]:
-        raise ValueError("indices: each row must be chosen positions followed by -1 padding only")
+        raise ValueError(f"indices must hold positions >= 0 and -1 padding, "
+                         f"got {int(indices.min())}")
     if stats[1]:
-        raise ValueError("indices: a chosen position lies outside its row's valid length")
+        raise ValueError("indices: each row must be chosen positions followed by -1 padding only")
     if stats[2]:
-        raise ValueError("indices: a chosen position has score -inf (padding cannot be chosen)")
+        raise ValueError("indices: a chosen position lies outside its row's valid length")
     if stats[3]:
+        raise ValueError("indices: a chosen position has score -inf (padding cannot be chosen)")
+    if stats[4]:
         raise ValueError("indices: a row chooses the same position twice")
     return indices
 

@@ -49,6 +49,10 @@ def main(argv=None) -> int:
         policy_hidden_size=a.policy_hidden_size, runs=a.runs, warmup=a.warmup,
         latency=not a.no_latency, full_size_latency=True if a.full_size_latency else None,
         out_dir=a.out_dir, name=a.name, progress=not a.no_progress)
+    try:  # every flag is checked before any model is built; a bad one is a usage error
+        settings.validate()
+    except (ValueError, TypeError) as e:
+        p.error(str(e))
     try:
         results = profile(settings)
     except ValueError as e:

@@ -25,6 +25,7 @@ import time
 
 import torch
 
+from avex import _checks
 from avex.pruning import generate
 
 from .methods import selection
@@ -32,10 +33,17 @@ from .methods import selection
 
 class Timer:
     def __init__(self, device: torch.device):
+        if not isinstance(device, torch.device):
+            raise TypeError(f"device must be a torch.device, got {type(device).__name__}: "
+                            f"{device!r}")
         self.cuda = device.type == "cuda"
 
     def __call__(self, fn, runs: int, warmup: int, progress=None) -> float:
         """Median milliseconds of ``fn()`` over ``runs`` runs after ``warmup`` untimed ones."""
+        if not callable(fn):
+            raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+        _checks.int_at_least("runs", runs, 1)  # a median of no runs is undefined
+        _checks.int_at_least("warmup", warmup, 0)
         for _ in range(warmup):
             fn()
         times = []

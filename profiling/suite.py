@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 import os
 import platform
 import types
@@ -11,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from avex import _checks
 from avex.backbones import backbone_config
 from avex.modality import AUDIO, TEXT, VISUAL
 from avex.policy import AVEXPolicy
@@ -53,10 +53,28 @@ class ProfileSettings:
     extra: dict = field(default_factory=dict)
 
     def validate(self):
-        r = self.retention
-        if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r) \
-                or not 0 < r <= 1:
-            raise ValueError(f"retention must be in (0, 1], got {r!r}")
+        _checks.text("backbone", self.backbone)
+        _checks.ratio("retention", self.retention)
+        if isinstance(self.methods, str) or not isinstance(self.methods, (tuple, list)):
+            raise TypeError(f"methods must be a tuple of method names, got {self.methods!r}")
+        for name in ("visual_tokens", "audio_tokens", "text_before", "text_after",
+                     "policy_hidden_size"):
+            _checks.int_at_least(name, getattr(self, name), 0)
+        _checks.int_at_least("decode_tokens", self.decode_tokens, 1)
+        _checks.optional_int_at_least("runs", self.runs, 1)
+        _checks.optional_int_at_least("warmup", self.warmup, 0)
+        _checks.device("device", self.device)
+        _checks.flag("latency", self.latency)
+        _checks.flag("progress", self.progress)
+        if self.full_size_latency is not None:
+            _checks.flag("full_size_latency", self.full_size_latency)
+        _checks.text("out_dir", self.out_dir)
+        if _checks.text("name", self.name, optional=True) is not None and (
+                os.sep in self.name or self.name in (".", "..")):
+            raise ValueError(f"name is a file stem (profiling-<name>.md), not a path; got "
+                             f"{self.name!r}")
+        if not isinstance(self.extra, dict):
+            raise TypeError(f"extra must be a dict, got {type(self.extra).__name__}")
         if not self.methods:
             raise ValueError(f"methods: none given; available: {list(METHODS)}")
         for m in self.methods:
@@ -217,7 +235,7 @@ def profile(settings: ProfileSettings | None = None, **overrides) -> dict:
                     else device.type == "cuda")
     dtype_name = settings.dtype if settings.dtype != "auto" else (
         "bfloat16" if device.type == "cuda" else "float32")
-    runs = settings.runs or (50 if device.type == "cuda" else 5)
+    runs = settings.runs if settings.runs is not None else (50 if device.type == "cuda" else 5)
     warmup = settings.warmup if settings.warmup is not None else (
         5 if device.type == "cuda" else 1)
 

@@ -162,7 +162,7 @@ def test_sets_read_one_copy_of_the_sample():
     (lambda a: a.update(layout="packed"), ValueError, "layout must be one of"),
     (lambda a: a.update(positions="absolute"), ValueError, "positions must be one of"),
     (lambda a: a.update(padding_side="top"), ValueError, "padding_side must be one of"),
-    (lambda a: a.update(keep=a["keep"].to("meta")), ValueError, "keep is on meta"),
+    (lambda a: a.update(keep=a["keep"].to("meta")), ValueError, "keep is a meta tensor"),
     (lambda a: a.update(backend="gpu"), ValueError, "backend must be one of"),
 ])
 def test_bad_input_is_rejected(change, error, match):

@@ -203,7 +203,7 @@ def test_float64_forced_triton_is_refused():
      "padding"),
     (lambda a: a.update(scores=a["scores"].long()), TypeError, "scores must be a floating"),
     (lambda a: a.update(modality=a["modality"].float()), TypeError, "modality must be an integer"),
-    (lambda a: a.update(indices=a["indices"].to("meta")), ValueError, "indices is on meta"),
+    (lambda a: a.update(indices=a["indices"].to("meta")), ValueError, "indices is a meta tensor"),
     (lambda a: a.update(backend="cuda"), ValueError, "backend must be one of"),
 ])
 def test_bad_input_is_rejected(change, error, match):

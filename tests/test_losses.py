@@ -61,6 +61,6 @@ def test_objective_combines_terms_with_lambda():
 def test_bad_shapes_and_lambda_are_rejected():
     with pytest.raises(ValueError, match=r"delta_reward has shape \[2, 3\]"):
         exchange_loss(torch.ones(2, 4), torch.ones(2, 3), torch.ones(2, 4, dtype=torch.bool))
-    with pytest.raises(ValueError, match="lambda_ex must be >= 0, got -1"):
+    with pytest.raises(ValueError, match="lambda_ex must be a finite number >= 0, got -1"):
         avex_objective(torch.ones(1), torch.ones(1), torch.ones(1, 2), torch.ones(1, 2),
                        torch.ones(1, 2, dtype=torch.bool), lambda_ex=-1)

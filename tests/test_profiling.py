@@ -14,6 +14,7 @@ from avex.profiling import flops as F
 from avex.profiling import methods as M
 from avex.profiling.__main__ import main
 from avex.profiling.latency import cpu_peak_bytes, measure
+from badinput import exits_with_usage_error
 
 # hidden 64, 4 heads of 16 (2 KV heads), MLP 128, vocabulary 128, 3 layers
 TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
@@ -204,8 +205,8 @@ def test_unknown_method_is_an_error(tmp_path, capsys):
     with pytest.raises(ValueError, match=r"unknown method 'tome-av'; available: \['full', "
                                          r"'avex', 'fastv', 'tome', 'fastav'\]"):
         profile(methods=("full", "tome-av"), out_dir=str(tmp_path), progress=False)
-    assert main(["--methods", "full,fastvv", "--out-dir", str(tmp_path)]) == 2
-    assert "unknown method 'fastvv'" in capsys.readouterr().err
+    exits_with_usage_error(main, ["--methods", "full,fastvv", "--out-dir", str(tmp_path)],
+                           "unknown method 'fastvv'", capsys)
     with pytest.raises(ValueError, match="methods: none given"):
         profile(methods=(), out_dir=str(tmp_path), progress=False)
     assert not list(tmp_path.iterdir())
@@ -220,10 +221,10 @@ def test_retention_outside_0_1_is_an_error(retention, tmp_path):
 def test_unknown_backbone_is_an_error(tmp_path, capsys):
     with pytest.raises(ValueError, match="qwen2-7b.*'gpt-9'"):
         profile(backbone="gpt-9", out_dir=str(tmp_path), progress=False)
-    assert main(["--backbone", "gpt-9", "--out-dir", str(tmp_path)]) == 2
-    assert "'gpt-9'" in capsys.readouterr().err
-    assert main(["--retention", "1.2", "--out-dir", str(tmp_path)]) == 2
-    assert "retention must be in (0, 1], got 1.2" in capsys.readouterr().err
+    exits_with_usage_error(main, ["--backbone", "gpt-9", "--out-dir", str(tmp_path)], "'gpt-9'",
+                           capsys)
+    exits_with_usage_error(main, ["--retention", "1.2", "--out-dir", str(tmp_path)],
+                           r"retention must be in \(0, 1\], got 1.2", capsys)
     assert not list(tmp_path.iterdir())
 
 

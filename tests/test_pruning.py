@@ -303,7 +303,7 @@ def _bad(change):
     (lambda a: a.update(keep=(a["modality"] != PAD)[:, 1:], scores=None, retention=None),
      ValueError, "keep must have shape"),
     (lambda a: a.update(positions="shifted"), ValueError, "positions must be one of"),
-    (lambda a: a.update(scores=a["scores"].to("meta")), ValueError, "scores is on meta"),
+    (lambda a: a.update(scores=a["scores"].to("meta")), ValueError, "scores is a meta tensor"),
 ])
 def test_prune_inputs_rejects_bad_input(change, error, match):
     a = _bad(change)

@@ -1,6 +1,7 @@
 """python -m avex.train on a tiny benchmark: end to end, bad configs, kill + resume, DDP."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -48,30 +49,35 @@ def test_tiny_end_to_end_run(cache_dir, tmp_path):
     assert json.loads((tmp_path / "run" / "config.json").read_text())["g"] == 8
 
 
-@pytest.mark.parametrize("flags,error,match", [
-    (["--retention", "1.5"], ValueError, r"retention must be in \(0, 1\], got 1.5"),
-    (["--g", "0"], ValueError, "g must be >= 1, got 0"),
-    (["--exchange-types", "vv,xa"], ValueError, "exchange_types must be drawn from .* got 'xa'"),
-    (["--captioner", "/no/such/model"], FileNotFoundError, "captioner: no model directory"),
-    (["--batch-size", "6"], ValueError, r"batch_size \(6\) must be a multiple"),
-    (["--benchmark-preset", "huge"], ValueError, "benchmark_preset must be one of"),
+@pytest.mark.parametrize("flags,match", [
+    (["--retention", "1.5"], r"retention must be in \(0, 1\], got 1.5"),
+    (["--g", "0"], "g must be >= 1, got 0"),
+    (["--exchange-types", "vv,xa"], "exchange_types must be drawn from .* got 'xa'"),
+    (["--captioner", "/no/such/model"], "captioner: no model directory"),
+    (["--batch-size", "6"], r"batch_size \(6\) must be a multiple"),
+    (["--benchmark-preset", "huge"], "benchmark_preset must be one of"),
 ])
-def test_bad_config_fails_before_any_work(cache_dir, tmp_path, flags, error, match):
-    with pytest.raises(error, match=match):
+def test_bad_config_fails_before_any_work(cache_dir, tmp_path, capsys, flags, match):
+    """A usage error (exit 2, no traceback) before the run directory exists; more cases in
+    tests/test_bad_input_cli.py."""
+    with pytest.raises(SystemExit) as stop:
         main(tiny_args(cache_dir, tmp_path / "run", *flags))
+    assert stop.value.code == 2
+    assert re.search(match, capsys.readouterr().err)
     assert not (tmp_path / "run").exists()
 
 
-def test_config_file_and_flags_override_defaults(cache_dir, tmp_path):
+def test_config_file_and_flags_override_defaults(cache_dir, tmp_path, capsys):
     config = tmp_path / "run.yaml"
     config.write_text("g: 4\nexchange_types: [vv, av]\nlr: 0.002\n")
     main(tiny_args(cache_dir, tmp_path / "run", "--config", str(config), "--lr", "0.003",
                    "--no-evaluate", "--epochs", "0.2"))
     saved = json.loads((tmp_path / "run" / "config.json").read_text())
     assert (saved["g"], saved["exchange_types"], saved["lr"]) == (4, ["vv", "av"], 0.003)
-    with pytest.raises(ValueError, match="unknown settings"):
-        config.write_text("gg: 4\n")
+    config.write_text("gg: 4\n")
+    with pytest.raises(SystemExit):
         main(tiny_args(cache_dir, tmp_path / "run2", "--config", str(config)))
+    assert "unknown settings ['gg']" in capsys.readouterr().err
 
 
 def _command(cache_dir, run_dir, *extra):

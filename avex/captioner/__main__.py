@@ -14,8 +14,9 @@ from pathlib import Path
 
 import torch
 
+from .. import _checks
 from ..data import PRESETS as BENCHMARK_PRESETS
-from ..data import FeatureCache, ensure_benchmark
+from ..data import SPLITS, FeatureCache, ensure_benchmark
 from ..paths import default_captioner_path
 from ..selection import num_kept, random_keep
 from .frozen import CAPTIONER_FILE, FrozenCaptioner
@@ -23,8 +24,18 @@ from .train import PRESETS, train_captioner
 
 
 def cmd_train(args) -> int:
+    # every setting is checked before a benchmark is built or a model trained
+    cfg = PRESETS[args.preset]
+    changes = {k: getattr(args, k) for k in ("steps", "batch_size", "lr")
+               if getattr(args, k) is not None}
+    cfg = dataclasses.replace(cfg, **changes).validate()
+    _checks.int_at_least("seed", args.seed, 0)
+    if args.device is not None:
+        _checks.device("device", args.device)
     if args.data:
         bench = Path(args.data)
+        if not (bench / "meta.json").is_file():
+            raise FileNotFoundError(f"--data: no feature cache at {args.data!r}")
     else:
         if args.benchmark_preset not in BENCHMARK_PRESETS:
             raise ValueError(f"benchmark_preset must be one of {sorted(BENCHMARK_PRESETS)}, "
@@ -36,10 +47,6 @@ def cmd_train(args) -> int:
     if (out / CAPTIONER_FILE).is_file() and not args.overwrite:
         print(f"captioner already trained at {out} (pass --overwrite to retrain)")
         return 0
-    cfg = PRESETS[args.preset]
-    changes = {k: getattr(args, k) for k in ("steps", "batch_size", "lr")
-               if getattr(args, k) is not None}
-    cfg = dataclasses.replace(cfg, **changes)
     started = time.perf_counter()
     path = train_captioner(bench, out, cfg, device=args.device, progress=not args.no_progress,
                            overwrite=args.overwrite)
@@ -49,6 +56,16 @@ def cmd_train(args) -> int:
 
 
 def cmd_caption(args) -> int:
+    # every flag is checked before the captioner is loaded
+    _checks.int_at_least("n", args.n, 1)
+    _checks.ratio("retention", args.retention)
+    _checks.int_at_least("num_beams", args.num_beams, 1)
+    _checks.int_at_least("seed", args.seed, 0)
+    _checks.choice("split", args.split, set(SPLITS))
+    if args.device is not None:
+        _checks.device("device", args.device)
+    if not Path(args.data, "meta.json").is_file():
+        raise FileNotFoundError(f"--data: no feature cache at {args.data!r}")
     captioner = FrozenCaptioner.load(args.captioner, device=args.device)
     cache = FeatureCache(args.data, expected_dim=captioner.feature_dim)
     split = cache.split(args.split)
@@ -105,7 +122,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.run(args)
-    except (FileNotFoundError, FileExistsError, ValueError) as err:
+    except (FileNotFoundError, FileExistsError, ValueError, TypeError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
 

@@ -19,6 +19,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from .. import _checks
+from ..checkpoint import load_weights
 from ..data.cache import Clip
 from ..modality import AUDIO, PAD, TEXT, VISUAL
 from ..paths import attention_dir, default_captioner_path
@@ -177,19 +179,31 @@ class FrozenCaptioner:
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"{path} is not a Hugging Face model directory "
                                     "(no config.json)")
+        info, max_new = {}, 32
+        if (path / CAPTIONER_FILE).is_file():  # checked before the model is loaded
+            try:
+                info = json.loads((path / CAPTIONER_FILE).read_text(encoding="utf-8"))
+            except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
+                raise ValueError(f"{path / CAPTIONER_FILE}: corrupt or truncated ({err}); "
+                                 "retrain with --overwrite") from None
+            if not isinstance(info, dict) or info.get("format") != CAPTIONER_FORMAT:
+                got = info.get("format") if isinstance(info, dict) else info
+                raise ValueError(f"{path / CAPTIONER_FILE}: 'format' must be "
+                                 f"{CAPTIONER_FORMAT!r}, got {got!r}")
+            if isinstance(info.get("feature_dim"), bool) or \
+                    not isinstance(info.get("feature_dim"), int) or info["feature_dim"] < 1:
+                raise ValueError(f"{path / CAPTIONER_FILE}: 'feature_dim' must be a positive "
+                                 f"int, got {info.get('feature_dim')!r}")
+        if device is not None and not isinstance(device, torch.device):
+            device = None if _checks.device("device", device) == "auto" else device
         device = torch.device(device) if device is not None else default_device()
         model = _load_model(path, dtype).to(device)
         tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir(path)))
         hidden = model.get_input_embeddings().embedding_dim
-        info, max_new = {}, 32
-        if (path / CAPTIONER_FILE).is_file():
-            info = json.loads((path / CAPTIONER_FILE).read_text())
-            if info.get("format") != CAPTIONER_FORMAT:
-                raise ValueError(f"{path / CAPTIONER_FILE}: 'format' must be "
-                                 f"{CAPTIONER_FORMAT!r}, got {info.get('format')!r}")
+        if info:
             projector = AVProjector(info["feature_dim"], hidden, info.get("projector", "mlp"))
             if projector.kind == "mlp":
-                projector.load_state_dict(load_file(str(path / PROJECTOR_FILE)))
+                load_weights(projector, path / PROJECTOR_FILE)
             max_new = int(info.get("max_new_tokens", max_new))
         else:  # a plain Hugging Face model: features must already be in its hidden size
             projector = AVProjector(hidden, hidden, "identity")
@@ -239,8 +253,14 @@ class FrozenCaptioner:
         """Clips -> an :class:`AVBatch` (prefix text, video, audio, suffix text; left-padded).
         Clips exported from a real model (``Clip.merged``) are taken as stored: the model's
         merged embeddings, codes and positions."""
+        if isinstance(clips, (str, Clip)) or not hasattr(clips, "__len__"):
+            raise TypeError(f"clips must be a sequence of Clip, got {type(clips).__name__}")
         if len(clips) == 0:
             raise ValueError("clips is empty")
+        for i, clip in enumerate(clips):
+            if not isinstance(clip, Clip):
+                raise TypeError(f"clips[{i}] must be a Clip (from a FeatureCache), got "
+                                f"{type(clip).__name__}")
         merged = [clip.merged is not None for clip in clips]
         if any(merged):
             if not all(merged):
@@ -385,6 +405,10 @@ class FrozenCaptioner:
             raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
         if isinstance(num_beams, bool) or not isinstance(num_beams, int) or num_beams < 1:
             raise ValueError(f"num_beams must be an int >= 1, got {num_beams!r}")
+        _checks.int_at_least("batch_size", batch_size, 1)
+        if isinstance(inputs, (str, Clip)):
+            raise TypeError(f"inputs must be an AVBatch or a sequence of Clip, got "
+                            f"{type(inputs).__name__}")
         if isinstance(inputs, AVBatch):
             return self.generate_captions(inputs.inputs_embeds, inputs.modality,
                                           self._sequence_keep(inputs, keep),

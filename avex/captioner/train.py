@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
+from .. import _checks
 from ..data.cache import FeatureCache
 from ..data.embedded import ensure_benchmark
 from ..modality import AUDIO, VISUAL
@@ -50,8 +51,12 @@ class CaptionerConfig:
             raise ValueError(f"hidden_size ({self.hidden_size}) must divide by num_heads "
                              f"({self.num_heads}), and num_heads by num_kv_heads "
                              f"({self.num_kv_heads})")
-        if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise ValueError(f"lr must be a finite number > 0, got {self.lr!r}")
+        _checks.positive_float("lr", self.lr)
+        _checks.positive_float("grad_clip", self.grad_clip)
+        _checks.real("weight_decay", self.weight_decay, low=0)
+        _checks.real("warmup_frac", self.warmup_frac, low=0, high=1, high_open=True)
+        _checks.int_at_least("seed", self.seed, 0)
+        _checks.int_at_least("eval_clips", self.eval_clips, 0)
         return self
 
 

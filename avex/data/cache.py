@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import numbers
 import os
 import re
 import shutil
@@ -30,6 +31,8 @@ from typing import Iterator, Sequence
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
+
+from avex import _checks
 
 FORMAT_NAME = "avex-feature-cache"
 FORMAT_VERSION = 1
@@ -130,6 +133,36 @@ def _check_refs(name: str, refs, clip_id: str, *, required: bool) -> list[str]:
     return list(refs)
 
 
+def _check_finite(values: torch.Tensor, what: str, *, stored_as=None) -> None:
+    """Features must be finite (as stored: a float32 value past float16's range becomes inf)."""
+    finite = torch.isfinite(values)
+    if not bool(finite.all()):
+        token = int(torch.nonzero(~finite)[0, 0])
+        note = f" once stored as {stored_as}" if stored_as is not None else ""
+        raise ValueError(f"{what} holds NaN or inf{note} (token {token}); features must be "
+                         "finite")
+
+
+ANNOTATION_LENGTH = {"visual_role": lambda visual, audio: visual.shape[0],
+                     "audio_role": lambda visual, audio: audio.shape[0]}
+
+
+def _annotation(name: str, value, clip_id: str, length: int) -> torch.Tensor:
+    """A per-token int8 annotation: one integer in [-128, 127] per token of its modality."""
+    value = torch.as_tensor(value)
+    if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
+        raise TypeError(f"annotation {name} for clip {clip_id!r} must hold integers, got "
+                        f"{value.dtype}")
+    if value.dim() != 1 or value.shape[0] != length:
+        raise ValueError(f"annotation {name} for clip {clip_id!r} must have one value per "
+                         f"token ([{length}]), got shape {list(value.shape)}")
+    if value.numel() and (int(value.min()) < -128 or int(value.max()) > 127):
+        bad = int(value.max()) if int(value.max()) > 127 else int(value.min())
+        raise ValueError(f"annotation {name} for clip {clip_id!r} is stored as int8 and must "
+                         f"lie in [-128, 127], got {bad}")
+    return value.to(torch.int8).contiguous()
+
+
 class CacheWriter:
     """Writes a cache directory. Use as a context manager; nothing appears at ``root`` until the
     writer closes without error (it builds in a sibling temporary directory, then renames).
@@ -149,6 +182,13 @@ class CacheWriter:
         if isinstance(clips_per_shard, bool) or not isinstance(clips_per_shard, int) \
                 or clips_per_shard < 1:
             raise ValueError(f"clips_per_shard must be a positive int, got {clips_per_shard!r}")
+        if n_frames is not None and (isinstance(n_frames, bool) or not isinstance(n_frames, int)
+                                     or n_frames < 1):
+            raise ValueError(f"n_frames must be a positive int or None, got {n_frames!r}")
+        if tokenizer is not None and not isinstance(tokenizer, str):
+            raise TypeError(f"tokenizer must be a str or None, got {type(tokenizer).__name__}")
+        if source is not None and not isinstance(source, dict):
+            raise TypeError(f"source must be a dict or None, got {type(source).__name__}")
         self.root = Path(root)
         if self.root.exists() and not overwrite:
             raise FileExistsError(f"cache directory {self.root} already exists; pass "
@@ -191,7 +231,9 @@ class CacheWriter:
                 shape = list(value.shape) if isinstance(value, torch.Tensor) else type(value)
                 raise ValueError(f"{name} for clip {clip_id!r} must be a float tensor "
                                  f"[N, {self.dim}], got {shape}")
-            tensors[f"{clip_id}/{name}"] = value.detach().to("cpu", self.dtype).contiguous()
+            stored = value.detach().to("cpu", self.dtype).contiguous()
+            _check_finite(stored, f"{name} for clip {clip_id!r}", stored_as=self.dtype)
+            tensors[f"{clip_id}/{name}"] = stored
         for side, ids, embeds in (("prefix", prompt_prefix_ids, prompt_prefix_embeds),
                                   ("suffix", prompt_suffix_ids, prompt_suffix_embeds)):
             if (ids is None) == (embeds is None):
@@ -199,21 +241,31 @@ class CacheWriter:
                                  f"prompt_{side}_embeds")
             if ids is not None:
                 ids = torch.as_tensor(ids)
-                if ids.dim() != 1 or ids.is_floating_point():
+                if ids.dim() != 1 or ids.is_floating_point() or ids.dtype == torch.bool:
                     raise ValueError(f"prompt_{side}_ids for clip {clip_id!r} must be a 1-D "
-                                     f"integer sequence, got shape {list(ids.shape)}")
+                                     f"integer sequence, got {ids.dtype} of shape "
+                                     f"{list(ids.shape)}")
+                if ids.numel() and int(ids.min()) < 0:
+                    raise ValueError(f"prompt_{side}_ids for clip {clip_id!r} must be token ids "
+                                     f">= 0, got {int(ids.min())}")
                 tensors[f"{clip_id}/prompt_{side}_ids"] = ids.to(torch.int64).contiguous()
             else:
                 if not isinstance(embeds, torch.Tensor) or embeds.dim() != 2 \
                         or not embeds.is_floating_point():
                     raise ValueError(f"prompt_{side}_embeds for clip {clip_id!r} must be a "
                                      "float tensor [L, D]")
-                tensors[f"{clip_id}/prompt_{side}_embeds"] = \
-                    embeds.detach().to("cpu", self.dtype).contiguous()
+                stored = embeds.detach().to("cpu", self.dtype).contiguous()
+                _check_finite(stored, f"prompt_{side}_embeds for clip {clip_id!r}",
+                              stored_as=self.dtype)
+                tensors[f"{clip_id}/prompt_{side}_embeds"] = stored
         for name, value in (annotations or {}).items():
             if name not in ANNOTATION_KEYS:
                 raise ValueError(f"annotation {name!r} is not one of {list(ANNOTATION_KEYS)}")
-            tensors[f"{clip_id}/{name}"] = torch.as_tensor(value).to(torch.int8).contiguous()
+            tensors[f"{clip_id}/{name}"] = _annotation(name, value, clip_id,
+                                                        ANNOTATION_LENGTH[name](visual, audio))
+        if info is not None and not isinstance(info, dict):
+            raise TypeError(f"info for clip {clip_id!r} must be a dict, got "
+                            f"{type(info).__name__}")
         row = {
             "clip_id": clip_id,
             "split": split,
@@ -382,9 +434,38 @@ def _read_meta(root: Path) -> CacheMeta:
     shards = raw.get("shards", {})
     if not isinstance(shards, dict):
         raise CacheError(f"{path}: 'shards' must be an object, got {type(shards).__name__}")
+    for name, record in shards.items():
+        if not isinstance(record, dict):
+            raise CacheError(f"{path}: shards[{name!r}] must be an object with 'bytes', "
+                             f"'sha256' and 'clips', got {record!r}")
+        for key in ("bytes", "clips"):
+            if key in record and not _count(record[key]):
+                raise CacheError(f"{path}: shards[{name!r}][{key!r}] must be an int >= 0, "
+                                 f"got {record[key]!r}")
+        sha = record.get("sha256")
+        if sha is not None and not (isinstance(sha, str) and re.fullmatch(r"[0-9a-f]{64}", sha)):
+            raise CacheError(f"{path}: shards[{name!r}]['sha256'] must be 64 hex digits, got "
+                             f"{sha!r}")
+    n_frames = raw.get("n_frames")
+    if n_frames is not None and not (_count(n_frames) and n_frames >= 1):
+        raise CacheError(f"{path}: 'n_frames' must be a positive int or null, got {n_frames!r}")
+    splits = raw.get("splits", {})
+    if not isinstance(splits, dict) or not all(k in SPLITS and _count(v)
+                                               for k, v in splits.items()):
+        raise CacheError(f"{path}: 'splits' must map split names {list(SPLITS)} to clip counts "
+                         f"(ints >= 0), got {splits!r}")
+    tokenizer = raw.get("tokenizer")
+    if tokenizer is not None and not isinstance(tokenizer, str):
+        raise CacheError(f"{path}: 'tokenizer' must be a string or null, got {tokenizer!r}")
+    if not isinstance(raw.get("source", {}), dict):
+        raise CacheError(f"{path}: 'source' must be an object, got {raw.get('source')!r}")
     return CacheMeta(dim=dim, n_frames=raw.get("n_frames"), dtype=raw["dtype"],
                      tokenizer=raw.get("tokenizer"), splits=raw.get("splits", {}),
                      shards=shards, source=raw.get("source", {}))
+
+
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _read_manifest(root: Path) -> list[dict]:
@@ -424,9 +505,14 @@ def _read_manifest(root: Path) -> list[dict]:
                                      f">= 0, got {value!r}")
             for key in ("refs_av", "refs_v", "refs_a"):
                 refs = row[key]
-                if not isinstance(refs, list) or not all(isinstance(r, str) for r in refs):
+                if not isinstance(refs, list) or not all(isinstance(r, str) and r.strip()
+                                                         for r in refs):
                     raise CacheError(f"{_where(path, line_no, clip_id)}: {key} must be a list "
-                                     "of strings")
+                                     f"of non-empty strings, got {refs!r}")
+            for key in ("info", "prompt"):
+                if key in row and not isinstance(row[key], dict):
+                    raise CacheError(f"{_where(path, line_no, clip_id)}: {key} must be an "
+                                     f"object, got {row[key]!r}")
             if not row["refs_av"]:
                 raise CacheError(f"{_where(path, line_no, clip_id)}: refs_av is empty")
             shard = row["shard"]
@@ -438,6 +524,16 @@ def _read_manifest(root: Path) -> list[dict]:
     if not rows:
         raise CacheError(f"{path}: holds no rows")
     return rows
+
+
+def _clip_index(index, count: int, what: str) -> int:
+    """An int index in [-count, count) (a bool or a float is refused, not read as 0 or 1)."""
+    if isinstance(index, bool) or not isinstance(index, numbers.Integral):
+        raise TypeError(f"{what} must be an int, got {type(index).__name__}: {index!r} (use "
+                        ".get(clip_id) for a clip id)")
+    if not -count <= index < count:
+        raise IndexError(f"{what} {index} out of range for {count} clips")
+    return int(index)
 
 
 class FeatureCache:
@@ -453,8 +549,9 @@ class FeatureCache:
 
     def __init__(self, root, *, verify: str = "header", expected_dim: int | None = None,
                  max_open_shards: int = 8):
-        if verify not in ("none", "header", "hash"):
-            raise ValueError(f"verify must be 'none', 'header' or 'hash', got {verify!r}")
+        _checks.choice("verify", verify, ("none", "header", "hash"))
+        _checks.optional_int_at_least("expected_dim", expected_dim, 1)
+        _checks.int_at_least("max_open_shards", max_open_shards, 1)
         self.root = Path(root)
         if not self.root.is_dir():
             raise CacheError(f"{self.root}: no such cache directory")
@@ -470,8 +567,24 @@ class FeatureCache:
         self._hashed: set[str] = set()
         if verify != "none":
             self._check_all_rows()
+        self._check_counts()
 
     # -- checks ---------------------------------------------------------------------------------
+    def _check_counts(self) -> None:
+        """meta.json's split sizes and per-shard clip counts against the manifest."""
+        meta_path = self.root / META_FILE
+        for split in SPLITS:
+            rows = sum(row["split"] == split for row in self.rows)
+            if self.meta.splits.get(split, 0) != rows:
+                raise CacheError(f"{meta_path}: splits[{split!r}] is "
+                                 f"{self.meta.splits.get(split, 0)} but {MANIFEST_FILE} has "
+                                 f"{rows} {split} rows")
+        for shard, record in self.meta.shards.items():
+            rows = sum(row["shard"] == shard for row in self.rows)
+            if "clips" in record and record["clips"] != rows:
+                raise CacheError(f"{meta_path}: shards[{shard!r}] records {record['clips']} "
+                                 f"clips but {MANIFEST_FILE} names it in {rows} rows")
+
     def _row_where(self, row: dict) -> str:
         return _where(self.root / MANIFEST_FILE, row["_line"], row["clip_id"])
 
@@ -530,9 +643,9 @@ class FeatureCache:
             if key not in header:
                 raise CacheError(f"{where}: shard {path} has no tensor {key!r}")
             dtype, shape = header[key]
-            if dtype not in FLOAT_DTYPES:
-                raise CacheError(f"{where}: {key} in {path} has dtype {dtype}; features must be "
-                                 f"one of {list(FLOAT_DTYPES)}")
+            if dtype != self.meta.dtype:
+                raise CacheError(f"{where}: {key} in {path} has dtype {dtype} but meta.json "
+                                 f"'dtype' is {self.meta.dtype}")
             if len(shape) != 2 or shape[1] != dim:
                 raise CacheError(f"{where}: {key} in {path} has shape {shape} but the feature "
                                  f"dim is {dim} (meta.json 'dim'); expected [{row[count_key]}, "
@@ -549,12 +662,18 @@ class FeatureCache:
                                      f"tensor, got {dtype} {shape}")
             elif emb_key in header:
                 dtype, shape = header[emb_key]
-                if dtype not in FLOAT_DTYPES or len(shape) != 2:
-                    raise CacheError(f"{where}: {emb_key} in {path} must be a float [L, D] "
-                                     f"tensor, got {dtype} {shape}")
+                if dtype != self.meta.dtype or len(shape) != 2:
+                    raise CacheError(f"{where}: {emb_key} in {path} must be a {self.meta.dtype} "
+                                     f"(meta.json 'dtype') [L, D] tensor, got {dtype} {shape}")
             else:
                 raise CacheError(f"{where}: shard {path} has neither {ids_key!r} nor "
                                  f"{emb_key!r}")
+        for name, count_key in (("visual_role", "n_visual"), ("audio_role", "n_audio")):
+            key = f"{clip_id}/{name}"
+            if key in header and (header[key][0] != "I8" or header[key][1] != [row[count_key]]):
+                raise CacheError(f"{where}: {key} in {path} must be an I8 tensor "
+                                 f"[{row[count_key]}] (one role per token), got "
+                                 f"{header[key][0]} {header[key][1]}")
         if row.get("merged") is not None:
             self._check_merged(row, header, path)
 
@@ -638,12 +757,22 @@ class FeatureCache:
             raise CacheError(f"{self.root / row['shard']}: corrupted shard, cannot read {key!r} "
                              f"({err}; named by {self._row_where(row)})") from None
 
+    def _check_features(self, tensor: torch.Tensor, row: dict, name: str) -> None:
+        """Stored dtype as meta.json says, and finite values (a bit flip can make a NaN)."""
+        where = f"{self._row_where(row)}: {name} in {self.root / row['shard']}"
+        if tensor.dtype != FLOAT_DTYPES[self.meta.dtype]:
+            raise CacheError(f"{where} has dtype {tensor.dtype} but meta.json 'dtype' is "
+                             f"{self.meta.dtype}")
+        try:
+            _check_finite(tensor, where)
+        except ValueError as err:
+            raise CacheError(str(err) + "; the cache is corrupt, rebuild or re-export it") from None
+
     def __len__(self) -> int:
         return len(self.rows)
 
     def __getitem__(self, index: int) -> Clip:
-        if not -len(self.rows) <= index < len(self.rows):
-            raise IndexError(f"clip index {index} out of range for {len(self.rows)} clips")
+        index = _clip_index(index, len(self.rows), "clip index")
         row = self.rows[index]
         handle = self._handle(row)
         visual = self._tensor(handle, row, "visual")
@@ -655,16 +784,24 @@ class FeatureCache:
                 raise CacheError(f"{self._row_where(row)}: {name} has shape "
                                  f"{list(tensor.shape)}, expected [{row[count_key]}, "
                                  f"{self.meta.dim}]")
+            self._check_features(tensor, row, name)
         prompt = {}
         for side in PROMPT_SIDES:
             ids = self._tensor(handle, row, f"prompt_{side}_ids", optional=True)
             embeds = None if ids is not None else \
                 self._tensor(handle, row, f"prompt_{side}_embeds")
+            if embeds is not None:
+                self._check_features(embeds, row, f"prompt_{side}_embeds")
             prompt[side] = (None if ids is None else ids.to(torch.int64), embeds)
         annotations = {}
-        for name in ANNOTATION_KEYS:
+        for name, count_key in zip(ANNOTATION_KEYS, ("n_visual", "n_audio")):
             value = self._tensor(handle, row, name, optional=True)
             if value is not None:
+                if value.dtype != torch.int8 or list(value.shape) != [row[count_key]]:
+                    raise CacheError(f"{self._row_where(row)}: {name} in "
+                                     f"{self.root / row['shard']} must be int8 "
+                                     f"[{row[count_key]}], got {value.dtype} "
+                                     f"{list(value.shape)}")
                 annotations[name] = value
         merged = None
         if row.get("merged") is not None:
@@ -725,9 +862,7 @@ class CacheSplit(torch.utils.data.Dataset):
         return len(self.indices)
 
     def __getitem__(self, index: int) -> Clip:
-        if not -len(self.indices) <= index < len(self.indices):
-            raise IndexError(f"index {index} out of range for split {self.name!r} with "
-                             f"{len(self.indices)} clips")
+        index = _clip_index(index, len(self.indices), f"index into split {self.name!r}")
         return self.cache[self.indices[index]]
 
     def __iter__(self) -> Iterator[Clip]:

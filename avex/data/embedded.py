@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from .. import _checks
 from ..paths import benchmarks_dir
 from ..progress import progress_bar
 from . import world
@@ -94,6 +95,7 @@ class BenchmarkConfig:
             raise ValueError("every split size is 0; nothing to build")
         if not (isinstance(self.noise, (int, float)) and 0 <= self.noise < 1):
             raise ValueError(f"noise must be in [0, 1), got {self.noise!r}")
+        _checks.int_at_least("seed", self.seed, 0)
         return self
 
 

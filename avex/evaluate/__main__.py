@@ -25,11 +25,16 @@ captioned once and reported for every seed.
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import sys
 from pathlib import Path
 
 from avex import _checks
+from avex.captioner.train import PRESETS as CAPTIONER_PRESETS
+from avex.config import build_parser as build_train_parser
+from avex.config import resolve_config
+from avex.data import SPLITS
 from avex.methods import SELECTORS
 
 from avex.data.embedded import PRESETS as BENCHMARK_PRESETS
@@ -198,14 +203,51 @@ def parse_args(argv):
     argv = list(argv)
     if not argv or argv[0] not in ("sweep", "motivation", "ablation", "gates", "-h", "--help"):
         argv = ["sweep"] + argv
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:  # every flag is checked before any captioning; a bad one is a usage error
+        check_args(args)
+    except (ValueError, TypeError, OSError) as err:
+        parser.error(str(err))
+    return args
+
+
+def _split(name: str, value, *extra):
+    return _checks.choice(name, value, set(SPLITS) | set(extra))
+
+
+def _captioner_depth(args) -> int | None:
+    """The captioner's layer count from its config.json, when it is already on disk."""
+    path = Path(args.captioner) if args.captioner != "embedded" else default_captioner_path(
+        default_benchmark_path(args.benchmark_preset, args.cache_dir).name,
+        args.captioner_preset, args.cache_dir)
+    try:
+        return int(json.loads((path / "config.json").read_text())["num_hidden_layers"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # not built yet, or not a plain config: checked once it is loaded
+
+
+def check_args(args) -> None:
+    """Check (and normalise ``--run``) the parsed flags of any subcommand."""
+    if args.device is not None:
+        _checks.device("device", args.device)
+    _checks.choice("captioner_preset", args.captioner_preset, set(CAPTIONER_PRESETS))
     if args.command == "gates":
-        return args
+        for name, low in (("seeds", 1), ("counterfactual_clips", 1), ("base_sets", 1)):
+            _checks.int_at_least(name, getattr(args, name), low)
+        _checks.int_at_least("seed", args.seed, 0)
+        if args.benchmark is not None and not Path(args.benchmark).exists():
+            raise FileNotFoundError(f"--benchmark: no feature cache at {args.benchmark!r}")
+        if args.captioner is not None and not Path(args.captioner).exists():
+            raise FileNotFoundError(f"--captioner: no model directory at {args.captioner!r}")
+        return
+    _checks.choice("benchmark_preset", args.benchmark_preset, set(BENCHMARK_PRESETS))
     _checks.int_at_least("batch_size", args.batch_size, 1)
     _checks.int_at_least("num_beams", args.num_beams, 1)
     _checks.int_at_least("max_new_tokens", args.max_new_tokens, 1)
     if args.max_clips is not None:
         _checks.int_at_least("max_clips", args.max_clips, 1)
+    _split("split", args.split)
     for name in ("avex_run", "cacovid_run"):
         path = getattr(args, name, None)
         if path is not None and not Path(path).is_dir():
@@ -214,8 +256,32 @@ def parse_args(argv):
         raise FileNotFoundError(f"--data: no feature cache at {args.data!r}")
     if args.captioner != "embedded" and not Path(args.captioner).exists():
         raise FileNotFoundError(f"--captioner: no model directory at {args.captioner!r}")
+    if args.captioner == "embedded" and args.data != "embedded":
+        raise ValueError("--captioner embedded goes with --data embedded; for your own feature "
+                         "cache pass --captioner PATH to its Hugging Face causal LM")
+    try:  # the settings of any policy trained here, checked now rather than after captioning
+        resolve_config(build_train_parser("--train-args", "training settings").parse_args(
+            shlex.split(args.train_args)))
+    except SystemExit:
+        raise ValueError(f"--train-args: {args.train_args!r} are not python -m avex.train "
+                         "flags (see the message above)") from None
+    except (ValueError, TypeError, OSError) as err:
+        raise ValueError(f"--train-args: {err}") from None
+    if args.command == "sweep":
+        for seed in args.seeds:
+            _checks.int_at_least("seeds", seed, 0)
+        if len(set(args.seeds)) != len(args.seeds):
+            raise ValueError(f"seeds has duplicates: {args.seeds}")
+        _split("transfer_split", args.transfer_split, "none")
+        _checks.optional_int_at_least("fastv_layer", args.fastv_layer, 1)
+        depth = _captioner_depth(args)
+        if args.fastv_layer is not None and depth is not None and args.fastv_layer > depth:
+            raise ValueError(f"fastv_layer must be <= the captioner's {depth} layers, got "
+                             f"{args.fastv_layer}")
+        _checks.int_at_least("qualitative", args.qualitative, 0)
     if args.command == "ablation":
         _checks.ratio("retention", args.retention)
+        _checks.int_at_least("seed", args.seed, 0)
         runs = {}
         for item in args.run:
             name, sep, path = item.partition("=")
@@ -229,7 +295,9 @@ def parse_args(argv):
     if args.command == "motivation":
         _checks.ratio("base_retention", args.base_retention)
         _checks.int_at_least("clips", args.clips, 1)
-    return args
+        _checks.int_at_least("base_sets", args.base_sets, 1)
+        _checks.int_at_least("group", args.group, 1)
+        _checks.int_at_least("seed", args.seed, 0)
 
 
 def main(argv=None) -> dict:

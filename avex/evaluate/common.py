@@ -6,11 +6,10 @@ import dataclasses
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from avex.assets import resolve_asset_paths
 from avex.captioner import FrozenCaptioner
-from avex.checkpoint import latest_checkpoint
+from avex.checkpoint import latest_checkpoint, read_state
 from avex.config import TrainConfig, build_parser, resolve_config
 from avex.data import FeatureCache
 from avex.train import train
@@ -54,7 +53,7 @@ def ensure_trained(cfg: TrainConfig) -> Path:
     run_dir = Path(cfg.run_dir)
     latest = latest_checkpoint(run_dir) if run_dir.exists() else None
     if latest is not None:
-        state = torch.load(latest / "state.pt", weights_only=False)
+        state = read_state(latest)
         if state.get("phase") != "done":
             train(cfg, resume=True)
     else:

@@ -131,8 +131,10 @@ def run_sweep(args) -> dict:
     and write ``sweep.md``, ``sweep.json`` and ``sweep.png`` under ``args.out``."""
     started = time.perf_counter()
     out = Path(args.out) if args.out else Path("runs") / time.strftime("eval-%Y%m%d-%H%M%S")
-    out.mkdir(parents=True, exist_ok=True)
     cache, captioner = load_assets(args)
+    if "fastv" in args.methods:  # --fastv-layer against the LLM's depth, before any captioning
+        make_selector("fastv", captioner=captioner, layer=args.fastv_layer)
+    out.mkdir(parents=True, exist_ok=True)
     test = split_clips(cache, args.split, args.max_clips)
     transfer = [] if args.transfer_split == "none" else \
         split_clips(cache, args.transfer_split, args.max_clips)

@@ -12,14 +12,13 @@ training signal.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 
 from avex import _checks
-from avex.checkpoint import POLICY_FILE, latest_checkpoint
+from avex.checkpoint import (POLICY_FILE, STEP_NAME, latest_checkpoint, load_weights,
+                             read_run_config)
 from avex.kernels import gumbel_topk
 from avex.policy import AVEXPolicy
 from avex.selection import indices_to_keep
@@ -46,7 +45,7 @@ def load_policy(run_dir, captioner, *, checkpoint: str = "latest"):
     if not config.is_file():
         raise FileNotFoundError(f"run_dir: {run_dir} has no config.json (not a "
                                 "`python -m avex.train` run)")
-    cfg = json.loads(config.read_text())
+    cfg = read_run_config(run_dir)
     if checkpoint == "warmup":
         weights = run_dir / "warmup_policy.safetensors"
     elif checkpoint == "latest":
@@ -55,10 +54,13 @@ def load_policy(run_dir, captioner, *, checkpoint: str = "latest"):
             raise FileNotFoundError(f"run_dir: {run_dir} has no checkpoints/latest")
         weights = latest / POLICY_FILE
     else:
+        if not isinstance(checkpoint, str) or not STEP_NAME.match(checkpoint):
+            raise ValueError(f"checkpoint must be 'latest', 'warmup' or a step-N directory "
+                             f"name, got {checkpoint!r}")
         weights = run_dir / "checkpoints" / checkpoint / POLICY_FILE
     if not weights.is_file():
         raise FileNotFoundError(f"run_dir: no policy weights at {weights}")
     policy = AVEXPolicy.from_llm(captioner.model, hidden_size=cfg.get("policy_hidden"),
                                  init_from_llm=False)
-    policy.load_state_dict(load_file(str(weights)))
+    load_weights(policy, weights)
     return policy.to(captioner.device).eval()
