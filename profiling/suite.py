@@ -19,7 +19,7 @@ from avex.selection import num_kept
 from avex.tables import markdown_table
 
 from . import flops as F
-from .latency import measure
+from .latency import measure, ratio_text, stage_table
 from .methods import FASTV_LAYER, METHODS, NAMES as METHOD_NAMES
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -111,6 +111,19 @@ def _policy(config, width: int, dtype=torch.float32, device="cpu"):
     with torch.device(device):
         policy = AVEXPolicy.from_llm(llm, hidden_size=width or None, init_from_llm=False)
     return policy.to(dtype).eval()
+
+
+def latency_inputs(config, policy_width: int, modality: torch.Tensor, *,
+                   dtype=torch.float32, device="cpu"):
+    """``(model, policy, inputs_embeds, modality)`` for timing: the LLM of ``config`` and a
+    policy of width ``policy_width`` with random weights, and random embeddings for the
+    ``modality`` layout [B, L] (seed 0)."""
+    torch.manual_seed(0)
+    model = F.build_model(config, dtype=dtype, device=device)
+    policy = _policy(config, policy_width, device=device)
+    modality = modality.to(device)
+    embeds = torch.randn(*modality.shape, config.hidden_size, device=device, dtype=dtype)
+    return model, policy, embeds, modality
 
 
 def _policy_width(settings, config, scale: float) -> int:
@@ -217,7 +230,7 @@ def profile(settings: ProfileSettings | None = None, **overrides) -> dict:
                     else device.type == "cuda")
     dtype_name = settings.dtype if settings.dtype != "auto" else (
         "bfloat16" if device.type == "cuda" else "float32")
-    runs = settings.runs or (50 if device.type == "cuda" else 5)
+    runs = settings.runs or (50 if device.type == "cuda" else 10)
     warmup = settings.warmup if settings.warmup is not None else (
         5 if device.type == "cuda" else 1)
 
@@ -226,7 +239,7 @@ def profile(settings: ProfileSettings | None = None, **overrides) -> dict:
     latency_config = config if real_latency or small else scaled_config(config)
     scale = config.hidden_size / latency_config.hidden_size
     if settings.latency:
-        steps += 2 + sum((2 if m == "full" else 3) * runs for m in settings.methods)
+        steps += 2 + (runs + warmup + 1) * len(settings.methods)
         steps += 2 + len(settings.methods)
     bar = progress_bar(total=steps, desc="profiling", disable=not settings.progress)
 
@@ -242,14 +255,9 @@ def profile(settings: ProfileSettings | None = None, **overrides) -> dict:
                  f"{config.num_hidden_layers} layers, real vocabulary")
         pw = _policy_width(settings, config, scale)
         lat_flops = flops_table(settings, latency_config, pw, bar)
-        torch.manual_seed(0)
-        model = F.build_model(latency_config, dtype=DTYPES[dtype_name], device=device)
-        policy = _policy(latency_config, pw, device=device)
-        bar.update(1)
-        modality = token_layout(settings).to(device)
-        embeds = torch.randn(1, modality.shape[1], latency_config.hidden_size, device=device,
-                             dtype=DTYPES[dtype_name])
-        bar.update(1)
+        model, policy, embeds, modality = latency_inputs(
+            latency_config, pw, token_layout(settings), dtype=DTYPES[dtype_name], device=device)
+        bar.update(2)
         lat = measure(model, policy, embeds, modality, retention=settings.retention,
                       decode_tokens=settings.decode_tokens, runs=runs, warmup=warmup,
                       methods=settings.methods, progress=bar)
@@ -280,7 +288,7 @@ def _default_name(settings, device) -> str:
 def _device_name(device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+    return f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
 
 
 def _bytes(module) -> int:
@@ -402,31 +410,41 @@ def _latency_markdown(lat: dict) -> list[str]:
         "resident for every method)" if cpu else
         "peak allocated over one end-to-end run, weights included "
         "(torch.cuda.max_memory_allocated); MB = 2^20 bytes, GB = 2^30 bytes")
+    first = next(iter(lat["rows"].values()))
     lines = [
         "",
         f"## Latency and memory ({lat['label']})",
         "",
-        f"Device: {lat['device']}, {lat['dtype']}, random weights; median of {lat['runs']} "
-        f"runs after {lat['warmup']} warm-up. Configuration: {lc['num_hidden_layers']} "
+        f"Device: {lat['device']}, {first['threads']} timing thread(s), clock: "
+        f"{first['clock']}; {lat['dtype']}, random weights; {lat['runs']} alternating rounds after {lat['warmup']} warm-up (each round "
+        "runs every method once, the order reversed every other round); times are medians over "
+        "the rounds, ratios to full tokens the median of the per-round ratios with their "
+        f"interquartile range. Configuration: {lc['num_hidden_layers']} "
         f"layers, width {lc['hidden_size']}, {lc['num_attention_heads']} heads "
         f"({lc['num_key_value_heads']} KV), MLP {lc['intermediate_size']}, vocabulary "
         f"{lc['vocab_size']}; policy width {lat['policy_width']}. FLOPs below are for this "
         "configuration (prefill + selection, same unit).",
         "",
-        f"| Method | FLOPs (T) | Prefill (ms) | E2E (ms) | {mem_head} | selection overhead (ms) |",
-        "|---|---|---|---|---|---|",
+        f"| Method | FLOPs (T) | Prefill (ms) | Decode step (ms) | E2E (ms) | E2E / full "
+        f"| {mem_head} | selection overhead (ms) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for m, r in lat["rows"].items():
         f_ = lat["flops"]["rows"][m]["prefill_plus_policy"]
         mem = (f"{r['memory_bytes'] / 2**20:.1f}" if cpu
                else f"{r['memory_bytes'] / 2**30:.2f}")
         lines.append(f"| {METHOD_NAMES[m]} | {_t(f_)} ({_g(f_)} G) | "
-                     f"{r['prefill_ms']:.1f} | {r['e2e_ms']:.1f} | {mem} | "
+                     f"{r['prefill_ms']:.1f} | {r['decode_step_ms']:.2f} | {r['e2e_ms']:.1f} | "
+                     f"{ratio_text(r.get('vs_full', {}).get('e2e'))} | {mem} | "
                      f"{r['selection_ms']:.2f} |")
-    lines += ["", "Prefill: the LLM forward over the sequence the method feeds it. E2E: the "
-              "method's selection, compaction, prefill and the forced decode. Selection "
-              "overhead: the method's scoring, selection and compaction alone (the baselines as "
-              f"`avex.methods` runs them; see the FLOPs notes). Mem.: {mem_note}."]
+    lines += ["", "Prefill: from `generate`'s start until the model's first forward returns, "
+              "over the sequence the method feeds it. Decode step: the remaining forwards of the "
+              "forced decode, per step. E2E: the method's selection, compaction, prefill and "
+              "decode in one run. Selection overhead: everything before `generate` (the "
+              "method's scoring, selection and compaction; the baselines as `avex.methods` runs "
+              f"them, see the FLOPs notes). Mem.: {mem_note}.",
+              "", "Stages of the same runs (median ms, share of their sum) and ratios to full "
+              "tokens:", "", stage_table(lat["rows"], METHOD_NAMES)]
     return lines
 
 
