@@ -119,8 +119,10 @@ def _topk_inference(scores, k, tau, backend):
         return None
     if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not 0 < tau < math.inf:
         return None
-    if resolve_row_backend(backend, scores, op="gumbel_topk", max_width=MAX_TRITON_WIDTH,
-                           cuda_library=True) != "torch":
+    on_cpu = backend == "auto" and scores.device.type == "cpu"  # the PyTorch path, as resolved
+    if not on_cpu and resolve_row_backend(backend, scores, op="gumbel_topk",
+                                          max_width=MAX_TRITON_WIDTH,
+                                          cuda_library=True) != "torch":
         return None
     batch, width = scores.shape
     k_rows = None
