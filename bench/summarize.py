@@ -54,7 +54,8 @@ def main():
     if extra.get("device_name"):
         print(f"- device: {extra['device_name']}")
     print(f"- commit: {commit[:12]} (dirty: {data.get('commit_info', {}).get('dirty', '?')})")
-    print("- medians of pytest-benchmark rounds; ratio = baseline median / entry median\n")
+    if groups:
+        print("- medians of pytest-benchmark rounds; ratio = baseline median / entry median\n")
     rows = []
     for group, benches in groups.items():
         base = [b for b in benches if b.get("extra_info", {}).get("baseline")]

@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import copy
+import datetime
 import json
 import math
 import os
 import platform
+import subprocess
 import types
 from dataclasses import asdict, dataclass, field
 
@@ -244,6 +246,7 @@ def profile(settings: ProfileSettings | None = None, **overrides) -> dict:
     bar = progress_bar(total=steps, desc="profiling", disable=not settings.progress)
 
     results = dict(settings={k: v for k, v in asdict(settings).items() if k != "extra"},
+                   measured=_provenance(),
                    backbone_config=_describe(config),
                    flops=flops_table(settings, config, _policy_width(settings, config, 1.0),
                                      bar))
@@ -278,6 +281,25 @@ def profile(settings: ProfileSettings | None = None, **overrides) -> dict:
     chart(results, base + ".png")
     results["files"] = [base + ext for ext in (".md", ".json", ".png")]
     return results
+
+
+def _provenance() -> dict:
+    """When and at which commit the run started (``+dirty`` for uncommitted changes)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def git(*args):
+        try:
+            out = subprocess.run(["git", "-C", root, *args], capture_output=True, text=True,
+                                 timeout=30)
+        except (OSError, subprocess.SubprocessError):
+            return ""
+        return out.stdout.strip() if out.returncode == 0 else ""
+
+    commit = git("rev-parse", "--short=12", "HEAD") or "unknown (not a git checkout)"
+    if git("status", "--porcelain", "--untracked-files=no"):
+        commit += "+dirty"
+    return dict(date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                commit=commit)
 
 
 def _default_name(settings, device) -> str:
@@ -357,6 +379,9 @@ def markdown(results: dict) -> str:
     lines = [
         f"# Efficiency: {s['backbone']} at {s['retention']:.0%} retention, batch 1",
         "",
+        *([f"Measured {results['measured']['date']} at commit {results['measured']['commit']} "
+           "by `python -m avex.profiling` (settings in the JSON file beside this one).", ""]
+          if "measured" in results else []),
         f"Tokens: {s['visual_tokens']} visual + {s['audio_tokens']} audio + "
         f"{s['text_before'] + s['text_after']} text; every method keeps {fl['kept_av_tokens']} "
         f"AV tokens (ToMe-AV by merging); {s['decode_tokens']} decoded tokens (forced). Policy: "

@@ -172,6 +172,7 @@ def test_table_on_cpu_at_a_tiny_configuration(tmp_path):
         assert row in md
     assert "1 multiply-add = 1 flop" in md and "Prefill (ms)" in md and "E2E / full" in md
     assert "2 alternating rounds" in md and "end to end / full" in md
+    assert res["measured"]["commit"] and f"at commit {res['measured']['commit']}" in md
     assert "Peak mem. (MB, run only)" in md and "n/a" not in md
     mem = [line.split("|")[5] for line in md.splitlines() if line.startswith("| ToMe-AV | 0.")]
     assert len(mem) == 1 and float(mem[0]) > 0   # the latency row's memory cell is a number
