@@ -2,9 +2,11 @@
 Na=64), K in {32, 128} (10% and 40%), float32.
 
 Baseline: ``torch.topk`` (what one would write; its tie order isn't specified).
-Compared: ``gumbel_topk(sample=False)`` on the PyTorch reference, on Triton and on the CUDA C++
-library (indices + the log-probability), and the library's ``avex_topk_rows`` alone (indices
-only, as a C++ serving stack calls it). The GPU entries skip without CUDA.
+Compared: ``gumbel_topk(sample=False)`` on the PyTorch path, on Triton and on the CUDA C++
+library (no gradient wanted: indices only, the inference path), and the library's
+``avex_topk_rows`` alone (as a C++ serving stack calls it). The GPU entries skip without CUDA.
+``test_inference_topk_paired`` is the goal's measurement: the paths alternated within each
+round and the median of the per-round ratios (``avex.profiling.latency``).
 """
 import importlib
 
@@ -12,6 +14,7 @@ import pytest
 import torch
 
 from avex.kernels import gumbel_topk
+from avex.profiling.latency import alternate, timed, timing_threads, timing_threads_set
 from conftest import DEVICE, label, synchronized
 
 cuda_lib = importlib.import_module("avex.kernels.cuda_lib")
@@ -38,8 +41,10 @@ IMPLEMENTATIONS = {
 @pytest.mark.parametrize("impl", list(IMPLEMENTATIONS))
 @pytest.mark.parametrize("k", [32, 128])
 def test_inference_topk(benchmark, impl, k):
-    if impl in GPU_ONLY and DEVICE.type != "cuda":
-        pytest.skip("GPU kernels: timing needs a CUDA GPU")
+    if DEVICE.type != "cuda":
+        pytest.skip("GPU kernels: timing needs a CUDA GPU" if impl in GPU_ONLY else
+                    "on a CPU test_inference_topk_paired times this (alternating rounds); "
+                    "pytest-benchmark's back-to-back rounds would time the machine's load")
     scores = torch.randn(BATCH, WIDTH, device=DEVICE)
     step = IMPLEMENTATIONS[impl](scores, k)
     label(benchmark, f"inference top-k (sample=False) B={BATCH} M={WIDTH} K={k} float32",
@@ -48,3 +53,34 @@ def test_inference_topk(benchmark, impl, k):
     chosen = out[0] if isinstance(out, tuple) else out
     want = torch.sort(scores.topk(k, dim=1).indices, dim=1).values
     assert torch.equal(torch.sort(chosen, dim=1).values, want)  # random scores: no ties
+
+
+PAIRED_ROUNDS, CALLS_PER_ROUND = 300, 20
+
+
+@pytest.mark.parametrize("k", [32, 128])
+def test_inference_topk_paired(benchmark, k):
+    """The goal's measurement: ``gumbel_topk(sample=False)`` (no gradient wanted: the inference
+    path, no log-probability) against ``torch.topk``, alternated within each round, the median
+    of the per-round ratios."""
+    scores = torch.randn(BATCH, WIDTH, device=DEVICE)
+    baseline = "torch.topk (baseline)"
+    calls = {baseline: lambda: scores.topk(k, dim=1).indices,
+             "gumbel_topk(sample=False)": lambda: gumbel_topk(scores, k, sample=False)}
+    if DEVICE.type == "cuda":
+        calls["gumbel_topk(sample=False, backend='torch')"] = \
+            lambda: gumbel_topk(scores, k, sample=False, backend="torch")
+    label(benchmark, f"inference top-k, paired rounds, B={BATCH} M={WIDTH} K={k} float32",
+          "all (whole paired measurement)")
+    with timing_threads_set(DEVICE):
+        runs = {name: timed(fn, DEVICE, repeat=CALLS_PER_ROUND) for name, fn in calls.items()}
+        results = benchmark.pedantic(lambda: alternate(runs, rounds=PAIRED_ROUNDS, warmup=5),
+                                     rounds=1, iterations=1)
+    benchmark.extra_info["paired"] = dict(
+        group=f"inference top-k B={BATCH} M={WIDTH} K={k} float32", baseline=baseline,
+        results=results,
+        what=f"{PAIRED_ROUNDS} alternating rounds of {CALLS_PER_ROUND} calls each"
+             + ("" if DEVICE.type == "cuda" else f", {timing_threads()} CPU thread(s)"))
+    indices, log_prob = gumbel_topk(scores, k, sample=False)
+    assert log_prob is None
+    assert torch.equal(indices, scores.topk(k, dim=1).indices)  # random scores: no ties

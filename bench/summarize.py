@@ -6,6 +6,10 @@
 A benchmark names itself in ``extra_info["impl"]`` and marks its baseline with
 ``extra_info["baseline"] = True``; the ratio
 column is baseline median / entry median (above 1 means faster than the baseline).
+
+A paired measurement (``extra_info["paired"]``: the paths alternated within one process, see
+``avex.profiling.latency``) gets its own table instead: medians per stage and the median of the
+per-round ratios with their interquartile range.
 """
 import argparse
 import json
@@ -13,6 +17,7 @@ import subprocess
 from collections import defaultdict
 from datetime import date
 
+from avex.profiling.latency import ratio_table, stage_table
 from avex.tables import markdown_table
 
 
@@ -39,8 +44,12 @@ def main(argv=None):
         ["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     machine = data.get("machine_info", {})
     groups = defaultdict(list)
+    paired = []
     for bench in data["benchmarks"]:
-        groups[bench["group"] or bench["name"]].append(bench)
+        if "paired" in bench.get("extra_info", {}):
+            paired.append(bench["extra_info"]["paired"])
+        else:
+            groups[bench["group"] or bench["name"]].append(bench)
 
     print(f"# {args.title}\n")
     print(f"- date: {data.get('datetime', str(date.today()))[:10]}")
@@ -50,7 +59,8 @@ def main(argv=None):
     if extra.get("device_name"):
         print(f"- device: {extra['device_name']}")
     print(f"- commit: {commit[:12]} (dirty: {data.get('commit_info', {}).get('dirty', '?')})")
-    print("- medians of pytest-benchmark rounds; ratio = baseline median / entry median\n")
+    if groups:
+        print("- medians of pytest-benchmark rounds; ratio = baseline median / entry median\n")
     rows = []
     for group, benches in groups.items():
         base = [b for b in benches if b.get("extra_info", {}).get("baseline")]
@@ -61,8 +71,21 @@ def main(argv=None):
             ratio = f"{base_median / stats['median']:.1f}x" if base_median else "-"
             rows.append([group, name, fmt_time(stats["median"]), fmt_time(stats["iqr"]),
                          stats["rounds"], ratio])
-    print(markdown_table(["group", "implementation", "median", "IQR", "rounds", "vs baseline"],
-                         rows))
+    if rows:
+        print(markdown_table(["group", "implementation", "median", "IQR", "rounds",
+                              "vs baseline"], rows))
+    for p in paired:
+        if "baseline" in p:   # alternate() over timed() runs
+            print(f"\n### {p['group']}\n\n{p['what']}\n")
+            print(ratio_table(p["results"], p["baseline"]))
+            continue
+        first = next(iter(p["rows"].values()))
+        what = (f"{first['rounds']} alternating rounds, {first['threads']} CPU threads"
+                if "device_name" not in extra else f"{first['rounds']} alternating rounds")
+        print(f"\n### {p['size']}\n\n{p['decode_tokens']} decoded tokens (forced), "
+              f"{p['dtype']}, {what}; ms are medians over the rounds, ratios the median of the "
+              "per-round ratios (IQR across rounds).\n")
+        print(stage_table(p["rows"], p.get("names")))
 
 
 if __name__ == "__main__":

@@ -20,13 +20,16 @@ x_j + A_p <= log(K) always, so nothing overflows.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from avex import _checks
 
 from ._utils import next_power_of_2, resolve_row_backend, row_launch_config
 from .cuda_lib import load as load_cuda_library
-from .gumbel_topk_ref import compute_dtype, gumbel_topk_ref, plackett_luce_log_prob_ref
+from .gumbel_topk_ref import (compute_dtype, gumbel_topk_indices_ref, gumbel_topk_ref,
+                              plackett_luce_log_prob_ref)
 
 try:
     import triton
@@ -45,7 +48,7 @@ MAX_TRITON_WIDTH = 16384  # one row lives in registers (CUDA library: shared mem
 # ----------------------------------------------------------------------------------------------
 
 def gumbel_topk(scores: torch.Tensor, k, *, tau: float = 1.0, lengths=None, seed=None,
-                sample: bool = True, backend: str = "auto"):
+                sample: bool = True, backend: str = "auto", log_prob: bool | None = None):
     """Sample K tokens per row without replacement (Gumbel-Top-K) and score the sample.
 
     Args:
@@ -59,26 +62,100 @@ def gumbel_topk(scores: torch.Tensor, k, *, tau: float = 1.0, lengths=None, seed
         backend: ``"auto"`` (CUDA -> Triton, CPU -> PyTorch), ``"triton"``, ``"torch"``, or
             ``"cuda"``: the CUDA C++ library picks the tokens (``sample=False`` only) and the
             log-probability comes from ``plackett_luce_log_prob``.
+        log_prob: whether to compute the second output. ``None`` (default): yes, except on the
+            inference path, ``sample=False`` with no gradient wanted (grad mode off, or
+            ``scores`` not requiring grad), which returns ``None`` in its place and skips
+            the log-probability (on a CPU: ``torch.topk`` plus one check, same ranking and
+            ties). ``True``: always; ``False``: never.
 
     Returns:
         indices: int64 [B, Kmax], chosen tokens in sampled order, ``-1`` past a row's K.
         log_prob: [B] log pi(S|x), differentiable w.r.t. ``scores``; float32 (float64 for
-            float64 scores).
+            float64 scores); ``None`` where not computed (see ``log_prob``).
     """
     _checks.flag("sample", sample)
+    if log_prob is None:
+        log_prob = bool(sample) or (torch.is_grad_enabled()
+                                    and getattr(scores, "requires_grad", False))
+    elif not isinstance(log_prob, bool):
+        raise TypeError(f"log_prob must be None, True or False, got {log_prob!r}")
+    if not sample and not log_prob and lengths is None:
+        indices = _topk_inference(scores, k, tau, backend)
+        if indices is not None:
+            return indices, None
     scores, k_rows, kmax, lengths = _check_common(scores, k, lengths, tau)
     seed = _check_seed(seed) if sample else 0
     path = resolve_row_backend(backend, scores, op="gumbel_topk", max_width=MAX_TRITON_WIDTH,
                                cuda_library=True)
     if path == "torch":
+        if not log_prob:
+            return gumbel_topk_indices_ref(scores, k_rows, kmax, lengths, tau, seed,
+                                           bool(sample)), None
         return gumbel_topk_ref(scores, k_rows, kmax, lengths, tau, seed, bool(sample))
     if path == "cuda":
         if sample:
             raise ValueError("gumbel_topk: backend='cuda' is deterministic Top-K only; pass "
                              "sample=False, or use backend='triton' to sample")
         indices = load_cuda_library().topk_rows(scores.float(), k_rows, kmax, lengths, tau)
-        return indices, plackett_luce_log_prob(scores, indices, tau=tau, lengths=lengths)
-    return _GumbelTopK.apply(scores, k_rows, kmax, lengths, float(tau), seed, bool(sample))
+        return indices, (plackett_luce_log_prob(scores, indices, tau=tau, lengths=lengths)
+                         if log_prob else None)
+    indices, logp = _GumbelTopK.apply(scores, k_rows, kmax, lengths, float(tau), seed,
+                                      bool(sample))
+    return indices, logp if log_prob else None
+
+
+def _topk_inference(scores, k, tau, backend):
+    """Deterministic Top-K without the log-probability, for rows without ``lengths``.
+
+    ``torch.topk`` takes the K + 1 largest scores (NaN ranks first); their ranking keys,
+    (s - row max) / tau as the reference computes them, must then fall strictly from one to the
+    next. That one check proves the reference would choose the same tokens in the same order,
+    and fails on a tie (which the reference breaks toward the lower index), on NaN or +inf
+    (the key turns NaN) and on a row with fewer than K selectable tokens (the key turns
+    -inf). Returns None to hand such calls, and any argument this path doesn't take, to the
+    general path, which ranks ties and raises the errors.
+    """
+    if not (isinstance(scores, torch.Tensor) and scores.dim() == 2 and scores.is_floating_point()
+            and scores.shape[0] > 0 and scores.shape[1] > 0):
+        return None
+    if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not 0 < tau < math.inf:
+        return None
+    on_cpu = backend == "auto" and scores.device.type == "cpu"  # the PyTorch path, as resolved
+    if not on_cpu and resolve_row_backend(backend, scores, op="gumbel_topk",
+                                          max_width=MAX_TRITON_WIDTH,
+                                          cuda_library=True) != "torch":
+        return None
+    batch, width = scores.shape
+    k_rows = None
+    if isinstance(k, int) and not isinstance(k, bool):
+        kmax = kmin = k
+    elif (isinstance(k, torch.Tensor) and k.shape == (batch,) and k.device == scores.device
+          and not k.is_floating_point() and not k.is_complex() and k.dtype != torch.bool):
+        k_rows = k
+        kmin, kmax = (int(v) for v in torch.aminmax(k))
+    else:
+        return None
+    if kmin < 1 or kmax > width:
+        return None
+    values, indices = (scores.detach() if scores.requires_grad else scores).topk(
+        min(kmax + 1, width), dim=1)
+    dtype = compute_dtype(scores.dtype)
+    key = values if values.dtype == dtype else values.to(dtype)
+    key = key - key[:, :1]
+    if tau != 1:
+        key = key / tau
+    if kmax == width:  # nothing ranks below the K-th: compare it with -inf
+        key = torch.cat([key, key.new_full((batch, 1), float("-inf"))], dim=1)
+    # [B, kmax]: < 0 where the key falls; 0 at a tie; NaN where a key is NaN or two are -inf
+    rises = torch.diff(key, dim=1)
+    past_k = None if k_rows is None else (
+        torch.arange(kmax, device=scores.device) >= k_rows[:, None])
+    if past_k is not None:
+        rises = rises.masked_fill(past_k, -1.0)
+    if not rises.max().item() < 0:  # a maximum over values with a NaN is NaN
+        return None
+    indices = indices[:, :kmax]
+    return indices if past_k is None else indices.masked_fill(past_k, -1)
 
 
 def plackett_luce_log_prob(scores: torch.Tensor, indices: torch.Tensor, *, tau: float = 1.0,

@@ -79,6 +79,14 @@ def plackett_luce_log_prob_ref(scores: torch.Tensor, indices: torch.Tensor, k: t
 def gumbel_topk_ref(scores: torch.Tensor, k: torch.Tensor, kmax: int, lengths: torch.Tensor,
                     tau: float, seed: int, sample: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Indices [B, kmax] in sampled order (-1 past each row's k) and log pi(S|x) [B]."""
+    indices = gumbel_topk_indices_ref(scores, k, kmax, lengths, tau, seed, sample)
+    return indices, plackett_luce_log_prob_ref(scores, indices, k, lengths, tau)
+
+
+def gumbel_topk_indices_ref(scores: torch.Tensor, k: torch.Tensor, kmax: int,
+                            lengths: torch.Tensor, tau: float, seed: int,
+                            sample: bool) -> torch.Tensor:
+    """The indices of :func:`gumbel_topk_ref` alone: the ranking rules, no log-probability."""
     batch, width = scores.shape
     valid = valid_mask(scores, lengths)
     x = shifted_logits(scores, valid, tau)
@@ -91,8 +99,7 @@ def gumbel_topk_ref(scores: torch.Tensor, k: torch.Tensor, kmax: int, lengths: t
                              stable=True).indices
     order = order.gather(1, valid_first)[:, :kmax]
     chosen = torch.arange(kmax, device=scores.device) < k[:, None]
-    indices = torch.where(chosen, order, torch.full_like(order, -1))
-    return indices, plackett_luce_log_prob_ref(scores, indices, k, lengths, tau)
+    return torch.where(chosen, order, torch.full_like(order, -1))
 
 
 def plackett_luce_log_prob_stepwise(scores: torch.Tensor, indices: torch.Tensor, k: torch.Tensor,

@@ -71,14 +71,17 @@ def baseline_selector(method: str, model, *, fastv_layer: int = FASTV_LAYER, **o
 
 
 def selection(method: str, model, policy, inputs_embeds, modality, retention: float):
-    """A function ``() -> PrunedInputs``: the method's scoring, selection and compaction of
-    ``inputs_embeds`` [1, L, D] (``full``: compaction only)."""
+    """A function ``(mark=None) -> PrunedInputs``: the method's scoring, selection and
+    compaction of ``inputs_embeds`` [B, L, D] (``full``: compaction only; the baselines: batch
+    1). AVEX calls ``mark("policy")`` once its policy has scored the tokens."""
     if method == "full":
         keep = modality >= 0
-        return lambda: prune_inputs(inputs_embeds, modality, keep=keep)
+        return lambda mark=None: prune_inputs(inputs_embeds, modality, keep=keep)
     if method == "avex":
-        def select():
+        def select(mark=None):
             scores = policy(inputs_embeds, modality)
+            if mark is not None:
+                mark("policy")
             return prune_inputs(inputs_embeds, modality, scores=scores, retention=retention)
         return select
     if method not in METHODS:
@@ -88,7 +91,7 @@ def selection(method: str, model, policy, inputs_embeds, modality, retention: fl
     batch = av_batch(inputs_embeds, modality)
     layout = AVLayout.of(modality)
 
-    def select():
+    def select(mark=None):
         out = selector(batch, layout, retention)
         keep, embeds = (out.keep, out.inputs_embeds) if isinstance(out, tuple) else \
             (out, inputs_embeds)   # ToMe-AV returns merged embeddings with its keep-set

@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import copy
+import datetime
 import json
 import os
 import platform
+import subprocess
 import types
 from dataclasses import asdict, dataclass, field
 
@@ -19,7 +21,7 @@ from avex.selection import num_kept
 from avex.tables import markdown_table
 
 from . import flops as F
-from .latency import measure
+from .latency import measure, ratio_text, stage_table
 from .methods import FASTV_LAYER, METHODS, NAMES as METHOD_NAMES
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -131,6 +133,19 @@ def _policy(config, width: int, dtype=torch.float32, device="cpu"):
     return policy.to(dtype).eval()
 
 
+def latency_inputs(config, policy_width: int, modality: torch.Tensor, *,
+                   dtype=torch.float32, device="cpu"):
+    """``(model, policy, inputs_embeds, modality)`` for timing: the LLM of ``config`` and a
+    policy of width ``policy_width`` with random weights, and random embeddings for the
+    ``modality`` layout [B, L] (seed 0)."""
+    torch.manual_seed(0)
+    model = F.build_model(config, dtype=dtype, device=device)
+    policy = _policy(config, policy_width, device=device)
+    modality = modality.to(device)
+    embeds = torch.randn(*modality.shape, config.hidden_size, device=device, dtype=dtype)
+    return model, policy, embeds, modality
+
+
 def _policy_width(settings, config, scale: float) -> int:
     if settings.policy_hidden_size == 0:
         return config.hidden_size
@@ -235,7 +250,7 @@ def profile(settings: ProfileSettings | None = None, **overrides) -> dict:
                     else device.type == "cuda")
     dtype_name = settings.dtype if settings.dtype != "auto" else (
         "bfloat16" if device.type == "cuda" else "float32")
-    runs = settings.runs if settings.runs is not None else (50 if device.type == "cuda" else 5)
+    runs = settings.runs if settings.runs is not None else (50 if device.type == "cuda" else 10)
     warmup = settings.warmup if settings.warmup is not None else (
         5 if device.type == "cuda" else 1)
 
@@ -244,11 +259,12 @@ def profile(settings: ProfileSettings | None = None, **overrides) -> dict:
     latency_config = config if real_latency or small else scaled_config(config)
     scale = config.hidden_size / latency_config.hidden_size
     if settings.latency:
-        steps += 2 + sum((2 if m == "full" else 3) * runs for m in settings.methods)
+        steps += 2 + (runs + warmup + 1) * len(settings.methods)
         steps += 2 + len(settings.methods)
     bar = progress_bar(total=steps, desc="profiling", disable=not settings.progress)
 
     results = dict(settings={k: v for k, v in asdict(settings).items() if k != "extra"},
+                   measured=_provenance(),
                    backbone_config=_describe(config),
                    flops=flops_table(settings, config, _policy_width(settings, config, 1.0),
                                      bar))
@@ -260,14 +276,9 @@ def profile(settings: ProfileSettings | None = None, **overrides) -> dict:
                  f"{config.num_hidden_layers} layers, real vocabulary")
         pw = _policy_width(settings, config, scale)
         lat_flops = flops_table(settings, latency_config, pw, bar)
-        torch.manual_seed(0)
-        model = F.build_model(latency_config, dtype=DTYPES[dtype_name], device=device)
-        policy = _policy(latency_config, pw, device=device)
-        bar.update(1)
-        modality = token_layout(settings).to(device)
-        embeds = torch.randn(1, modality.shape[1], latency_config.hidden_size, device=device,
-                             dtype=DTYPES[dtype_name])
-        bar.update(1)
+        model, policy, embeds, modality = latency_inputs(
+            latency_config, pw, token_layout(settings), dtype=DTYPES[dtype_name], device=device)
+        bar.update(2)
         lat = measure(model, policy, embeds, modality, retention=settings.retention,
                       decode_tokens=settings.decode_tokens, runs=runs, warmup=warmup,
                       methods=settings.methods, progress=bar)
@@ -290,6 +301,25 @@ def profile(settings: ProfileSettings | None = None, **overrides) -> dict:
     return results
 
 
+def _provenance() -> dict:
+    """When and at which commit the run started (``+dirty`` for uncommitted changes)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def git(*args):
+        try:
+            out = subprocess.run(["git", "-C", root, *args], capture_output=True, text=True,
+                                 timeout=30)
+        except (OSError, subprocess.SubprocessError):
+            return ""
+        return out.stdout.strip() if out.returncode == 0 else ""
+
+    commit = git("rev-parse", "--short=12", "HEAD") or "unknown (not a git checkout)"
+    if git("status", "--porcelain", "--untracked-files=no"):
+        commit += "+dirty"
+    return dict(date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                commit=commit)
+
+
 def _default_name(settings, device) -> str:
     backbone = os.path.basename(os.path.normpath(settings.backbone)).replace(".json", "")
     return f"{backbone}-r{settings.retention:g}-{device.type}"
@@ -298,7 +328,7 @@ def _default_name(settings, device) -> str:
 def _device_name(device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
-    return f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+    return f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
 
 
 def _bytes(module) -> int:
@@ -367,6 +397,9 @@ def markdown(results: dict) -> str:
     lines = [
         f"# Efficiency: {s['backbone']} at {s['retention']:.0%} retention, batch 1",
         "",
+        *([f"Measured {results['measured']['date']} at commit {results['measured']['commit']} "
+           "by `python -m avex.profiling` (settings in the JSON file beside this one).", ""]
+          if "measured" in results else []),
         f"Tokens: {s['visual_tokens']} visual + {s['audio_tokens']} audio + "
         f"{s['text_before'] + s['text_after']} text; every method keeps {fl['kept_av_tokens']} "
         f"AV tokens (ToMe-AV by merging); {s['decode_tokens']} decoded tokens (forced). Policy: "
@@ -420,31 +453,41 @@ def _latency_markdown(lat: dict) -> list[str]:
         "resident for every method)" if cpu else
         "peak allocated over one end-to-end run, weights included "
         "(torch.cuda.max_memory_allocated); MB = 2^20 bytes, GB = 2^30 bytes")
+    first = next(iter(lat["rows"].values()))
     lines = [
         "",
         f"## Latency and memory ({lat['label']})",
         "",
-        f"Device: {lat['device']}, {lat['dtype']}, random weights; median of {lat['runs']} "
-        f"runs after {lat['warmup']} warm-up. Configuration: {lc['num_hidden_layers']} "
+        f"Device: {lat['device']}, {first['threads']} timing thread(s), clock: "
+        f"{first['clock']}; {lat['dtype']}, random weights; {lat['runs']} alternating rounds after {lat['warmup']} warm-up (each round "
+        "runs every method once, the order reversed every other round); times are medians over "
+        "the rounds, ratios to full tokens the median of the per-round ratios with their "
+        f"interquartile range. Configuration: {lc['num_hidden_layers']} "
         f"layers, width {lc['hidden_size']}, {lc['num_attention_heads']} heads "
         f"({lc['num_key_value_heads']} KV), MLP {lc['intermediate_size']}, vocabulary "
         f"{lc['vocab_size']}; policy width {lat['policy_width']}. FLOPs below are for this "
         "configuration (prefill + selection, same unit).",
         "",
-        f"| Method | FLOPs (T) | Prefill (ms) | E2E (ms) | {mem_head} | selection overhead (ms) |",
-        "|---|---|---|---|---|---|",
+        f"| Method | FLOPs (T) | Prefill (ms) | Decode step (ms) | E2E (ms) | E2E / full "
+        f"| {mem_head} | selection overhead (ms) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for m, r in lat["rows"].items():
         f_ = lat["flops"]["rows"][m]["prefill_plus_policy"]
         mem = (f"{r['memory_bytes'] / 2**20:.1f}" if cpu
                else f"{r['memory_bytes'] / 2**30:.2f}")
         lines.append(f"| {METHOD_NAMES[m]} | {_t(f_)} ({_g(f_)} G) | "
-                     f"{r['prefill_ms']:.1f} | {r['e2e_ms']:.1f} | {mem} | "
+                     f"{r['prefill_ms']:.1f} | {r['decode_step_ms']:.2f} | {r['e2e_ms']:.1f} | "
+                     f"{ratio_text(r.get('vs_full', {}).get('e2e'))} | {mem} | "
                      f"{r['selection_ms']:.2f} |")
-    lines += ["", "Prefill: the LLM forward over the sequence the method feeds it. E2E: the "
-              "method's selection, compaction, prefill and the forced decode. Selection "
-              "overhead: the method's scoring, selection and compaction alone (the baselines as "
-              f"`avex.methods` runs them; see the FLOPs notes). Mem.: {mem_note}."]
+    lines += ["", "Prefill: from `generate`'s start until the model's first forward returns, "
+              "over the sequence the method feeds it. Decode step: the remaining forwards of the "
+              "forced decode, per step. E2E: the method's selection, compaction, prefill and "
+              "decode in one run. Selection overhead: everything before `generate` (the "
+              "method's scoring, selection and compaction; the baselines as `avex.methods` runs "
+              f"them, see the FLOPs notes). Mem.: {mem_note}.",
+              "", "Stages of the same runs (median ms, share of their sum) and ratios to full "
+              "tokens:", "", stage_table(lat["rows"], METHOD_NAMES)]
     return lines
 
 

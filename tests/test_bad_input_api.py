@@ -13,7 +13,7 @@ from avex.methods import load_policy
 from avex.modality import AUDIO, TEXT, VISUAL
 from avex.policy import AVEXPolicy, PolicyConfig
 from avex.profiling import ProfileSettings
-from avex.profiling.latency import Timer
+from avex.profiling.latency import Clock, alternate, timed
 from avex.pruning import expand_av_keep, generate, prune_inputs
 from avex.scoring import caption_split, keep_all
 from avex.selection import (AVLayout, balanced_attention_keep, num_kept, random_keep, split_budget,
@@ -135,11 +135,11 @@ def caption(selector=keep_all, retention=0.5, **kw):
 
 
 PROFILING_CASES = [
-    case("Timer runs=0", lambda: Timer(torch.device("cpu"))(lambda: None, runs=0, warmup=0), ValueError, "runs must be >= 1, got 0"),
-    case("Timer runs=-3", lambda: Timer(torch.device("cpu"))(lambda: None, runs=-3, warmup=0), ValueError, "runs must be >= 1, got -3"),
-    case("Timer warmup=-1", lambda: Timer(torch.device("cpu"))(lambda: None, runs=1, warmup=-1), ValueError, "warmup must be >= 0, got -1"),
-    case("Timer device 'cpu' (a str)", lambda: Timer("cpu"), TypeError, "device must be a torch.device, got str: 'cpu'"),
-    case("Timer fn None", lambda: Timer(torch.device("cpu"))(None, runs=1, warmup=0), TypeError, "fn must be callable, got NoneType"),
+    case("alternate rounds=0", lambda: alternate({"a": dict}, rounds=0), ValueError, "rounds must be >= 1, got 0"),
+    case("alternate rounds=-3", lambda: alternate({"a": dict}, rounds=-3), ValueError, "rounds must be >= 1, got -3"),
+    case("alternate warmup=-1", lambda: alternate({"a": dict}, rounds=1, warmup=-1), ValueError, "warmup must be >= 0, got -1"),
+    case("Clock device 'cpu' (a str)", lambda: Clock("cpu"), TypeError, "device must be a torch.device, got str: 'cpu'"),
+    case("timed fn None", lambda: timed(None, torch.device("cpu")), TypeError, "fn must be callable, got NoneType"),
     case("ProfileSettings runs=0", lambda: ProfileSettings(runs=0).validate(), ValueError, "runs must be >= 1, got 0"),
     case("ProfileSettings runs=-3", lambda: ProfileSettings(runs=-3).validate(), ValueError, "runs must be >= 1, got -3"),
     case("ProfileSettings warmup=-1", lambda: ProfileSettings(warmup=-1).validate(), ValueError, "warmup must be >= 0, got -1"),

@@ -480,7 +480,7 @@ def test_backend_cuda_glue_topk_and_log_prob(cuda_paths_on_hostsim):
     with pytest.raises(ValueError, match="deterministic Top-K only; pass sample=False"):
         gumbel_topk(scores, k, lengths=lengths, backend="cuda")
     indices, log_prob = gumbel_topk(scores.float(), k, tau=0.5, lengths=lengths, sample=False,
-                                    backend="cuda")
+                                    backend="cuda", log_prob=True)
     want, want_logp = gumbel_topk_ref(scores.detach().float(), k, int(k.max()), lengths, 0.5, 0,
                                       False)
     assert torch.equal(indices, want)
@@ -513,7 +513,8 @@ def test_cuda_topk_matches_reference_and_triton(library, seed, batch, width, opt
     scores, k, lengths = _topk_case(seed, batch, width, **options)
     want, want_logp = gumbel_topk_ref(scores, k, int(k.max()), lengths, tau, 0, False)
     s, kd, ld = scores.cuda(), k.cuda(), lengths.cuda()
-    got, logp = gumbel_topk(s, kd, tau=tau, lengths=ld, sample=False, backend="cuda")
+    got, logp = gumbel_topk(s, kd, tau=tau, lengths=ld, sample=False, backend="cuda",
+                            log_prob=True)
     library.check_device_errors()
     triton_idx, _ = gumbel_topk(s, kd, tau=tau, lengths=ld, sample=False, backend="triton")
     assert torch.equal(got.cpu(), want)

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from avex.kernels import gumbel_topk, plackett_luce_log_prob
-from avex.kernels.gumbel_topk_ref import (gumbel_noise, gumbel_topk_stepwise,
+from avex.kernels.gumbel_topk_ref import (gumbel_noise, gumbel_topk_ref, gumbel_topk_stepwise,
                                           plackett_luce_log_prob_stepwise)
 from conftest import DEVICE, requires_cuda, poisoned_alloc
 
@@ -49,9 +49,9 @@ def make_case(gen, batch, width, *, kind="normal", ragged=False, neg_inf=False, 
 
 def assert_kernel_matches_reference(scores, k, lengths, tau, seed, sample):
     idx_t, lp_t = gumbel_topk(scores, k, tau=tau, lengths=lengths, seed=seed, sample=sample,
-                              backend="triton")
+                              backend="triton", log_prob=True)
     idx_r, lp_r = gumbel_topk(scores, k, tau=tau, lengths=lengths, seed=seed, sample=sample,
-                              backend="torch")
+                              backend="torch", log_prob=True)
     assert torch.equal(idx_t, idx_r)
     assert torch.isfinite(lp_t).all()
     torch.testing.assert_close(lp_t, lp_r, rtol=1e-5, atol=1e-5)
@@ -132,7 +132,7 @@ def test_reference_matches_stepwise_loop_float64(kind):
     kmax = int(k.max())
     for sample in (True, False):
         idx_r, lp_r = gumbel_topk(scores, k, tau=tau, lengths=lengths, seed=4, sample=sample,
-                                  backend="torch")
+                                  backend="torch", log_prob=True)
         idx_s, lp_s = gumbel_topk_stepwise(scores, k.long(), kmax, lengths.long(), tau, 4, sample)
         assert torch.equal(idx_r, idx_s)
         torch.testing.assert_close(lp_r, lp_s, rtol=1e-10, atol=1e-9)
@@ -239,6 +239,118 @@ def test_per_row_k_pads_with_minus_one():
     idx, _ = gumbel_topk(scores, torch.tensor([1, 4, 2]), sample=False)
     assert idx.shape == (3, 4)
     assert (idx[0, 1:] == -1).all() and (idx[2, 2:] == -1).all() and (idx[1] >= 0).all()
+
+
+# --- the inference path: sample=False, no gradient wanted --------------------------------------
+
+def reference_indices(scores, k, lengths, tau):
+    batch, width = scores.shape
+    k_rows = k if isinstance(k, torch.Tensor) else torch.full((batch,), k)
+    lengths = torch.full((batch,), width) if lengths is None else lengths
+    return gumbel_topk_ref(scores, k_rows.long(), int(k_rows.max()), lengths.long(), tau, 0,
+                           False)[0]
+
+
+@settings(max_examples=int(os.environ.get("AVEX_HYPOTHESIS_EXAMPLES", 150)), deadline=None)
+@given(batch=st.integers(1, 9), width=st.integers(1, 130),
+       tau=st.sampled_from([1.0, 0.05, 0.7, 3.0]), ragged=st.booleans(), neg_inf=st.booleans(),
+       kind=st.sampled_from(["normal", "ties", "extreme"]), per_row_k=st.booleans(),
+       k_kind=st.sampled_from(["any", "one", "all"]),
+       dtype=st.sampled_from([torch.float32, torch.float64, torch.bfloat16]),
+       data_seed=st.integers(0, 2**31))
+def test_inference_path_ranks_as_the_reference(batch, width, tau, ragged, neg_inf, kind,
+                                               per_row_k, k_kind, dtype, data_seed):
+    """Ties to the lower index, -inf never chosen, ragged rows, per-row K, K=1 and K=M: the
+    fast path (torch.topk plus one check) or its fallback gives the reference's indices."""
+    gen = torch.Generator().manual_seed(data_seed)
+    scores, k, lengths = make_case(gen, batch, width, kind=kind, ragged=ragged, neg_inf=neg_inf,
+                                   per_row_k=per_row_k, dtype=dtype)
+    scores, lengths = scores.cpu(), lengths.cpu()
+    if isinstance(k, torch.Tensor):
+        k = k.cpu()
+    elif k_kind != "any":   # K = 1, or every selectable token of the tightest row
+        k = 1 if k_kind == "one" else k
+    use_lengths = lengths if ragged else None
+    idx, log_prob = gumbel_topk(scores, k, tau=tau, lengths=use_lengths, sample=False)
+    assert log_prob is None
+    assert torch.equal(idx, reference_indices(scores, k, use_lengths, tau))
+
+
+@pytest.mark.parametrize("kind", ["normal", "ties", "extreme"])
+def test_inference_fast_path_is_taken_exactly_without_ties(kind):
+    gen = torch.Generator().manual_seed(5)
+    scores, _, _ = make_case(gen, 64, 320, kind=kind)
+    scores = scores.cpu()
+    keys = scores.sort(dim=1, descending=True).values
+    keys = keys - keys[:, :1]
+    taken_by_k = {}
+    for k in (1, 32, 128, 320):
+        top = keys[:, :k + 1]
+        distinct = bool((top[:, 1:] != top[:, :-1]).all())
+        got = gt._topk_inference(scores, k, 1.0, "auto")
+        assert (got is not None) == distinct, (kind, k)
+        taken_by_k[k] = distinct
+        if got is not None:
+            assert torch.equal(got, reference_indices(scores, k, None, 1.0))
+    assert taken_by_k[32] == (kind != "ties")   # the fast path does get used
+
+
+def test_inference_fast_path_sees_ties_the_shift_creates():
+    # distinct scores whose keys (s - max) / tau round to the same float32: the reference
+    # ranks them as tied (lower index first), so the fast path must hand them over
+    scores = torch.tensor([[1e-3, 9e-4, 1e4, -5.0]])
+    assert scores[0, 0] > scores[0, 1]
+    assert gt._topk_inference(scores, 2, 1.0, "auto") is None
+    idx, _ = gumbel_topk(scores, 3, sample=False)
+    assert torch.equal(idx, reference_indices(scores, 3, None, 1.0))
+    scores = torch.tensor([[9e-4, 1e-3, 1e4, -5.0]])   # lower index is the smaller score
+    assert gumbel_topk(scores, 2, sample=False)[0].tolist() == [[2, 0]]
+
+
+def test_log_prob_output_on_each_path():
+    gen = torch.Generator().manual_seed(8)
+    scores = torch.randn(3, 20, generator=gen, dtype=torch.float64)
+    want_idx, want_lp = gumbel_topk_ref(scores, torch.full((3,), 5), 5, torch.full((3,), 20),
+                                        1.0, 0, False)
+    idx, lp = gumbel_topk(scores, 5, sample=False)                  # inference: not computed
+    assert lp is None and torch.equal(idx, want_idx)
+    idx, lp = gumbel_topk(scores, 5, sample=False, log_prob=True)   # on request
+    assert torch.equal(idx, want_idx) and torch.equal(lp, want_lp)
+    leaf = scores.clone().requires_grad_()
+    idx, lp = gumbel_topk(leaf, 5, sample=False)                    # a gradient is wanted
+    assert torch.equal(idx, want_idx) and torch.equal(lp.detach(), want_lp)
+    lp.sum().backward()
+    assert leaf.grad is not None and torch.isfinite(leaf.grad).all()
+    with torch.no_grad():
+        assert gumbel_topk(leaf, 5, sample=False)[1] is None
+    assert gumbel_topk(scores, 5, seed=1)[1] is not None           # sampling: computed
+    idx, lp = gumbel_topk(scores, 5, seed=1, log_prob=False)
+    assert lp is None and torch.equal(idx, gumbel_topk(scores, 5, seed=1)[0])
+    with pytest.raises(TypeError, match="log_prob must be None, True or False, got 'yes'"):
+        gumbel_topk(scores, 5, log_prob="yes")
+
+
+@pytest.mark.parametrize("call,error,match", [
+    (lambda s: gumbel_topk(s, 0, sample=False), ValueError, "k must be >= 1"),
+    (lambda s: gumbel_topk(s, 9, sample=False), ValueError, "k = 9 for row 0 exceeds"),
+    (lambda s: gumbel_topk(s.masked_fill(s > 0, float("-inf")), 8, sample=False), ValueError,
+     "k = 8 for row 0 exceeds"),
+    (lambda s: gumbel_topk(s, torch.tensor([2, 0]), sample=False), ValueError, "k must be >= 1"),
+    (lambda s: gumbel_topk(s.masked_fill(s > 0, float("nan")), 2, sample=False), ValueError,
+     "NaN"),
+    (lambda s: gumbel_topk(s.masked_fill(s > 0, float("inf")), 2, sample=False), ValueError,
+     r"\+inf"),
+    (lambda s: gumbel_topk(s, 2, tau=0.0, sample=False), ValueError, "tau must be"),
+    (lambda s: gumbel_topk(s, 2.5, sample=False), TypeError, "k must be an int"),
+    (lambda s: gumbel_topk(s[0], 2, sample=False), ValueError, "scores must be 2-D"),
+    (lambda s: gumbel_topk(s, 2, sample=False, backend="cuda-ish"), ValueError,
+     "backend must be one of"),
+])
+def test_inference_path_rejects_bad_input_as_the_general_path(call, error, match):
+    scores = torch.randn(2, 8)
+    scores[:, 0] = 1.0   # a positive score in every row, so the masks above bite
+    with pytest.raises(error, match=match):
+        call(scores)
 
 
 # --- bad input ---------------------------------------------------------------------------------

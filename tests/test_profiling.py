@@ -13,7 +13,8 @@ from avex.profiling import ProfileSettings, profile, token_layout
 from avex.profiling import flops as F
 from avex.profiling import methods as M
 from avex.profiling.__main__ import main
-from avex.profiling.latency import cpu_peak_bytes, measure
+from avex.profiling.latency import (alternate, cpu_peak_bytes, measure, paired_ratio, spread,
+                                    timing_threads, timing_threads_set)
 from badinput import exits_with_usage_error
 
 # hidden 64, 4 heads of 16 (2 KV heads), MLP 128, vocabulary 128, 3 layers
@@ -155,14 +156,24 @@ def test_table_on_cpu_at_a_tiny_configuration(tmp_path):
         assert math.isfinite(r["e2e_ms"]) and r["e2e_ms"] > 0
         assert isinstance(r["memory_bytes"], int) and r["memory_bytes"] > 0
         assert r["prefill_tokens"] == (30 if m == "full" else 18)
-        assert (r["selection_ms"] > 0) == (m != "full")
+        assert r["selection_ms"] > 0 and r["rounds"] == 2 and r["decode_steps"] == 3
+        # stages of the same runs: the policy is AVEX's alone, full tokens only compact
+        assert ("policy" in r["stages_ms"]) == (m == "avex")
+        assert ("selection" in r["stages_ms"]) == (m != "full")
+        assert math.isclose(sum(r["shares"].values()), 1.0)
+        assert ("vs_full" in r) == (m != "full")
+        if m != "full":
+            e2e = r["vs_full"]["e2e"]
+            assert e2e["n"] == 2 and e2e["q1"] <= e2e["median"] <= e2e["q3"]
     # the full-token run holds more activations and a longer KV cache than AVEX's
     assert lat["full"]["memory_bytes"] > lat["avex"]["memory_bytes"]
     md = (out / "profiling-tiny.md").read_text()
     for row in ("| Full tokens | 30 |", "| AVEX-Prune | 18 |", "| FastV-AV | 18 |",
                 "| ToMe-AV | 18 |", "| FastAV | 18 |"):
         assert row in md
-    assert "1 multiply-add = 1 flop" in md and "Prefill (ms)" in md
+    assert "1 multiply-add = 1 flop" in md and "Prefill (ms)" in md and "E2E / full" in md
+    assert "2 alternating rounds" in md and "end to end / full" in md
+    assert res["measured"]["commit"] and f"at commit {res['measured']['commit']}" in md
     assert "Peak mem. (MB, run only)" in md and "n/a" not in md
     mem = [line.split("|")[5] for line in md.splitlines() if line.startswith("| ToMe-AV | 0.")]
     assert len(mem) == 1 and float(mem[0]) > 0   # the latency row's memory cell is a number
@@ -170,6 +181,38 @@ def test_table_on_cpu_at_a_tiny_configuration(tmp_path):
     assert data["flops"]["rows"]["avex"]["prefill_tokens"] == 18
     assert data["latency"]["rows"]["tome"]["memory_bytes"] == lat["tome"]["memory_bytes"]
     assert (out / "profiling-tiny.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_alternate_reverses_the_order_every_other_round():
+    calls = []
+    runs = {name: (lambda name=name: calls.append(name) or {"ms": len(calls)}) for name in "AB"}
+    out = alternate(runs, rounds=3, warmup=1)
+    assert "".join(calls) == "ABBAABBA"
+    # warm-up dropped; each round's result kept in order
+    assert [r["ms"] for r in out["A"]] == [4, 5, 8] and [r["ms"] for r in out["B"]] == [3, 6, 7]
+    with pytest.raises(ValueError, match="rounds must be >= 1, got 0"):
+        alternate(runs, rounds=0)
+
+
+def test_paired_ratio_is_the_median_of_per_round_ratios():
+    num = [{"ms": v} for v in (2.0, 9.0, 3.0, 5.0)]
+    den = [{"ms": v} for v in (4.0, 10.0, 3.0, 4.0)]
+    got = paired_ratio(num, den)
+    # per round 0.5, 0.9, 1.0, 1.25: the median of ratios, not a ratio of medians (4 / 4)
+    assert got["median"] == pytest.approx(0.95) and got["n"] == 4
+    assert got["q1"] == pytest.approx(0.8) and got["q3"] == pytest.approx(1.0625)
+    assert spread([7.0]) == dict(median=7.0, q1=7.0, q3=7.0, n=1)
+
+
+def test_timing_threads_follow_omp_num_threads(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert timing_threads() == 1
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert timing_threads() == 3
+    before = torch.get_num_threads()
+    with timing_threads_set(torch.device("cpu"), 1) as used:
+        assert used == torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
 
 
 def test_cpu_peak_bytes_follows_allocations_and_frees():
