@@ -45,7 +45,6 @@ def fastv_selector(captioner, layer: int | None = None):
         retention = _checks.ratio("retention", retention)
         att = head_averaged_attentions(captioner, batch.inputs_embeds, batch.attention_mask,
                                        batch.position_ids, upto=layer)[layer - 1]
-        return topk_keep(last_query_scores(att, layout).cpu(), layout.budget(retention).cpu()
-                         ).to(layout.modality.device)
+        return topk_keep(last_query_scores(att, layout), layout.budget(retention))
     select.layer = layer
     return select
