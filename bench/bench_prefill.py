@@ -3,7 +3,8 @@
 Tokens: 256 visual + 64 audio + 24 text (the profiling suite's layout); AVEX keeps 40% of the AV
 tokens. Baseline: the full-token prefill. Compared: the AVEX path, scoring with a random policy,
 Top-K selection, compaction and the prefill of the pruned sequence. The end-to-end group adds
-a forced decode of 16 tokens. On CUDA the model runs in bf16, on a CPU in float32.
+a forced decode of 16 tokens. On CUDA the model runs in bf16, on a CPU in float32. On CUDA
+also: the packed (varlen) prefill of 16 ragged samples against padded SDPA, for equality and time.
 """
 import pytest
 import torch
@@ -12,6 +13,7 @@ from transformers import Qwen2Config
 from avex.profiling import ProfileSettings, token_layout
 from avex.profiling.flops import build_model
 from avex.profiling.suite import _policy
+from avex import pruning
 from avex.pruning import generate, prune_inputs
 from conftest import DEVICE, synchronized
 
@@ -80,3 +82,57 @@ def test_end_to_end(benchmark, setup, impl):
 
     tokens = benchmark.pedantic(synchronized(step), rounds=5, warmup_rounds=1)
     assert tokens.shape == (1, DECODE)
+
+
+# P7: the packed (varlen) prefill against padded SDPA, batch 16 with ragged kept lengths -------
+
+VARLEN_BATCH = 16
+VARLEN_IMPLS = ["padded SDPA (baseline)", "packed, generate's varlen path"]
+
+
+@pytest.fixture(scope="module")
+def ragged(setup):
+    """16 samples of the profiling layout, each keeping its own random share (10-60%) of its
+    AV tokens: kept lengths from ~50 to ~220."""
+    model, _, _, modality = setup
+    gen = torch.Generator().manual_seed(1)
+    modality = modality.expand(VARLEN_BATCH, -1).contiguous()
+    embeds = torch.randn(*modality.shape, model.config.hidden_size, generator=gen).to(
+        DEVICE, model.dtype)
+    share = torch.rand(VARLEN_BATCH, 1, generator=gen) * 0.5 + 0.1
+    keep = (torch.rand(modality.shape, generator=gen) < share).to(DEVICE) | (modality == 2)
+    return prune_inputs(embeds, modality, keep=keep)
+
+
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="packed prefill kernels (flash-attn, "
+                    "torch's varlen_attn) run on CUDA only; the CPU path is the SDPA reference")
+@pytest.mark.parametrize("impl", VARLEN_IMPLS)
+def test_varlen_prefill_vs_padded(benchmark, setup, ragged, impl):
+    """The prompt minus its last token into a generate-ready cache, both ways; the packed path
+    (flash-attn if installed, else torch's varlen_attn) must give the padded path's keys and
+    values at every real token, within bf16 rounding."""
+    model = setup[0]
+    attention = pruning.packed_attention(ragged.inputs_embeds.device, model.dtype)
+    _info(benchmark, impl, f"prefill to a cache, batch {VARLEN_BATCH} ragged (kept lengths "
+          f"{int(ragged.attention_mask.sum(1).min())}-{int(ragged.attention_mask.sum(1).max())})")
+    benchmark.extra_info["packed_attention"] = attention
+
+    @torch.inference_mode()
+    def padded():
+        return model(inputs_embeds=ragged.inputs_embeds[:, :-1],
+                     attention_mask=ragged.attention_mask[:, :-1],
+                     position_ids=ragged.position_ids[:, :-1], use_cache=True,
+                     logits_to_keep=1).past_key_values
+
+    @torch.inference_mode()
+    def packed():
+        return pruning._varlen_prefill(model, ragged, 1)
+
+    cache = benchmark(synchronized(packed if impl.startswith("packed") else padded))
+    want = padded()
+    mask = ragged.attention_mask[:, :-1].bool()
+    for layer, ref in zip(cache.layers, want.layers):
+        for got, exp in ((layer.keys, ref.keys), (layer.values, ref.values)):
+            torch.testing.assert_close(got.transpose(1, 2)[mask].float(),
+                                       exp.transpose(1, 2)[mask].float(), rtol=1.6e-2,
+                                       atol=2e-2)
