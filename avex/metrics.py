@@ -13,21 +13,31 @@ tokenisation of the candidates. One METEOR process serves every call of a run.
 
 For the training reward, use :class:`avex.reward.CiderD`, which computes the same CIDEr-D without
 Java, thousands of times faster.
+
+Where Java or pycocoevalcap is missing (the GPU image has neither), the metrics degrade instead
+of failing: CIDEr comes from :class:`avex.reward.CiderD` over :mod:`avex.ptb_tokenizer`'s
+tokens (both proven equal to pycocoevalcap's in tests/test_reward.py), and BLEU-4 and METEOR
+are NaN, with the reason given once as a warning and by :func:`unavailable_metrics`.
 """
 from __future__ import annotations
 
 import atexit
 import contextlib
+import importlib.util
+import math
 import os
 import re
 import shutil
 import sys
 import tempfile
 import threading
+import warnings
 
-from avex import _checks
+from avex import _checks, ptb_tokenizer
+from avex.reward import CiderD
 
-__all__ = ["caption_metrics", "caption_metrics_by_reference_type", "METRIC_NAMES"]
+__all__ = ["caption_metrics", "caption_metrics_by_reference_type", "METRIC_NAMES",
+           "unavailable_metrics"]
 
 METRIC_NAMES = ("BLEU-4", "METEOR", "CIDEr")
 
@@ -56,10 +66,47 @@ def _check_references(name: str, value, count: int) -> list[list[str]]:
     return out
 
 
-def _require_java() -> None:
-    if shutil.which("java") is None:
-        raise RuntimeError("caption metrics need Java on PATH (pycocoevalcap's PTBTokenizer and "
-                           "METEOR are Java programs); install a JRE, e.g. openjdk-17-jre")
+def unavailable_metrics() -> dict[str, str]:
+    """Metric name -> why this machine can't compute it ({} when every metric is there).
+
+    BLEU-4 and METEOR need pycocoevalcap and Java; CIDEr is always there (without them, from
+    :class:`avex.reward.CiderD`, which equals pycocoevalcap's ``Cider``)."""
+    try:
+        installed = importlib.util.find_spec("pycocoevalcap.bleu.bleu") is not None
+    except (ImportError, ValueError):
+        installed = False
+    if not installed:
+        why = "pycocoevalcap is not installed (pip install pycocoevalcap)"
+    elif shutil.which("java") is None:
+        why = ("Java is not on PATH (pycocoevalcap's PTBTokenizer and METEOR are Java "
+               "programs); install a JRE, e.g. openjdk-17-jre")
+    else:
+        return {}
+    return {"BLEU-4": why, "METEOR": why}
+
+
+_warned: set = set()
+
+
+def _without_java(candidates: list[str], checked: dict, missing: dict) -> dict:
+    """CIDEr from CiderD over the pure-Python PTB tokens (one tokenizer call per caption set,
+    as pycocoevalcap makes); BLEU-4 and METEOR NaN."""
+    reason = missing["BLEU-4"]
+    if reason not in _warned:
+        _warned.add(reason)
+        warnings.warn(f"BLEU-4 and METEOR are reported as NaN: {reason}. CIDEr comes from "
+                      "avex.reward.CiderD (equal to pycocoevalcap's Cider).", stacklevel=3)
+    tokens = ptb_tokenizer.tokenize_all(candidates)
+    out = {}
+    for name, refs in checked.items():
+        flat = ptb_tokenizer.tokenize_all([r for clip in refs for r in clip])
+        grouped, start = [], 0
+        for clip in refs:
+            grouped.append(flat[start:start + len(clip)])
+            start += len(clip)
+        cider = float(CiderD().score(tokens, grouped).mean())
+        out[name] = {"BLEU-4": math.nan, "METEOR": math.nan, "CIDEr": cider}
+    return out
 
 
 _meteor = None
@@ -137,7 +184,8 @@ def caption_metrics_by_reference_type(candidates, reference_sets) -> dict[str, d
 
     Returns:
         name -> ``{"BLEU-4": ..., "METEOR": ..., "CIDEr": ...}``, each set scored on its own
-        (its own CIDEr document frequencies), as C_av, C_v and C_a in the paper.
+        (its own CIDEr document frequencies), as C_av, C_v and C_a in the paper. BLEU-4 and
+        METEOR are NaN where :func:`unavailable_metrics` says why.
     """
     candidates = _check_captions("candidates", candidates)
     if not candidates:
@@ -153,7 +201,9 @@ def caption_metrics_by_reference_type(candidates, reference_sets) -> dict[str, d
             raise TypeError(f"reference_sets keys must be str, got {type(name).__name__}: "
                             f"{name!r}")
         checked[name] = _check_references(f"reference_sets[{name!r}]", refs, len(candidates))
-    _require_java()
+    missing = unavailable_metrics()
+    if missing:
+        return _without_java(candidates, checked, missing)
 
     res = _tokenized([[c] for c in candidates])
     meteor = _shared_meteor()

@@ -32,7 +32,7 @@ from avex import _checks
 from avex.kernels.compact import compact
 from avex.kernels.gumbel_topk import gumbel_topk
 from avex.modality import AUDIO, PAD, TEXT, VISUAL, check_code_values, check_codes
-from avex.selection import num_kept
+from avex.selection import AVLayout, num_kept
 
 __all__ = ["PAD", "VISUAL", "AUDIO", "TEXT", "PrunedInputs", "prune_inputs", "generate",
            "expand_av_keep", "gather_tokens", "num_kept"]
@@ -41,6 +41,7 @@ ATTENTION_PATHS = ("auto", "padded", "varlen")
 VARLEN_REFERENCE_ATTENTION = "avex_varlen_sdpa"
 _RESERVED_INPUTS = ("inputs_embeds", "input_ids", "attention_mask", "position_ids",
                     "past_key_values", "cache")
+VARLEN_TORCH_ATTENTION = "avex_varlen_torch"
 
 
 class PrunedInputs(NamedTuple):
@@ -271,12 +272,17 @@ def _top_k_keep(scores, retention, modality, is_av):
         raise ValueError(f"scores: sample {b} has {int(selectable[b])} audio-visual tokens with a "
                          f"score > -inf, but retention={retention} keeps {int(k[b])} of its "
                          f"{int(is_av[b].sum())}; give its tokens finite scores, or pass keep")
+    # Top-K over the AV axis [B, M], not the whole sequence [B, L]: a long prompt must not
+    # widen the rows the kernel ranks. Order is kept, so ties still go to the lower position.
+    layout = AVLayout.of(modality)
+    av_scores = layout.gather(av_scores)
     keep = torch.zeros_like(is_av)
     rows = torch.nonzero(k > 0).flatten()
     if rows.numel():
         indices, _ = gumbel_topk(av_scores[rows], k[rows], sample=False)
         chosen = indices >= 0
-        keep[rows[:, None].expand_as(indices)[chosen], indices[chosen]] = True
+        positions = layout.positions[rows].gather(1, indices.clamp_min(0))
+        keep[rows[:, None].expand_as(indices)[chosen], positions[chosen]] = True
     return keep
 
 
@@ -301,12 +307,13 @@ def generate(model, pruned: PrunedInputs, *, attention: str = "auto", **generate
         model: a Hugging Face ``*ForCausalLM`` that takes ``inputs_embeds``.
         pruned: the output of :func:`prune_inputs`.
         attention: ``"padded"`` prefills the left-padded batch with the model's own attention
-            (SDPA, eager, ...). ``"varlen"`` prefills the packed tokens with no padding
-            (flash-attention's ``cu_seqlens`` through ``flash_attention_2`` when ``flash_attn``
-            is installed and the model is on CUDA in fp16/bf16; otherwise a per-sequence SDPA
-            reference, correct but not faster), then hands the cache to ``model.generate``. ``"auto"``
-            picks ``"varlen"`` when ``flash_attn`` is installed, the inputs are on CUDA and the
-            model runs in fp16/bf16 (and ``use_cache`` is not off); else ``"padded"``.
+            (SDPA, eager, ...). ``"varlen"`` prefills the packed tokens with no padding, then
+            hands the cache to ``model.generate``; on CUDA in fp16/bf16 through a packed
+            kernel (flash-attention's ``flash_attention_2`` when ``flash_attn`` is installed,
+            else PyTorch's own ``torch.nn.attention.varlen.varlen_attn``, same ``cu_seqlens``
+            contract), otherwise through a per-sequence SDPA reference, correct but not faster.
+            ``"auto"`` picks ``"varlen"`` when one of those packed kernels serves the inputs'
+            device and the model's dtype (and ``use_cache`` is not off); else ``"padded"``.
         **generate_kwargs: passed to ``model.generate`` (``max_new_tokens``, ``num_beams``,
             ``do_sample``, ...). ``inputs_embeds``, ``attention_mask``, ``position_ids`` and
             ``past_key_values`` come from ``pruned``.
@@ -334,9 +341,9 @@ def generate(model, pruned: PrunedInputs, *, attention: str = "auto", **generate
         _check_window_cannot_bind(model, pruned, window, generate_kwargs)
     path = attention
     if path == "auto":
-        flash_ready = (_flash_attn_installed() and pruned.inputs_embeds.is_cuda
-                       and model.dtype in (torch.float16, torch.bfloat16))
-        path = ("varlen" if flash_ready and window is None
+        packed_kernel = packed_attention(pruned.inputs_embeds.device,
+                                         model.dtype) != VARLEN_REFERENCE_ATTENTION
+        path = ("varlen" if packed_kernel and window is None
                 and generate_kwargs.get("use_cache", True) else "padded")
     if path == "varlen" and generate_kwargs.get("use_cache", True) is False:
         raise ValueError("generate(attention='varlen') hands a prefilled cache to model.generate "
@@ -380,6 +387,28 @@ def _check_model(model, pruned, generate_kwargs):
 
 def _flash_attn_installed() -> bool:
     return importlib.util.find_spec("flash_attn") is not None
+
+
+def _torch_varlen_attn():
+    """PyTorch's packed attention, ``torch.nn.attention.varlen.varlen_attn``, or None where
+    this torch lacks it."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn
+
+
+def packed_attention(device: torch.device, dtype: torch.dtype) -> str:
+    """The attention implementation that prefills packed (``cu_seqlens``) sequences on
+    ``device`` in ``dtype``: ``"flash_attention_2"`` (flash-attn installed), else PyTorch's
+    ``varlen_attn`` (both CUDA with fp16/bf16 only), else the per-sequence SDPA reference."""
+    if torch.device(device).type == "cuda" and dtype in (torch.float16, torch.bfloat16):
+        if _flash_attn_installed():
+            return "flash_attention_2"
+        if _torch_varlen_attn() is not None:
+            return _register_attention(VARLEN_TORCH_ATTENTION, _torch_varlen_attention)
+    return _register_attention(VARLEN_REFERENCE_ATTENTION, _varlen_reference_attention)
 
 
 @contextlib.contextmanager
@@ -489,9 +518,7 @@ def _varlen_prefill(model, pruned, expand):
     per_token = {name: gather_tokens(value[:, :-1], packed.index, batch_first=True)[None]
                  for name, value in (pruned.per_token or {}).items()}
     cu_seqlens = packed.cu_seqlens
-    use_flash = (_flash_attn_installed() and packed.hidden.is_cuda
-                 and model.dtype in (torch.float16, torch.bfloat16))
-    implementation = "flash_attention_2" if use_flash else _register_varlen_reference()
+    implementation = packed_attention(packed.hidden.device, model.dtype)
     kwargs = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(
         model.forward).parameters else {}
     prefill_cache = DynamicCache()
@@ -527,30 +554,62 @@ def _attention_implementation(model, name):
         model.set_attn_implementation(previous)
 
 
-def _register_varlen_reference() -> str:
-    """Register (once) a packed-prefill attention for Hugging Face models: each sequence of
-    ``cu_seq_lens_q`` attends causally to itself through SDPA."""
+def _register_attention(name: str, function) -> str:
+    """Register (once) a packed-prefill attention for Hugging Face models under ``name``; it
+    builds no mask (the sequences come from ``cu_seq_lens_q``)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
-    if VARLEN_REFERENCE_ATTENTION not in AttentionInterface._global_mapping:
-        AttentionInterface.register(VARLEN_REFERENCE_ATTENTION, _varlen_reference_attention)
-        AttentionMaskInterface.register(VARLEN_REFERENCE_ATTENTION, lambda *a, **k: None)
-    return VARLEN_REFERENCE_ATTENTION
+    if name not in AttentionInterface._global_mapping:
+        AttentionInterface.register(name, function)
+        AttentionMaskInterface.register(name, lambda *a, **k: None)
+    return name
+
+
+def _packed_heads(name, query, key, value, kwargs):
+    """Check a packed call and repeat grouped key/value heads up to the query's heads."""
+    if kwargs.get("cu_seq_lens_q") is None:
+        raise ValueError(f"{name} serves packed prefill only and needs cu_seq_lens_q")
+    if kwargs.get("sliding_window") is not None:
+        raise ValueError(f"{name} does not support sliding windows")
+    groups = query.shape[1] // key.shape[1]
+    return key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+
+
+def _torch_varlen_attention(module, query, key, value, attention_mask, scaling=None,
+                            dropout=0.0, **kwargs):
+    """query [1, H, total, d], key/value [1, H_kv, total, d] -> [1, total, H, d], through
+    ``torch.nn.attention.varlen.varlen_attn`` (causal within each sequence)."""
+    key, value = _packed_heads(VARLEN_TORCH_ATTENTION, query, key, value, kwargs)
+    varlen_attn = _torch_varlen_attn()
+    params = inspect.signature(varlen_attn).parameters
+    options = {}
+    # Causality: torch 2.10+ takes a window, (-1, 0); earlier releases an is_causal flag.
+    if "window_size" in params:
+        options["window_size"] = (-1, 0)
+    elif "is_causal" in params:
+        options["is_causal"] = True
+    else:
+        raise RuntimeError(f"torch {torch.__version__}'s varlen_attn takes neither window_size "
+                           "nor is_causal; use attention='padded'")
+    head_dim = query.shape[-1]
+    if scaling is not None and "scale" in params:
+        options["scale"] = scaling
+    elif scaling is not None:  # varlen_attn scales by 1/sqrt(d): fold the model's into q
+        query = query * (scaling * head_dim ** 0.5)
+    cu_seqlens = kwargs["cu_seq_lens_q"].to(torch.int32)
+    max_length = int(kwargs.get("max_length_q") or int(cu_seqlens.diff().max()))
+    out = varlen_attn(query[0].transpose(0, 1), key[0].transpose(0, 1),
+                      value[0].transpose(0, 1), cu_seqlens, cu_seqlens, max_length, max_length,
+                      **options)
+    return out[None], None
 
 
 def _varlen_reference_attention(module, query, key, value, attention_mask, scaling=None,
                                 dropout=0.0, **kwargs):
     """query [1, H, total, d], key/value [1, H_kv, total, d] -> [1, total, H, d]."""
-    cu_seqlens = kwargs.get("cu_seq_lens_q")
-    if cu_seqlens is None:
-        raise ValueError(f"{VARLEN_REFERENCE_ATTENTION} serves packed prefill only and needs "
-                         "cu_seq_lens_q")
-    if kwargs.get("sliding_window") is not None:
-        raise ValueError(f"{VARLEN_REFERENCE_ATTENTION} does not support sliding windows")
-    groups = query.shape[1] // key.shape[1]
-    key = key.repeat_interleave(groups, dim=1)
-    value = value.repeat_interleave(groups, dim=1)
+    key, value = _packed_heads(VARLEN_REFERENCE_ATTENTION, query, key, value, kwargs)
+    cu_seqlens = kwargs["cu_seq_lens_q"]
     out = torch.empty_like(query)
     bounds = cu_seqlens.tolist()
     for start, end in zip(bounds[:-1], bounds[1:]):

@@ -146,17 +146,15 @@ def topk_keep(scores: torch.Tensor, budget: torch.Tensor) -> torch.Tensor:
         raise ValueError("scores must be finite or -inf (padding), got NaN or +inf")
     if budget.numel() and int(budget.min()) < 0:
         raise ValueError(f"budget must be >= 0, got {int(budget.min())}")
-    keep = torch.zeros_like(scores, dtype=torch.bool)
-    for row in range(scores.shape[0]):
-        k = int(budget[row])
-        if k <= 0:
-            continue
-        s = scores[row].double()
-        # stable descending sort: ties keep their original (lower index first) order
-        order = torch.sort(-s, stable=True).indices
-        valid = order[torch.isfinite(s[order])]
-        keep[row, valid[:k]] = True
-    return keep
+    s = scores.detach().double()
+    finite = torch.isfinite(s)
+    # stable ascending sort of -s, non-finite last: ties keep their order (lower index first);
+    # one batched sort on the scores' device, no per-row host round trip
+    key = torch.where(finite, -s, torch.full_like(s, float("inf")))
+    order = torch.sort(key, dim=1, stable=True).indices
+    rank = torch.empty_like(order)
+    rank.scatter_(1, order, torch.arange(s.shape[1], device=s.device).expand_as(order))
+    return finite & (rank < budget.to(s.device)[:, None])
 
 
 def balanced_attention_keep(attention: torch.Tensor, n_visual: int, n_audio: int,

@@ -223,8 +223,11 @@ def random_exchanges(scores, anchor_idx, modality, cfg: TrainConfig, seed: int):
     """The "random exchange" ablation: the same number and size of exchanges, but G and G' are
     drawn uniformly at random (from seeded noise) instead of by lowest / highest score; delta F
     is still sum s_G - sum s_G' of the policy's scores, so L_ex trains the same parameters."""
-    gen = torch.Generator().manual_seed(zlib.crc32(f"random-exchange:{seed}".encode()))
-    noise = torch.rand(scores.shape, generator=gen, dtype=torch.float32).to(scores.device)
+    # drawn on the scores' device (a CPU run draws exactly what it always did; a GPU run copies
+    # nothing from the host)
+    gen = torch.Generator(device=scores.device).manual_seed(
+        zlib.crc32(f"random-exchange:{seed}".encode()))
+    noise = torch.rand(scores.shape, generator=gen, dtype=torch.float32, device=scores.device)
     noise = noise.masked_fill(~torch.isfinite(scores.detach()), float("-inf"))
     drawn = build_exchanges(noise, anchor_idx, modality, g=cfg.g,
                             types=tuple(cfg.exchange_types))
@@ -369,14 +372,16 @@ class Run:
         for step in bar:
             chunks = self.my_chunks(step, len(clips), "warmup")
             optimizer.zero_grad(set_to_none=True)
-            total = 0.0
+            total = 0.0  # summed on the device, read once a step (a sync per chunk otherwise)
             for i, chunk in enumerate(chunks):
                 batch = captioner.embed([clips[j] for j in chunk])
                 with _no_sync(model, last=i == len(chunks) - 1):
                     loss = warmup_loss(model, batch, AVLayout.of(batch.modality),
                                        [targets[j] for j in chunk])
                     (loss * len(chunk) * self.procs.world / cfg.batch_size).backward()
-                total += loss.item() * len(chunk) / (cfg.batch_size / self.procs.world)
+                total = total + loss.detach().double() * (
+                    len(chunk) / (cfg.batch_size / self.procs.world))
+            total = float(total)
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             optimizer.step()
             bar.set_postfix(bce=f"{total:.3f}")
@@ -426,7 +431,8 @@ class Run:
                 weight = len(chunk) / (cfg.batch_size / self.procs.world)
                 for name, value in terms.items():
                     value = value.detach().float()
-                    sums[name] = sums.get(name, 0.0) + (value * weight).cpu()
+                    sums[name] = sums.get(name, 0.0) + value * weight
+            sums = {name: value.cpu() for name, value in sums.items()}  # one copy a step
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             optimizer.step()
             scheduler.step()

@@ -2,11 +2,13 @@
 Na=64), K in {32, 128} (10% and 40%), float32.
 
 Baseline: ``torch.topk`` (what one would write; its tie order isn't specified).
-Compared: ``gumbel_topk(sample=False)`` on the PyTorch path, on Triton and on the CUDA C++
-library (no gradient wanted: indices only, the inference path), and the library's
-``avex_topk_rows`` alone (as a C++ serving stack calls it). The GPU entries skip without CUDA.
-``test_inference_topk_paired`` is the goal's measurement: the paths alternated within each
-round and the median of the per-round ratios (``avex.profiling.latency``).
+Compared: ``gumbel_topk(sample=False)`` with no gradient wanted (indices only, the inference
+path) on the PyTorch path, on Triton and on the CUDA C++ library, the library's
+``avex_topk_rows`` alone (as a C++ serving stack calls it), the Triton path without argument
+checks (``gumbel_topk_unchecked``) and the Triton forward kernel alone (its launcher, inputs
+prepared outside the timing). The GPU entries skip without CUDA. ``test_inference_topk_paired``
+is the goal's measurement: the paths alternated within each round and the median of the
+per-round ratios (``avex.profiling.latency``).
 """
 import importlib
 
@@ -18,9 +20,28 @@ from avex.profiling.latency import alternate, timed, timing_threads, timing_thre
 from conftest import DEVICE, label, synchronized
 
 cuda_lib = importlib.import_module("avex.kernels.cuda_lib")
+gt = importlib.import_module("avex.kernels.gumbel_topk")
 
 BATCH, WIDTH = 64, 320
-GPU_ONLY = {"triton", "cuda-library", "cuda-library topk_rows only"}
+GPU_ONLY = {"triton", "cuda-library", "cuda-library topk_rows only", "triton, unchecked",
+            "triton kernel only"}
+
+
+def rows(scores, k):
+    return (torch.full((scores.shape[0],), k, dtype=torch.int64, device=scores.device),
+            torch.full((scores.shape[0],), scores.shape[1], dtype=torch.int64,
+                       device=scores.device))
+
+
+def unchecked(scores, k):
+    k_rows, lengths = rows(scores, k)
+    return lambda: gt.gumbel_topk_unchecked(scores, k_rows, k, lengths, tau=1.0, seed=0,
+                                            sample=False)
+
+
+def kernel_only(scores, k):
+    k_rows, lengths = rows(scores, k)
+    return lambda: gt._launch_gumbel_topk_fwd(scores, k_rows, k, lengths, 1.0, 0, False)[0]
 
 
 def library_topk(scores, k):
@@ -35,6 +56,8 @@ IMPLEMENTATIONS = {
     "triton": lambda s, k: (lambda: gumbel_topk(s, k, sample=False, backend="triton")),
     "cuda-library": lambda s, k: (lambda: gumbel_topk(s, k, sample=False, backend="cuda")),
     "cuda-library topk_rows only": library_topk,
+    "triton, unchecked": unchecked,
+    "triton kernel only": kernel_only,
 }
 
 

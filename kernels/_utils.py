@@ -8,6 +8,12 @@ import torch
 
 BACKENDS = ("auto", "triton", "torch")
 
+# The widest row the row kernels (Gumbel-Top-K, exchanges) take: they hold a row in registers,
+# and wider blocks spill and take minutes to compile (the Gumbel forward at 16384 spilled
+# 2-4 KB a thread and took over a minute for sm_90). Wider rows go to the PyTorch reference
+# under backend="auto"; the CUDA library (shared memory) takes up to 16384.
+ROW_KERNEL_MAX_WIDTH = 4096
+
 
 @functools.lru_cache(maxsize=None)
 def triton_available() -> bool:
@@ -54,26 +60,28 @@ def resolve_backend(backend: str, device: torch.device, *, op: str,
 
 
 def resolve_row_backend(backend: str, scores: torch.Tensor, *, op: str, max_width: int,
-                        cuda_library: bool = False) -> str:
+                        cuda_library: bool = False, cuda_max_width: int = 0) -> str:
     """``resolve_backend`` for kernels that hold one float32 row of ``scores`` in registers.
 
     Under ``"auto"``, float64 scores and rows wider than ``max_width`` go to the reference; a
-    forced ``"triton"`` says why it can't take them.
+    forced ``"triton"`` (or ``"cuda"``, up to ``cuda_max_width``) says why it can't take them.
     """
+    # The dtype is refused before the device is looked at: the same call gets the same
+    # error with or without a GPU on the machine.
+    if scores.dtype == torch.float64 and backend == "cuda":
+        raise TypeError(f"{op}: the CUDA library ranks in float32; got scores of dtype "
+                        "torch.float64 (use backend='torch' for float64)")
+    if scores.dtype == torch.float64 and backend == "triton":
+        raise TypeError(f"{op}: the Triton path computes in float32; got scores of dtype "
+                        "torch.float64 (use backend='torch' for float64)")
     path = resolve_backend(backend, scores.device, op=op, cuda_library=cuda_library)
     if path == "cuda":
-        if scores.dtype == torch.float64:
-            raise TypeError(f"{op}: the CUDA library ranks in float32; got scores of dtype "
-                            "torch.float64 (use backend='torch' for float64)")
-        if scores.shape[1] > max_width:
+        if scores.shape[1] > cuda_max_width:
             raise ValueError(f"{op}: the CUDA library sorts a row in shared memory and takes at "
-                             f"most {max_width} tokens, got {scores.shape[1]}")
+                             f"most {cuda_max_width} tokens, got {scores.shape[1]}")
     if path != "triton":
         return path
     if scores.dtype == torch.float64:
-        if backend == "triton":
-            raise TypeError(f"{op}: the Triton path computes in float32; got scores of dtype "
-                            "torch.float64 (use backend='torch' for float64)")
         return "torch"
     if scores.shape[1] > max_width:
         if backend == "triton":

@@ -26,7 +26,9 @@ import torch
 
 from avex import _checks
 
-from ._utils import next_power_of_2, resolve_row_backend, row_launch_config
+from ._utils import (ROW_KERNEL_MAX_WIDTH, next_power_of_2, resolve_row_backend,
+                     row_launch_config)
+from .cuda_lib import TOPK_MAX_WIDTH as CUDA_TOPK_MAX_WIDTH
 from .cuda_lib import load as load_cuda_library
 from .gumbel_topk_ref import (compute_dtype, gumbel_topk_indices_ref, gumbel_topk_ref,
                               plackett_luce_log_prob_ref)
@@ -39,8 +41,7 @@ except ImportError:  # the PyTorch reference still works
 
 __all__ = ["gumbel_topk", "plackett_luce_log_prob"]
 
-MAX_TRITON_WIDTH = 16384  # one row lives in registers (CUDA library: shared memory); wider rows
-#                           use the reference
+MAX_TRITON_WIDTH = ROW_KERNEL_MAX_WIDTH  # wider rows: the reference (or backend="cuda")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -86,7 +87,7 @@ def gumbel_topk(scores: torch.Tensor, k, *, tau: float = 1.0, lengths=None, seed
     scores, k_rows, kmax, lengths = _check_common(scores, k, lengths, tau)
     seed = _check_seed(seed) if sample else 0
     path = resolve_row_backend(backend, scores, op="gumbel_topk", max_width=MAX_TRITON_WIDTH,
-                               cuda_library=True)
+                               cuda_library=True, cuda_max_width=CUDA_TOPK_MAX_WIDTH)
     if path == "torch":
         if not log_prob:
             return gumbel_topk_indices_ref(scores, k_rows, kmax, lengths, tau, seed,
@@ -249,6 +250,21 @@ def _check_seed(seed) -> int:
     return seed
 
 
+def gumbel_topk_unchecked(scores, k_rows, kmax: int, lengths, *, tau: float, seed: int,
+                          sample: bool):
+    """``gumbel_topk`` without its argument checks: no host sync, no extra launches.
+
+    For hot loops and benchmarks whose inputs are valid by construction: ``k_rows`` and
+    ``lengths`` int64 [B] on the device of ``scores``, ``kmax = max(k_rows)``, every
+    ``k_rows[b]`` at most row b's selectable tokens, no NaN or +inf, ``tau > 0``, an int
+    ``seed``. Invalid input gives undefined results rather than an error.
+    """
+    path = resolve_row_backend("auto", scores, op="gumbel_topk", max_width=MAX_TRITON_WIDTH)
+    if path == "torch":
+        return gumbel_topk_ref(scores, k_rows, kmax, lengths, tau, seed, bool(sample))
+    return _GumbelTopK.apply(scores, k_rows, kmax, lengths, float(tau), seed, bool(sample))
+
+
 def check_selection(scores, indices, k_rows, lengths):
     batch, width = scores.shape
     kmax = indices.shape[1]
@@ -326,7 +342,10 @@ if triton is not None:
         s, valid = _load_row(scores_ptr, lengths_ptr, row, width, BLOCK_M)
         row_max = tl.max(s, axis=0)
         row_max = tl.where(row_max > float("-inf"), row_max, 0.0)
-        key = tl.where(valid, (s - row_max) / tau, float("-inf"))  # shifted: noise adds precisely
+        # Shifted, so the noise adds precisely; divided with IEEE rounding (div_rn), as torch
+        # divides in the reference: "/" compiles to an approximate division on a GPU, and
+        # near-ties could then rank differently from the reference.
+        key = tl.where(valid, tl.div_rn(s - row_max, tau), float("-inf"))
         if SAMPLE:
             u = tl.rand(seed, row.to(tl.int64) * width + cols)
             key = key - tl.log(-tl.log(tl.maximum(u, 1e-20)))

@@ -52,7 +52,10 @@ def shifted_logits(scores: torch.Tensor, valid: torch.Tensor, tau: float,
     neg_inf = torch.full_like(s, float("-inf"))
     row_max = torch.where(valid, s, neg_inf).amax(dim=1, keepdim=True).detach()
     row_max = torch.where(row_max > float("-inf"), row_max, torch.zeros_like(row_max))
-    return torch.where(valid, (s - row_max) / tau, neg_inf)
+    # Divided by a tensor, not the Python float: on CUDA, torch turns division by a host scalar
+    # into multiplication by its reciprocal, which the kernel's correctly rounded division
+    # (tl.div_rn) would not match bit for bit.
+    return torch.where(valid, (s - row_max) / torch.full_like(s, tau), neg_inf)
 
 
 def plackett_luce_log_prob_ref(scores: torch.Tensor, indices: torch.Tensor, k: torch.Tensor,

@@ -263,11 +263,11 @@ def profile(settings: ProfileSettings | None = None, **overrides) -> dict:
         steps += 2 + len(settings.methods)
     bar = progress_bar(total=steps, desc="profiling", disable=not settings.progress)
 
+    full_width = _policy_width(settings, config, 1.0)
     results = dict(settings={k: v for k, v in asdict(settings).items() if k != "extra"},
                    measured=_provenance(),
                    backbone_config=_describe(config),
-                   flops=flops_table(settings, config, _policy_width(settings, config, 1.0),
-                                     bar))
+                   flops=flops_table(settings, config, full_width, bar))
     if settings.latency:
 
         label = ("real size" if real_latency or small else
@@ -275,7 +275,11 @@ def profile(settings: ProfileSettings | None = None, **overrides) -> dict:
                  f"(1/{scale:g}), {latency_config.num_hidden_layers} of "
                  f"{config.num_hidden_layers} layers, real vocabulary")
         pw = _policy_width(settings, config, scale)
-        lat_flops = flops_table(settings, latency_config, pw, bar)
+        if latency_config is config and pw == full_width:  # timed at real size: counted
+            lat_flops = results["flops"]
+            bar.update(2 + len(settings.methods))
+        else:
+            lat_flops = flops_table(settings, latency_config, pw, bar)
         model, policy, embeds, modality = latency_inputs(
             latency_config, pw, token_layout(settings), dtype=DTYPES[dtype_name], device=device)
         bar.update(2)

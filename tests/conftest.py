@@ -26,6 +26,22 @@ def device():
     return DEVICE
 
 
+# Tolerance for outputs of one model over two layouts of the same tokens (a compacted batch vs
+# the masked full sequence, a packed prefill vs a padded one), by (device, dtype):
+# - CPU float32: SDPA's math path sums each row in the same order whatever the padding: 1e-5;
+# - CUDA float32: the fused SDPA kernels (memory-efficient, cuDNN) split the key axis into
+#   tiles by sequence length, so the two layouts sum in different orders and may use TF32
+#   internally: 1e-4 (flash-attention's own tests allow this order for float32);
+# - half precision anywhere: one bf16 ulp of the logits' magnitude (~1) is 8e-3: 2e-2.
+LAYOUT_ATOL = {("cpu", torch.float32): 1e-5, ("cuda", torch.float32): 1e-4,
+               ("cpu", torch.bfloat16): 2e-2, ("cuda", torch.bfloat16): 2e-2,
+               ("cpu", torch.float16): 2e-2, ("cuda", torch.float16): 2e-2}
+
+
+def layout_atol(dtype=torch.float32, device=DEVICE) -> float:
+    return LAYOUT_ATOL[(torch.device(device).type, dtype)]
+
+
 # The tiny embedded benchmark and a tiny captioner trained on it, built once per test run and
 # shared by every module that needs them (tests read them; one that writes into the cache passes
 # its own cache_dir).

@@ -7,10 +7,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from avex.kernels.exchange import EXCHANGE_TYPES, Exchanges, build_exchanges
+from avex.kernels.exchange import (EXCHANGE_TYPES, Exchanges, build_exchanges,
+                                   build_exchanges_unchecked)
 from avex.kernels.exchange_ref import build_exchanges_loop, type_codes
 from avex.kernels.gumbel_topk import gumbel_topk
-from conftest import DEVICE, poisoned_alloc
+from conftest import DEVICE, poisoned_alloc, requires_cuda
 
 # the module, not the function of the same name that avex.kernels re-exports
 exchange_mod = importlib.import_module("avex.kernels.exchange")
@@ -175,6 +176,28 @@ def test_bf16_scores_and_empty_batch():
                             torch.zeros(0, 2, dtype=torch.int64, device=DEVICE),
                             torch.zeros(0, 5, dtype=torch.int64, device=DEVICE), backend="triton")
     assert empty.keep.shape == (0, 4, 5) and empty.delta_f.shape == (0, 4)
+
+
+def test_unchecked_path_equals_the_public_one():
+    scores, indices, modality = make_case(24, 1, 6, 2)
+    want = build_exchanges(scores, indices, modality, g=3)
+    got = build_exchanges_unchecked(scores, indices.long(), modality, g=3)
+    for name in ("removed", "inserted", "group_size", "delta_f", "keep", "anchor"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+    assert got.types == want.types
+
+
+@requires_cuda
+def test_unchecked_path_makes_no_host_sync():
+    scores, indices, modality = make_case(64, 2, 320, 128)
+    scores = scores.detach().requires_grad_()
+    build_exchanges_unchecked(scores, indices.long(), modality, g=8)  # compile first
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        build_exchanges_unchecked(scores, indices.long(), modality, g=8).delta_f.sum().backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
 
 
 def test_float64_forced_triton_is_refused():

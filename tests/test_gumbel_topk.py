@@ -2,6 +2,7 @@
 import importlib
 import math
 import os
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from conftest import DEVICE, requires_cuda, poisoned_alloc
 
 # the module, not the function of the same name that avex.kernels re-exports
 gt = importlib.import_module("avex.kernels.gumbel_topk")
+kernel_utils = importlib.import_module("avex.kernels._utils")
 
 
 @pytest.fixture(autouse=True)
@@ -389,7 +391,66 @@ def test_bad_input_is_rejected_with_a_clear_error(call, error, match):
         call(scores)
 
 
+@pytest.mark.parametrize("backend", ["triton", "cuda"])
+def test_float64_error_is_the_same_with_a_gpu_present(monkeypatch, backend):
+    """With CUDA present TRITON_INTERPRET is unset, so a CPU tensor fails the device check;
+    the dtype is refused first, so the error doesn't depend on the machine."""
+    monkeypatch.setattr(kernel_utils, "interpreting", lambda: False)
+    with pytest.raises(TypeError, match="float64"):
+        gumbel_topk(torch.randn(2, 8, dtype=torch.float64), 2, sample=backend == "triton",
+                    backend=backend)
+    with pytest.raises(ValueError, match="needs CUDA tensors"):  # float32 on a CPU: the device
+        gumbel_topk(torch.randn(2, 8), 2, backend="triton")
+
+
+def test_rows_wider_than_the_kernel_limit_go_to_the_reference():
+    """Under "auto", CUDA rows up to ROW_KERNEL_MAX_WIDTH take the kernel, wider ones the
+    reference (the kernel holds a row in registers; wider blocks spill); a forced "triton"
+    says why it refuses."""
+    limit = kernel_utils.ROW_KERNEL_MAX_WIDTH
+    assert gt.MAX_TRITON_WIDTH == limit
+
+    def on_cuda(width):  # what the dispatch reads of a tensor, on a machine without a GPU
+        return SimpleNamespace(device=torch.device("cuda"), dtype=torch.float32,
+                               shape=(2, width))
+
+    assert kernel_utils.resolve_row_backend("auto", on_cuda(limit), op="t",
+                                            max_width=limit) == "triton"
+    assert kernel_utils.resolve_row_backend("auto", on_cuda(limit + 1), op="t",
+                                            max_width=limit) == "torch"
+    with pytest.raises(ValueError, match=f"at most {limit} tokens, got {limit + 1}"):
+        kernel_utils.resolve_row_backend("triton", on_cuda(limit + 1), op="t", max_width=limit)
+
+
+@pytest.mark.parametrize("sample", [True, False])
+def test_unchecked_path_equals_the_public_one(sample):
+    gen = torch.Generator().manual_seed(21)
+    scores = torch.randn(5, 37, generator=gen).to(DEVICE)
+    k = torch.randint(1, 12, (5,), generator=gen).to(DEVICE)
+    lengths = torch.randint(12, 38, (5,), generator=gen).to(DEVICE)
+    want = gumbel_topk(scores, k, tau=0.7, lengths=lengths, seed=4, sample=sample, log_prob=True)
+    got = gt.gumbel_topk_unchecked(scores, k, int(k.max()), lengths, tau=0.7, seed=4,
+                                   sample=sample)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
 # --- GPU ---------------------------------------------------------------------------------------
+
+@requires_cuda
+def test_unchecked_path_makes_no_host_sync():
+    scores = torch.randn(64, 320, device="cuda", requires_grad=True)
+    k = torch.full((64,), 128, dtype=torch.int64, device="cuda")
+    lengths = torch.full((64,), 320, dtype=torch.int64, device="cuda")
+    gt.gumbel_topk_unchecked(scores, k, 128, lengths, tau=1.0, seed=0, sample=True)  # compile
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        _, log_prob = gt.gumbel_topk_unchecked(scores, k, 128, lengths, tau=1.0, seed=0,
+                                               sample=True)
+        log_prob.sum().backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
 
 @requires_cuda
 @pytest.mark.parametrize("kmax", [32, 64, 128])

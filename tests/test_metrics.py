@@ -1,10 +1,12 @@
 """Caption metrics come from pycocoevalcap itself; these tests check the plumbing (per-set
 scoring, tokenisation in the COCO way) and that its CIDEr is the reward's CIDEr-D."""
 import math
+import sys
 
 import numpy as np
 import pytest
 
+from avex import metrics
 from avex.metrics import METRIC_NAMES, caption_metrics, caption_metrics_by_reference_type
 from avex.ptb_tokenizer import tokenize_all
 from avex.reward import CiderD
@@ -110,3 +112,39 @@ def test_pycocoevalcap_cider_equals_the_reward(per_set):
 def test_bad_input_is_rejected_before_java_starts(call, error, pattern):
     with pytest.raises(error, match=pattern):
         call()
+
+
+# --- the GPU image: no Java, no pycocoevalcap ------------------------------------------------
+
+@pytest.fixture(params=["no pycocoevalcap", "no java"])
+def without_java_tools(request, monkeypatch, tmp_path):
+    """Simulates the GPU image: pycocoevalcap can't be imported, or no java is on PATH."""
+    if request.param == "no pycocoevalcap":
+        for name in [m for m in sys.modules if m.startswith("pycocoevalcap")]:
+            monkeypatch.delitem(sys.modules, name)
+        monkeypatch.setitem(sys.modules, "pycocoevalcap", None)  # import fails
+    else:
+        monkeypatch.setenv("PATH", str(tmp_path))  # an empty folder: no java
+    monkeypatch.setattr(metrics, "_warned", set())
+    return request.param
+
+
+def test_metrics_degrade_without_java_or_pycocoevalcap(without_java_tools, per_set):
+    missing = metrics.unavailable_metrics()
+    assert set(missing) == {"BLEU-4", "METEOR"}
+    assert ("pycocoevalcap is not installed" if without_java_tools == "no pycocoevalcap"
+            else "Java is not on PATH") in missing["BLEU-4"]
+    with pytest.warns(UserWarning, match="BLEU-4 and METEOR are reported as NaN"):
+        degraded = caption_metrics_by_reference_type(
+            CANDIDATES, {"AV": AV_REFS, "V": V_REFS, "A": A_REFS})
+    for name, scores in degraded.items():
+        assert tuple(scores) == METRIC_NAMES
+        assert math.isnan(scores["BLEU-4"]) and math.isnan(scores["METEOR"])
+        # CIDEr from CiderD over the Python PTB tokens: pycocoevalcap's number (with Java)
+        assert abs(scores["CIDEr"] - per_set[name]["CIDEr"]) < 1e-9
+
+
+def test_every_metric_is_available_here():
+    """This machine has Java and pycocoevalcap (CI too); the tests above simulate their
+    absence."""
+    assert metrics.unavailable_metrics() == {}

@@ -11,6 +11,7 @@ from transformers import Qwen2Config
 from avex.kernels import compact, gumbel_topk
 from avex.profiling import ProfileSettings, profile, token_layout
 from avex.profiling import flops as F
+from avex.profiling import suite
 from avex.profiling import methods as M
 from avex.profiling.__main__ import main
 from avex.profiling.latency import (alternate, cpu_peak_bytes, measure, paired_ratio, spread,
@@ -126,14 +127,20 @@ def test_sdpa_and_custom_op_handles():
     assert torch.equal(torch.ops.avex.compact(hidden, keep), ref.hidden)
 
 
-def test_table_on_cpu_at_a_tiny_configuration(tmp_path):
+def test_table_on_cpu_at_a_tiny_configuration(tmp_path, monkeypatch):
     cfg_dir = tmp_path / "tiny"
     tiny_config().save_pretrained(cfg_dir)
     out = tmp_path / "out"
+    counted = []
+    count_flops = suite.flops_table
+    monkeypatch.setattr(suite, "flops_table", lambda *a, **k: counted.append(a[1]) or
+                        count_flops(*a, **k))
     res = profile(backbone=str(cfg_dir), retention=0.5, visual_tokens=16, audio_tokens=8,
                   text_before=2, text_after=4, decode_tokens=4, device="cpu", runs=2, warmup=0,
                   policy_hidden_size=0, out_dir=str(out), name="tiny", progress=False)
     fl = res["flops"]["rows"]
+    assert len(counted) == 1  # timed at its real size: the FLOPs are counted once, not twice
+    assert res["latency"]["flops"] is res["flops"]
     assert list(fl) == ["full", "avex", "fastv", "tome", "fastav"]
     assert fl["full"]["prefill_tokens"] == 30 and fl["avex"]["prefill_tokens"] == 18
     assert fl["avex"]["llm_prefill"] < fl["full"]["llm_prefill"]

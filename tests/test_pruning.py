@@ -3,6 +3,7 @@ sequence (original positions) must behave exactly like the full sequence with th
 tokens masked out of attention, for prefill logits, greedy decoding and beam search, with
 ragged batches and left or right padding."""
 import importlib.util
+import inspect
 import sys
 
 import pytest
@@ -13,7 +14,7 @@ from avex import pruning
 from avex.kernels.exchange import build_exchanges
 from avex.pruning import (AUDIO, PAD, TEXT, VISUAL, PrunedInputs, expand_av_keep, generate,
                           num_kept, prune_inputs)
-from conftest import DEVICE
+from conftest import DEVICE, layout_atol, requires_cuda
 
 HIDDEN, VOCAB = 32, 61
 
@@ -111,7 +112,7 @@ def test_logits_at_kept_positions_match_the_masked_full_sequence(model):
     ref_kept = ref[mask.bool()]
     got_kept = got[pruned.attention_mask.bool()]
     assert got_kept.shape == ref_kept.shape
-    torch.testing.assert_close(got_kept, ref_kept, rtol=0, atol=1e-5)
+    torch.testing.assert_close(got_kept, ref_kept, rtol=0, atol=layout_atol())
     # the compacted batch is shorter, and every row's positions keep their gaps
     assert pruned.inputs_embeds.shape[1] < embeds.shape[1]
     assert torch.equal(pruned.position_ids[pruned.attention_mask.bool()], positions[mask.bool()])
@@ -132,7 +133,7 @@ def test_several_keep_sets_per_sample_match_their_masked_references(qwen2):
             ref = qwen2(inputs_embeds=full, attention_mask=mask, position_ids=positions).logits
             rows = torch.arange(3, device=DEVICE) * 4 + s
             torch.testing.assert_close(got[rows][pruned.attention_mask[rows].bool()],
-                                       ref[mask.bool()], rtol=0, atol=1e-5)
+                                       ref[mask.bool()], rtol=0, atol=layout_atol())
 
 
 @pytest.mark.parametrize("attention", ["padded", "varlen"])
@@ -212,6 +213,34 @@ def test_top_k_keeps_round_rho_n_highest_av_tokens_and_all_text():
     assert torch.equal(pruned.keep[2, 0], text_only[2] != PAD)
 
 
+def test_top_k_ranks_the_av_axis_not_the_whole_sequence(monkeypatch):
+    """A long prompt must not widen the rows Top-K ranks: gumbel_topk sees [B, M] (M = the most
+    AV tokens of a row), and the keep-set is the brute-force Top-K over AV positions."""
+    embeds, modality, scores = make_batch(14)
+    long_text = torch.full((3, 500), TEXT, device=DEVICE)
+    modality = torch.cat([long_text, modality], 1)
+    embeds = torch.cat([torch.randn(3, 500, HIDDEN, device=DEVICE), embeds], 1)
+    scores = torch.cat([torch.randn(3, 500, device=DEVICE), scores], 1)
+    scores[0, 507:510] = 5.0  # ties: the lower positions win
+    widths = []
+    ranked = pruning.gumbel_topk
+
+    def spy(av_scores, *args, **kwargs):
+        widths.append(av_scores.shape[1])
+        return ranked(av_scores, *args, **kwargs)
+    monkeypatch.setattr(pruning, "gumbel_topk", spy)
+    keep = prune_inputs(embeds, modality, scores=scores, retention=0.4).keep[:, 0]
+    is_av = (modality == VISUAL) | (modality == AUDIO)
+    assert widths == [int(is_av.sum(1).max())]
+    for b in range(3):
+        positions = torch.nonzero(is_av[b]).flatten()
+        k = int(num_kept(0.4, is_av[b].sum()))
+        order = torch.sort(-scores[b, positions].double(), stable=True).indices[:k]
+        want = torch.zeros_like(is_av[b])
+        want[positions[order]] = True
+        assert torch.equal(keep[b] & is_av[b], want)
+
+
 def test_exchange_sets_feed_prune_inputs_through_expand_av_keep():
     embeds, modality, scores = make_batch(9)
     is_av = (modality == VISUAL) | (modality == AUDIO)
@@ -273,6 +302,125 @@ def test_flash_attn_is_imported_only_when_installed(qwen2):
         generate(qwen2, pruned, attention=attention, max_new_tokens=2)
     if not installed:  # here: flash-attn is absent, and nothing tried to import it
         assert "flash_attn" not in sys.modules
+
+
+def fake_varlen_attn(causal_flag: str, with_scale: bool = True):
+    """A stand-in for torch.nn.attention.varlen.varlen_attn on a CPU (the real one runs on CUDA
+    only): it checks the documented contract (q/k/v [total, H, d], int32 cu_seqlens with a
+    leading 0, the longest sequence, causality asked for) and attends within each sequence."""
+    def attend(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, scale=None,
+               window_size=(-1, -1), is_causal=False):
+        assert query.dim() == 3 and key.shape == value.shape and key.shape[1] == query.shape[1]
+        assert cu_seq_q.dtype == torch.int32 and int(cu_seq_q[0]) == 0
+        assert int(cu_seq_q[-1]) == query.shape[0] and torch.equal(cu_seq_q, cu_seq_k)
+        assert max_q == max_k == int(cu_seq_q.diff().max())
+        assert (window_size == (-1, 0)) if causal_flag == "window_size" else is_causal
+        out = torch.empty_like(query)
+        bounds = cu_seq_q.tolist()
+        for start, end in zip(bounds[:-1], bounds[1:]):
+            out[start:end] = torch.nn.functional.scaled_dot_product_attention(
+                query[start:end].transpose(0, 1), key[start:end].transpose(0, 1),
+                value[start:end].transpose(0, 1), is_causal=True, scale=scale).transpose(0, 1)
+        return out
+
+    if causal_flag == "window_size" and with_scale:
+        def varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, scale=None,
+                        window_size=(-1, -1)):
+            return attend(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, scale=scale,
+                          window_size=window_size)
+    elif causal_flag == "window_size":
+        def varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *,
+                        window_size=(-1, -1)):
+            return attend(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k,
+                          window_size=window_size)
+    else:
+        def varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *,
+                        is_causal=False, scale=None):
+            return attend(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, scale=scale,
+                          is_causal=is_causal)
+    return varlen_attn
+
+
+@pytest.mark.parametrize("causal_flag,with_scale", [("window_size", True),
+                                                    ("window_size", False),
+                                                    ("is_causal", True)])
+def test_torch_varlen_attention_matches_the_per_sequence_reference(monkeypatch, causal_flag,
+                                                                    with_scale):
+    """The adapter to torch's varlen_attn (the signatures of torch 2.10+ and of earlier
+    releases, with and without a scale argument) against the SDPA reference, GQA included."""
+    monkeypatch.setattr(pruning, "_torch_varlen_attn",
+                        lambda: fake_varlen_attn(causal_flag, with_scale))
+    gen = torch.Generator().manual_seed(13)
+    lengths = [5, 1, 9, 3]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    query = torch.randn(1, 4, sum(lengths), 8, generator=gen)
+    key, value = torch.randn(2, 1, 2, sum(lengths), 8, generator=gen)
+    kwargs = dict(scaling=0.3, cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=9,
+                  max_length_k=9)
+    got, _ = pruning._torch_varlen_attention(None, query, key, value, None, **kwargs)
+    want, _ = pruning._varlen_reference_attention(None, query, key, value, None, **kwargs)
+    assert got.shape == (1, sum(lengths), 4, 8)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_packed_attention_dispatch(monkeypatch):
+    """flash-attn when installed, else torch's varlen_attn, for CUDA fp16/bf16; the SDPA
+    reference everywhere else (a CPU, float32, or a torch without varlen_attn)."""
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(pruning, "_torch_varlen_attn", lambda: fake_varlen_attn("window_size"))
+    monkeypatch.setattr(pruning, "_flash_attn_installed", lambda: True)
+    assert pruning.packed_attention(cuda, torch.bfloat16) == "flash_attention_2"
+    monkeypatch.setattr(pruning, "_flash_attn_installed", lambda: False)
+    assert pruning.packed_attention(cuda, torch.bfloat16) == pruning.VARLEN_TORCH_ATTENTION
+    assert pruning.packed_attention(cuda, torch.float16) == pruning.VARLEN_TORCH_ATTENTION
+    for device, dtype in ((cuda, torch.float32), (torch.device("cpu"), torch.bfloat16)):
+        assert pruning.packed_attention(device, dtype) == pruning.VARLEN_REFERENCE_ATTENTION
+    monkeypatch.setattr(pruning, "_torch_varlen_attn", lambda: None)
+    assert pruning.packed_attention(cuda, torch.bfloat16) == pruning.VARLEN_REFERENCE_ATTENTION
+
+
+def test_this_torch_has_varlen_attn_with_a_causal_option():
+    """torch 2.13 here (and 2.11 on the GPU image) ship varlen_attn; the adapter finds a way
+    to ask it for causal attention."""
+    varlen_attn = pruning._torch_varlen_attn()
+    if varlen_attn is None:
+        pytest.skip(f"torch {torch.__version__} has no torch.nn.attention.varlen")
+    params = inspect.signature(varlen_attn).parameters
+    assert "window_size" in params or "is_causal" in params
+
+
+def test_greedy_generate_through_torch_varlen_matches_the_masked_full_sequence(qwen2,
+                                                                                monkeypatch):
+    monkeypatch.setattr(pruning, "_torch_varlen_attn", lambda: fake_varlen_attn("window_size"))
+    torch_varlen = pruning._register_attention(pruning.VARLEN_TORCH_ATTENTION,
+                                               pruning._torch_varlen_attention)
+    monkeypatch.setattr(pruning, "packed_attention", lambda device, dtype: torch_varlen)
+    embeds, modality, scores = make_batch(4)
+    pruned = prune_inputs(embeds, modality, scores=scores, retention=0.3)
+    tokens = generate(qwen2, pruned, attention="varlen", max_new_tokens=6, do_sample=False)
+    assert torch.equal(tokens.cpu(), greedy_reference(qwen2, embeds, modality,
+                                                      pruned.keep[:, 0], 6))
+
+
+@requires_cuda
+def test_torch_varlen_prefill_matches_padded_sdpa_on_cuda():
+    """The real varlen_attn (bf16, CUDA) against the padded SDPA prefill: the same next-token
+    logits within bf16 rounding (both accumulate in float32; the kernels differ)."""
+    if pruning._torch_varlen_attn() is None:
+        pytest.skip(f"torch {torch.__version__} has no varlen_attn")
+    model = tiny_model("qwen2").to(torch.bfloat16)
+    embeds, modality, scores = make_batch(4)
+    pruned = prune_inputs(embeds.to(torch.bfloat16), modality, scores=scores, retention=0.5)
+    cache = pruning._varlen_prefill(model, pruned, 1)
+    with torch.no_grad():
+        padded = model(inputs_embeds=pruned.inputs_embeds[:, :-1],
+                       attention_mask=pruned.attention_mask[:, :-1],
+                       position_ids=pruned.position_ids[:, :-1], use_cache=True)
+    mask = pruned.attention_mask[:, :-1].bool()
+    for layer, ref in zip(cache.layers, padded.past_key_values.layers):
+        torch.testing.assert_close(layer.keys.transpose(1, 2)[mask].float(),
+                                   ref.keys.transpose(1, 2)[mask].float(),
+                                   rtol=1.6e-2, atol=layout_atol(torch.bfloat16))
 
 
 def _bad(change):

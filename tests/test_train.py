@@ -1,5 +1,6 @@
 """python -m avex.train on a tiny benchmark: end to end, bad configs, kill + resume, DDP."""
 import json
+import math
 import os
 import re
 import signal
@@ -12,6 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from avex import metrics
 from avex.train import main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,6 +49,24 @@ def test_tiny_end_to_end_run(cache_dir, tmp_path):
     assert any(r["reward"] > 0 for r in rl)
     assert (tmp_path / "run" / "results.md").read_text().startswith("Results on the test split")
     assert json.loads((tmp_path / "run" / "config.json").read_text())["g"] == 8
+
+
+def test_run_finishes_without_java_and_pycocoevalcap(cache_dir, tmp_path, monkeypatch):
+    """The GPU image has neither: the reward needs neither, and the final table reports CIDEr
+    (from CiderD) with BLEU-4 and METEOR as NaN instead of crashing after training."""
+    for name in [m for m in sys.modules if m.startswith("pycocoevalcap")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "pycocoevalcap", None)
+    monkeypatch.setenv("PATH", str(tmp_path))  # and no java
+    monkeypatch.setattr(metrics, "_warned", set())
+    with pytest.warns(UserWarning, match="BLEU-4 and METEOR are reported as NaN"):
+        results = main(tiny_args(cache_dir, tmp_path / "run", "--eval-retentions", "0.4",
+                                 "--max-eval-clips", "8"))
+    rows = results["rows"]
+    assert rows and all(math.isnan(r["BLEU-4"]) and math.isnan(r["METEOR"]) for r in rows)
+    assert all(math.isfinite(r["C_av"]) for r in rows) and rows[0]["C_av"] > 0
+    assert "nan" in (tmp_path / "run" / "results.md").read_text()
+    assert "pycocoevalcap" not in sys.modules or sys.modules["pycocoevalcap"] is None
 
 
 @pytest.mark.parametrize("flags,match", [

@@ -22,8 +22,6 @@ FastAV's published values):
 """
 from __future__ import annotations
 
-import math
-
 import torch
 
 from avex import _checks
@@ -61,34 +59,32 @@ def fastav_selector(captioner, rollout_layers: int | None = None, late_layer: in
     @torch.no_grad()
     def select(batch, layout, retention):
         retention = _checks.ratio("retention", retention)
-        budget = layout.budget(retention).cpu()
-        counts = layout.counts.cpu()
+        # everything stays on the batch's device: no host round trip is timed as FastAV's cost
+        budget = layout.budget(retention)
+        counts = layout.counts
         # stage 1: rollout from the last prompt token, joint Top-K1
         positions = batch.position_ids if batch.native_position_ids is None \
             else batch.native_position_ids  # a model's own (M-RoPE) positions where it has them
         atts = head_averaged_attentions(captioner, batch.inputs_embeds, batch.attention_mask,
                                         positions, upto=rollout_layers)
         rollout = attention_rollout(atts)
-        scores1 = layout.gather(rollout[:, -1, :]).cpu()
-        k1 = torch.tensor([n - math.ceil(stage1_drop * (n - k))
-                           for k, n in zip(budget.tolist(), counts.tolist())])
+        scores1 = layout.gather(rollout[:, -1, :])
+        # K1 = N - ceil(drop (N - K)), in float64 as Python's math.ceil would compute it
+        k1 = counts - torch.ceil((counts - budget).double() * stage1_drop).long()
         keep1 = topk_keep(scores1, k1)
         # stage 2: last-query attention at late_layer on the survivors
         pruned = prune_inputs(batch.inputs_embeds, batch.modality,
-                              keep=expand_av_keep(keep1.to(batch.modality.device),
-                                                  batch.modality),
+                              keep=expand_av_keep(keep1, batch.modality),
                               position_ids=batch.native_position_ids)
         att2 = head_averaged_attentions(captioner, pruned.inputs_embeds, pruned.attention_mask,
                                         pruned.position_ids, upto=late_layer)[late_layer - 1]
-        width = batch.modality.shape[1]
-        per_position = torch.full(batch.modality.shape, float("-inf"))
-        index = pruned.index.cpu()
-        last = att2[:, -1, :].cpu()
-        for row in range(len(index)):
-            valid = index[row] >= 0
-            per_position[row, index[row][valid] - row * width] = last[row][valid]
-        scores2 = layout.gather(per_position.to(layout.positions.device)).cpu()
+        # each kept token's attention back at its sequence position (index is into [B * L])
+        per_position = torch.full((batch.modality.numel(),), float("-inf"),
+                                  device=att2.device)
+        valid = pruned.index >= 0
+        per_position[pruned.index[valid]] = att2[:, -1, :][valid]
+        scores2 = layout.gather(per_position.view(batch.modality.shape))
         scores2 = scores2.masked_fill(~keep1, float("-inf"))
-        return topk_keep(scores2, budget).to(layout.modality.device)
+        return topk_keep(scores2, budget)
     select.rollout_layers, select.late_layer = rollout_layers, late_layer
     return select

@@ -47,7 +47,6 @@ def fastv_selector(captioner, layer: int | None = None):
             else batch.native_position_ids  # a model's own (M-RoPE) positions where it has them
         att = head_averaged_attentions(captioner, batch.inputs_embeds, batch.attention_mask,
                                        positions, upto=layer)[layer - 1]
-        return topk_keep(last_query_scores(att, layout).cpu(), layout.budget(retention).cpu()
-                         ).to(layout.modality.device)
+        return topk_keep(last_query_scores(att, layout), layout.budget(retention))
     select.layer = layer
     return select

@@ -51,16 +51,28 @@ def merge_modality(x: torch.Tensor, feats: torch.Tensor, target: int):
         best, match = sim.max(dim=1)
         # stable: equal similarities merge the earlier source first
         chosen = torch.sort(-best, stable=True).indices[:r]
-        for i in chosen.tolist():
-            a, b = src[i], dst[match[i]]
-            total = sizes[a] + sizes[b]
-            values[b] = (values[b] * sizes[b] + values[a] * sizes[a]) / total
-            feats[b] = (feats[b] * sizes[b] + feats[a] * sizes[a]) / total
-            sizes[b] = total
+        a, b = src[chosen], dst[match[chosen]]
+        _apply_merges(values, feats, sizes, a, b)
         gone = torch.zeros(n, dtype=torch.bool, device=device)
-        gone[src[chosen]] = True
+        gone[a] = True
         alive = alive[~gone[alive]]
     return alive, values[alive].to(x.dtype)
+
+
+def _apply_merges(values, feats, sizes, a, b) -> None:
+    """Merge source a[i] into destination b[i], in place, by size-weighted mean, for i in order.
+
+    Merges into one destination apply in that order, one at a time (the arithmetic of a loop
+    over i); merges into different destinations apply together, on the device: step t applies
+    each destination's t-th merge (t = the earlier merges into it)."""
+    step = torch.tril(b[:, None] == b[None, :], diagonal=-1).sum(1)
+    for t in range(int(step.max()) + 1 if len(b) else 0):
+        at, bt = a[step == t], b[step == t]
+        total = sizes[at] + sizes[bt]
+        values[bt] = (values[bt] * sizes[bt, None] + values[at] * sizes[at, None]) \
+            / total[:, None]
+        feats[bt] = (feats[bt] * sizes[bt, None] + feats[at] * sizes[at, None]) / total[:, None]
+        sizes[bt] = total
 
 
 def tome_selector(captioner=None, features: str = "embeddings"):

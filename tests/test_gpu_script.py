@@ -1,0 +1,107 @@
+"""bench/gpu.sh --dry-run: every stage's own logic (wheel install, stages, logs, tables, the
+file count that comes back) runs on a CPU, so a typo can't waste a lent GPU's minutes.
+
+The dry run skips only what needs CUDA and runs small sizes: the argument-check tests of the CUDA
+suites, the CPU reward benchmark with one round, a tiny training run, a 2-layer profile."""
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "bench" / "gpu.sh"
+
+
+def run_stage(stage, out, *extra, env=None):
+    environ = {**os.environ, "OUT": str(out), "PYTHON": sys.executable,
+               "AVEX_SCRATCH": str(out.parent / f"scratch-{stage}"), **(env or {})}
+    environ.pop("TRITON_INTERPRET", None)  # the script sets up its own processes
+    return subprocess.run(["bash", str(SCRIPT), stage, *extra], env=environ,
+                          capture_output=True, text=True, timeout=600)
+
+
+def make_wheel(folder: Path) -> Path:
+    """A minimal pure-Python wheel, standing in for the carried fvcore & co."""
+    folder.mkdir()
+    wheel = folder / "avex_carried_probe-0.1-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("avex_carried_probe/__init__.py", "VALUE = 7\n")
+        info = "avex_carried_probe-0.1.dist-info"
+        z.writestr(f"{info}/METADATA", "Metadata-Version: 2.1\nName: avex-carried-probe\n"
+                   "Version: 0.1\n")
+        z.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: "
+                   "true\nTag: py3-none-any\n")
+        z.writestr(f"{info}/RECORD", "")
+    return wheel
+
+
+def test_usage_and_a_machine_without_cuda_are_refused(tmp_path):
+    bad = run_stage("benchmarks", tmp_path / "out")
+    assert bad.returncode == 2 and "usage: bash bench/gpu.sh {tests|bench|train|profile}" in \
+        bad.stderr
+    no_gpu = run_stage("bench", tmp_path / "out")
+    assert no_gpu.returncode == 1 and "no CUDA device here" in no_gpu.stdout
+
+
+def test_bench_stage_installs_wheels_writes_its_table_and_counts_files(tmp_path):
+    wheels, site, out = tmp_path / "whl", tmp_path / "site", tmp_path / "out"
+    make_wheel(wheels)
+    done = run_stage("bench", out, "--dry-run",
+                     env={"AVEX_WHEEL_DIR": str(wheels), "AVEX_SITE": str(site)})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert (site / "avex_carried_probe" / "__init__.py").is_file()
+    machine = (out / "machine.txt").read_text()
+    assert "stage: bench (dry run on a CPU)" in machine
+    assert "carried wheels: avex_carried_probe-0.1-py3-none-any.whl" in machine
+    table = (out / "bench-gpu.md").read_text()
+    assert "| cider-d 64 clips x 5 candidates x 5 refs | CiderD, fixed corpus df |" in table
+    assert sorted(p.name for p in out.iterdir()) == ["bench-gpu.md", "bench.json", "bench.log",
+                                                     "machine.txt"]
+    # more than 8 files would not come back from the GPU machine: the stage says so and fails
+    for i in range(6):
+        (out / f"extra{i}.txt").write_text("x")
+    crowded = run_stage("bench", out, "--dry-run")
+    assert crowded.returncode == 1 and "at most 8 come back" in crowded.stdout
+
+
+def test_tests_stage_runs_the_cuda_suites_argument_checks(tmp_path):
+    out = tmp_path / "out"
+    done = run_stage("tests", out, "--dry-run")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    table = (out / "tests-gpu.md").read_text()
+    for module in ("test_gumbel_topk", "test_exchange", "test_pruning"):
+        assert f"| {module} |" in table
+    assert "| **total** |" in table and "Failures" not in table
+    assert "skipped (needs CUDA): CUDA C++ library build" in (out / "machine.txt").read_text()
+
+
+def test_train_stage_trains_evaluates_and_tabulates(tmp_path, tiny_cache_dir):
+    out = tmp_path / "out"
+    done = run_stage("train", out, "--dry-run", env={"AVEX_CACHE": str(tiny_cache_dir)})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    table = (out / "train-gpu.md").read_text()
+    assert "| warmup |" in table and "| rl |" in table
+    assert "| Full tokens | 100% |" in table
+
+
+def test_profile_stage_writes_the_profiling_table(tmp_path):
+    out = tmp_path / "out"
+    done = run_stage("profile", out, "--dry-run")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["machine.txt", "profile.log", "profiling-tiny-qwen2-r0.4-cpu.json",
+                     "profiling-tiny-qwen2-r0.4-cpu.md", "profiling-tiny-qwen2-r0.4-cpu.png"]
+    assert "| AVEX-Prune |" in (out / "profiling-tiny-qwen2-r0.4-cpu.md").read_text()
+
+
+@pytest.mark.parametrize("stage", ["tests", "bench", "train", "profile"])
+def test_every_stage_has_a_time_budget(stage):
+    """Each stage ends inside a device call's 10 minutes: a budget below 600 s, enforced by
+    timeout around the stage's main command."""
+    text = SCRIPT.read_text()
+    assert "BUDGET=${AVEX_STAGE_SECONDS:-480}" in text
+    body = text.split(f"\n{stage})\n", 1)[1].split("\n    ;;", 1)[0]
+    assert "run_budgeted " in body
