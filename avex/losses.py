@@ -69,6 +69,28 @@ def set_level_loss(log_prob: torch.Tensor, reward: torch.Tensor) -> torch.Tensor
     return -(reward - baseline).detach() * log_prob
 
 
+def leave_one_out_loss(log_prob: torch.Tensor, rewards: torch.Tensor,
+                       set_size: torch.Tensor) -> torch.Tensor:
+    """L_RL with a leave-one-out baseline (RLOO), per sample [B].
+
+    ``log_prob`` and ``rewards`` are [B, A]: A >= 2 keep-sets sampled independently for each
+    sample (Gumbel-Top-K anchors) and their rewards. Anchor a's baseline is the mean reward of
+    the sample's other A - 1 anchors, so it does not depend on anchor a and the estimator stays
+    unbiased. The advantages are divided by their standard deviation over the batch and log pi
+    by the set size K (``set_size`` [B]), so the term is O(1) whatever the reward scale and K.
+    """
+    _check_same_shape(log_prob=log_prob, rewards=rewards)
+    count = rewards.shape[1]
+    if count < 2:
+        raise ValueError(f"rewards has {count} anchor per sample; the leave-one-out baseline "
+                         "needs at least 2")
+    baseline = (rewards.sum(dim=1, keepdim=True) - rewards) / (count - 1)
+    advantage = (rewards - baseline).detach()
+    advantage = advantage / (advantage.std(unbiased=False) + 1e-6)
+    scaled = log_prob / set_size.to(log_prob.dtype)[:, None]
+    return -(advantage * scaled).mean(dim=1)
+
+
 def avex_objective(log_prob, anchor_reward, counterfactual_rewards, delta_f, valid,
                    *, lambda_ex: float = 1.0, use_rl: bool = True, use_exchange: bool = True,
                    normalize_rl: bool = False, set_size=None) -> dict[str, torch.Tensor]:

@@ -37,8 +37,9 @@ def final_weights(run_dir) -> dict:
 def test_tiny_end_to_end_run(cache_dir, tmp_path):
     results = main(tiny_args(cache_dir, tmp_path / "run", "--eval-retentions", "0.4"))
     methods = [(row["method"], row["retention"]) for row in results["rows"]]
-    assert methods == [("Full tokens", 1.0), ("Random", 0.4), ("warmup only", 0.4),
-                       ("AVEX, L_ex only (this run)", 0.4)]
+    assert methods == [("Full tokens", 1.0), ("Random", 0.4), ("Attention-AV (balanced)", 0.4),
+                       ("CaCoVID-AV", 0.4), ("warmup only", 0.4),
+                       ("AVEX, L_RL (RLOO) + L_ex (this run)", 0.4)]
     assert results["rows"][0]["C_av"] > 0  # the captioner says something sensible
     log = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
     rl = [r for r in log if r["phase"] == "rl"]
@@ -46,6 +47,18 @@ def test_tiny_end_to_end_run(cache_dir, tmp_path):
     assert any(r["reward"] > 0 for r in rl)
     assert (tmp_path / "run" / "results.md").read_text().startswith("Results on the test split")
     assert json.loads((tmp_path / "run" / "config.json").read_text())["g"] == 8
+    # every RL micro-batch draws its retention from train_retentions; each captions
+    # 4 anchors + 4 exchanges per clip in one call
+    assert {round(r["retention"], 6) for r in rl} <= {0.5, 0.4, 0.3, 0.2, 0.1}
+    assert all(r["reward_spread"] >= 0 for r in rl)
+    # CaCoVID-AV: its own run from this run's warmup policy, one anchor, set-level reward
+    cacovid = json.loads((tmp_path / "run" / "cacovid" / "config.json").read_text())
+    assert (cacovid["exchanges"], cacovid["anchors"], cacovid["rl_estimator"]) == \
+        (False, 1, "paper")
+    assert cacovid["warmup_from"] == str(tmp_path / "run")
+    warm = load_file(str(tmp_path / "run" / "warmup_policy.safetensors"))
+    warm_c = load_file(str(tmp_path / "run" / "cacovid" / "warmup_policy.safetensors"))
+    assert all(torch.equal(warm[k], warm_c[k]) for k in warm)
 
 
 @pytest.mark.parametrize("flags,error,match", [
@@ -55,6 +68,13 @@ def test_tiny_end_to_end_run(cache_dir, tmp_path):
     (["--captioner", "/no/such/model"], FileNotFoundError, "captioner: no model directory"),
     (["--batch-size", "6"], ValueError, r"batch_size \(6\) must be a multiple"),
     (["--benchmark-preset", "huge"], ValueError, "benchmark_preset must be one of"),
+    (["--rl-estimator", "ppo"], ValueError, "rl_estimator must be one of .* got 'ppo'"),
+    (["--anchors", "1"], ValueError, r"anchors must be >= 2 with rl_estimator='rloo'"),
+    (["--train-retentions", "0.2,1.5"], ValueError,
+     r"train_retentions must be in \(0, 1\], got 1.5"),
+    (["--eval-methods", "random,avex"], ValueError, "eval_methods must be one of .* got 'avex'"),
+    (["--warmup-from", "/no/such/run"], FileNotFoundError, "warmup_from: no warmup_policy"),
+    (["--g-fraction", "2"], ValueError, r"g_fraction must be in \[0, 1\], got 2"),
 ])
 def test_bad_config_fails_before_any_work(cache_dir, tmp_path, flags, error, match):
     with pytest.raises(error, match=match):

@@ -43,7 +43,9 @@ METHODS = {
     "tome": Method("ToMe-AV"),
     "fastav": Method("FastAV", ("captioner",)),
     "attention": Method("Attention-AV (balanced)", ("captioner",)),
-    "cacovid": Method("CaCoVID-AV", ("policy",), seeded=True, train={"exchanges": False}),
+    # CaCoVID's recipe: one sampled set per clip, set-level REINFORCE (batch leave-one-out)
+    "cacovid": Method("CaCoVID-AV", ("policy",), seeded=True,
+                      train={"exchanges": False, "rl_estimator": "paper", "anchors": 1}),
     "avex": Method("AVEX-Prune", ("policy",), seeded=True, train={}),
 }
 #: the methods that select a subset (every one but "full")
