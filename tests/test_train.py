@@ -49,7 +49,9 @@ def test_tiny_end_to_end_run(cache_dir, tmp_path):
     assert json.loads((tmp_path / "run" / "config.json").read_text())["g"] == 8
     # every RL micro-batch draws its retention from train_retentions; each captions
     # 4 anchors + 4 exchanges per clip in one call
-    assert {round(r["retention"], 6) for r in rl} <= {0.5, 0.4, 0.3, 0.2, 0.1}
+    # (the log holds each step's mean over its micro-batches)
+    drawn = {round(r["retention"], 6) for r in rl}
+    assert len(drawn) > 1 and all(0.1 <= r <= 0.5 for r in drawn)
     assert all(r["reward_spread"] >= 0 for r in rl)
     # CaCoVID-AV: its own run from this run's warmup policy, one anchor, set-level reward
     cacovid = json.loads((tmp_path / "run" / "cacovid" / "config.json").read_text())
