@@ -250,14 +250,17 @@ def rl_loss(cfg: TrainConfig, policy, captioner, cider, batch, clips, seed: int,
     return terms
 
 
-def random_exchanges(scores, anchor_idx, modality, cfg: TrainConfig, seed: int, g: int):
+def random_exchanges(scores, anchor_idx, modality, cfg: TrainConfig, seed: int,
+                     g: int | None = None):
     """The "random exchange" ablation: the same number and size of exchanges, but G and G' are
     drawn uniformly at random (from seeded noise) instead of by lowest / highest score; delta F
-    is still sum s_G - sum s_G' of the policy's scores, so L_ex trains the same parameters."""
+    is still sum s_G - sum s_G' of the policy's scores, so L_ex trains the same parameters.
+    ``g``: the group size (default ``cfg.g``)."""
     gen = torch.Generator().manual_seed(zlib.crc32(f"random-exchange:{seed}".encode()))
     noise = torch.rand(scores.shape, generator=gen, dtype=torch.float32).to(scores.device)
     noise = noise.masked_fill(~torch.isfinite(scores.detach()), float("-inf"))
-    drawn = build_exchanges(noise, anchor_idx, modality, g=g, types=tuple(cfg.exchange_types))
+    drawn = build_exchanges(noise, anchor_idx, modality, g=cfg.g if g is None else g,
+                            types=tuple(cfg.exchange_types))
     finite = scores.masked_fill(~torch.isfinite(scores), 0.0)
 
     def group_sum(index):

@@ -158,7 +158,8 @@ def run_sweep(args) -> dict:
                            "runs": {m: {str(s): str(v[1]) for s, v in p.items()}
                                     for m, p in policies.items()}},
               "seconds": round(seconds, 1), "command": "python -m avex.evaluate " +
-              " ".join(sys.argv[1:]) if sys.argv and "avex.evaluate" in sys.argv[0] else None}
+              " ".join(sys.argv[1:]) if sys.argv and Path(sys.argv[0]).parent.name == "evaluate"
+              else None}
     table = sweep_table(agg, bool(transfer))
     header = (f"# Pruning comparison ({args.split} split, {len(test)} clips"
               + (f"; transfer split, {len(transfer)} clips" if transfer else "") + ")")
