@@ -19,13 +19,16 @@ from avex.data import PRESETS as BENCHMARK_PRESETS
 from avex.data import SPLITS
 
 EXCHANGE_TYPES = ("vv", "aa", "va", "av")
+#: methods the end-of-training table can score beside the run (avex.methods' registry names)
+EVAL_METHODS = ("random", "fastv", "tome", "fastav", "attention", "cacovid")
 
 PRESETS = {
     # Section 3.4 of the paper, for a real backbone (VideoLLaMA 2 / VILA features).
     "paper": dict(lr=2e-5, weight_decay=0.01, lr_warmup=0.05, grad_clip=1.0, batch_size=64,
                   epochs=3, num_beams=3, max_new_tokens=64, g=8, lambda_ex=1.0, rl=True,
-                  policy_hidden=768),
-    # The embedded benchmark on a laptop-class CPU: a tiny policy learns fast at a larger lr.
+                  policy_hidden=768, rl_estimator="paper", anchors=1, train_retentions=[],
+                  g_fraction=0.0, policy_positional=False, tau=1.0, warmup_epochs=0.5),
+    # The embedded benchmark on a CPU: the dataclass defaults (docs/training.md, "The recipe").
     "embedded": {},
 }
 
@@ -43,27 +46,36 @@ class TrainConfig:
     seed: int = 0
     # the policy
     policy_hidden: int | None = None  # None: the captioner's width, first block from its LLM
-    tau: float = 1.0
+    tau: float = 0.5                  # Gumbel temperature: anchors near the deployed Top-K
+    policy_positional: bool = True    # within-modality position features (avex.policy)
     # the schedule
     retention: float = 0.2
     epochs: float = 3.0               # RL epochs, after the warmup
-    warmup_epochs: float = 0.5        # attention-matching warmup (the paper: half an epoch)
+    warmup_epochs: float = 6.0        # attention-matching warmup (the paper: half an epoch)
     batch_size: int = 32
     micro_batch_size: int = 16        # batch_size is reached by gradient accumulation
-    lr: float = 1e-3
-    warmup_lr: float = 3e-3
+    lr: float = 1e-4
+    warmup_lr: float = 3e-3           # cosine-decayed over the warmup
     weight_decay: float = 0.01
     lr_warmup: float = 0.05           # fraction of RL steps with a linear ramp, then cosine
     grad_clip: float = 1.0
+    # one policy for every retention: each warmup target and RL micro-batch uses these
+    # (empty: `retention` alone); evaluation may pick any retention
+    train_retentions: list = field(default_factory=lambda: [0.5, 0.4, 0.3, 0.2, 0.1])
     # the AVEX objective
     g: int = 8
     exchange_types: list = field(default_factory=lambda: list(EXCHANGE_TYPES))
     exchanges: bool = True            # False: set-level reward only (the CaCoVID-AV variant)
     exchange_selection: str = "confidence"  # "random": groups drawn at random (ablation)
     warmup_only: bool = False
-    lambda_ex: float = 1.0
-    rl: bool = False                  # L_RL on? On the embedded benchmark it hurt (README)
+    lambda_ex: float = 0.1
+    rl: bool = True                   # L_RL on (the estimator: rl_estimator)
     normalize_rl: bool = False        # standardised advantages, log pi / K (not in the paper)
+    rl_estimator: str = "rloo"        # "paper": b = mean of anchor + counterfactuals; "rloo"
+    anchors: int = 4                  # Gumbel-Top-K anchors per clip (rloo: leave-one-out b)
+    g_fraction: float = 0.0           # > 0: g = max(2, round(g_fraction * K)) per micro-batch
+    lambda_target: float = 0.0        # weight of the warmup BCE kept on during RL (an anchor)
+    warmup_from: str | None = None    # a run directory: start from its warmup policy, skip ours
     # reward decoding
     num_beams: int = 1
     max_new_tokens: int = 24
@@ -75,6 +87,8 @@ class TrainConfig:
     checkpoint_every: int = 20        # optimiser steps
     deterministic: bool = False
     progress: bool = True
+    # the final table's other rows (registry names; "cacovid" trains CaCoVID-AV from our warmup)
+    eval_methods: list = field(default_factory=lambda: ["random", "attention", "cacovid"])
 
     def validate(self) -> "TrainConfig":
         """Check every setting (type, range, choice) before any file is written; the error
@@ -130,13 +144,35 @@ class TrainConfig:
         _checks.choice("eval_split", self.eval_split, set(SPLITS))
         _checks.optional_int_at_least("max_eval_clips", self.max_eval_clips, 1)
         _checks.int_at_least("checkpoint_every", self.checkpoint_every, 1)
+        _checks.real("lambda_target", self.lambda_target, low=0)
         if self.data != "embedded" and not Path(self.data).exists():
             raise FileNotFoundError(f"data: no feature cache at {self.data!r}")
+        if self.warmup_from is not None and \
+                not (Path(self.warmup_from) / "warmup_policy.safetensors").is_file():
+            raise FileNotFoundError(f"warmup_from: no warmup_policy.safetensors in "
+                                    f"{self.warmup_from!r}")
         if self.captioner != "embedded" and not Path(self.captioner).exists():
             raise FileNotFoundError(f"captioner: no model directory at {self.captioner!r}")
         if self.captioner == "embedded" and self.data != "embedded":
             raise ValueError("captioner='embedded' goes with data='embedded'; for your own "
                              "feature cache pass --captioner PATH to its Hugging Face causal LM")
+        _checks.str_list("eval_methods", self.eval_methods)
+        for name in self.eval_methods:
+            _checks.choice("eval_methods", name, set(EVAL_METHODS))
+        if not isinstance(self.train_retentions, (list, tuple)):
+            raise TypeError(f"train_retentions must be a list of ratios in (0, 1], got "
+                            f"{type(self.train_retentions).__name__}: {self.train_retentions!r}")
+        for r in self.train_retentions:
+            _checks.ratio("train_retentions", r)
+        _checks.flag("policy_positional", self.policy_positional)
+        _checks.text("warmup_from", self.warmup_from, optional=True)
+        _checks.choice("rl_estimator", self.rl_estimator, {"paper", "rloo"})
+        _checks.int_at_least("anchors", self.anchors, 1)
+        if self.rl_estimator == "rloo" and self.anchors < 2:
+            raise ValueError(f"anchors must be >= 2 with rl_estimator='rloo' (the baseline of "
+                             f"an anchor is the mean reward of the others), got {self.anchors}")
+        if not 0 <= self.g_fraction <= 1:
+            raise ValueError(f"g_fraction must be in [0, 1], got {self.g_fraction}")
         _checks.choice("benchmark_preset", self.benchmark_preset, set(BENCHMARK_PRESETS))
         _checks.choice("captioner_preset", self.captioner_preset, set(CAPTIONER_PRESETS))
         return self
@@ -202,7 +238,7 @@ def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
             kind = {int: int, float: float}.get(type(default), str)
             if f.name in ("policy_hidden", "max_eval_clips"):
                 kind = int
-            elif f.name in ("run_dir", "cache_dir"):
+            elif f.name in ("run_dir", "cache_dir", "warmup_from"):
                 kind = str
             parser.add_argument(_flag(f.name), dest=f.name, type=kind, default=None,
                                 help=help_text)

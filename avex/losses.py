@@ -86,6 +86,32 @@ def set_level_loss(log_prob: torch.Tensor, reward: torch.Tensor) -> torch.Tensor
     return -(reward - baseline).detach() * log_prob
 
 
+def leave_one_out_loss(log_prob: torch.Tensor, rewards: torch.Tensor,
+                       set_size: torch.Tensor) -> torch.Tensor:
+    """L_RL with a leave-one-out baseline (RLOO), per sample [B].
+
+    ``log_prob`` and ``rewards`` are [B, A]: A >= 2 keep-sets sampled independently for each
+    sample (Gumbel-Top-K anchors) and their rewards. Anchor a's baseline is the mean reward of
+    the sample's other A - 1 anchors, so it does not depend on anchor a and the estimator stays
+    unbiased. The advantages are divided by their standard deviation over the batch and log pi
+    by the set size K (``set_size`` [B]), so the term is O(1) whatever the reward scale and K.
+    Where that is undefined the value is defined as in :func:`policy_gradient_loss`: advantages
+    that are all equal are divided by their common magnitude, and a sample with K = 0 gives 0.
+    """
+    _check_anchors(log_prob=log_prob, rewards=rewards)
+    count = rewards.shape[1]
+    if count < 2:
+        raise ValueError(f"rewards has {count} anchor per sample; the leave-one-out baseline "
+                         "needs at least 2")
+    _check_set_size(set_size, log_prob[:, 0])
+    baseline = (rewards.sum(dim=1, keepdim=True) - rewards) / (count - 1)
+    advantage = (rewards - baseline).detach()
+    advantage = advantage / _advantage_scale(advantage)
+    k = set_size.to(log_prob.dtype)[:, None]
+    scaled = torch.where(k > 0, log_prob / k.clamp_min(1), torch.zeros_like(log_prob))
+    return -(advantage * scaled).mean(dim=1)
+
+
 def avex_objective(log_prob, anchor_reward, counterfactual_rewards, delta_f, valid,
                    *, lambda_ex: float = 1.0, use_rl: bool = True, use_exchange: bool = True,
                    normalize_rl: bool = False, set_size=None) -> dict[str, torch.Tensor]:
@@ -116,9 +142,18 @@ def _advantage_scale(advantage: torch.Tensor) -> torch.Tensor:
 
 def _check_samples(**tensors):
     """Per-sample tensors: 1-D [B] floats, same shape and device, finite."""
+    _check_matching(1, **tensors)
+
+
+def _check_anchors(**tensors):
+    """Per-anchor tensors: 2-D [B, A] floats, same shape and device, finite."""
+    _check_matching(2, **tensors)
+
+
+def _check_matching(ndim: int, **tensors):
     (first_name, first), *_ = tensors.items()
     for name, t in tensors.items():
-        _checks.tensor(name, t, ndim=1, floating=True)
+        _checks.tensor(name, t, ndim=ndim, floating=True)
         _checks.same_device(name, t, first_name, first)
         if t.shape != first.shape:
             raise ValueError(f"{name} has shape {list(t.shape)} but {first_name} has "

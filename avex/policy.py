@@ -13,7 +13,10 @@ The encoder blocks have the shape and parameter names of a Qwen2 / Llama decoder
 (RMSNorm, attention with optional grouped KV heads and q/k/v bias, SwiGLU MLP), so the first
 block can start from the frozen LLM's first decoder layer when the widths match
 (``AVEXPolicy.from_llm``). Unlike the LLM, the blocks attend both ways and use no rotary
-positions: a learned modality embedding tells audio from visual.
+positions: a learned modality embedding tells audio from visual, and (``positional``, on by
+default) a projection of each token's place within its modality (sinusoids of its index, and of
+its index over the modality's count, so first / last frames and patch slots are visible): what
+the LLM attends to depends strongly on position.
 """
 from __future__ import annotations
 
@@ -41,6 +44,7 @@ class PolicyConfig:
     num_layers: int = 2
     qkv_bias: bool = False
     norm_eps: float = 1e-6
+    positional: bool = True               # add within-modality position features
 
     def __post_init__(self):
         _checks.int_at_least("input_size", self.input_size, 1)
@@ -136,6 +140,11 @@ class AVEXPolicy(nn.Module):
                         else nn.Linear(cfg.input_size, width))
         self.modality_embedding = nn.Embedding(2, width)  # VISUAL, AUDIO
         nn.init.normal_(self.modality_embedding.weight, std=0.02)
+        if cfg.positional:
+            # one projection per modality: patch slots mean nothing on the audio axis
+            self.position_in = nn.Linear(2 * POSITION_FEATURES, width)
+            nn.init.normal_(self.position_in.weight, std=0.02)
+            nn.init.zeros_(self.position_in.bias)
         self.encoder = nn.ModuleList(EncoderBlock(cfg) for _ in range(cfg.num_layers))
         self.encoder_norm = RMSNorm(width, cfg.norm_eps)
         self.text_norm = RMSNorm(width, cfg.norm_eps)
@@ -148,7 +157,7 @@ class AVEXPolicy(nn.Module):
 
     @classmethod
     def from_llm(cls, llm, *, hidden_size: int | None = None, num_layers: int = 2,
-                 init_from_llm: bool = True) -> "AVEXPolicy":
+                 init_from_llm: bool = True, positional: bool = True) -> "AVEXPolicy":
         """A policy for a Hugging Face causal LM.
 
         With ``hidden_size`` None or equal to the LLM's width, the blocks take the LLM's layer
@@ -168,7 +177,7 @@ class AVEXPolicy(nn.Module):
             qkv_bias=bool(getattr(c, "attention_bias", False)
                           or c.model_type.startswith("qwen2"))
             if matched else False,
-            norm_eps=getattr(c, "rms_norm_eps", 1e-6))
+            norm_eps=getattr(c, "rms_norm_eps", 1e-6), positional=positional)
         policy = cls(cfg)
         if matched and init_from_llm:
             policy.encoder[0].load_state_dict(_first_decoder_layer(llm).state_dict(),
@@ -196,6 +205,11 @@ class AVEXPolicy(nn.Module):
         # the policy trains in its own dtype (float32 by default), whatever the LLM runs in
         inputs_embeds = inputs_embeds.to(self.modality_embedding.weight.dtype)
         z = self.av_in(inputs_embeds) + self.modality_embedding((modality == AUDIO).long())
+        if self.config.positional:
+            features = position_features(modality).to(z.dtype)
+            is_audio = (modality == AUDIO)[..., None]
+            z = z + self.position_in(torch.cat([features.masked_fill(is_audio, 0.0),
+                                                features.masked_fill(~is_audio, 0.0)], -1))
         for block in self.encoder:
             z = block(z, av_keys)
         z = self.encoder_norm(z)
@@ -206,6 +220,32 @@ class AVEXPolicy(nn.Module):
         z = z + self.token_mlp(z)
         scores = self.head(z).squeeze(-1).float()
         return scores.masked_fill(~is_av, float("-inf"))
+
+
+INDEX_PERIODS = (2, 4, 8, 16, 32, 64, 128)   # sinusoids of the raw index (patch slot, frame)
+FRACTION_HARMONICS = (1, 2, 3, 4)            # sinusoids of index / (count - 1) (place in clip)
+POSITION_FEATURES = 2 * len(INDEX_PERIODS) + 2 * len(FRACTION_HARMONICS) + 1
+
+
+def position_features(modality: torch.Tensor) -> torch.Tensor:
+    """float32 [B, L, POSITION_FEATURES]: each AV token's index i within its modality (in order
+    of appearance) as sin/cos(2 pi i / P) for the periods P, and its fraction f = i / (n - 1) of
+    the modality's n tokens as f and sin/cos(pi h f); zeros at text and padding."""
+    index = torch.zeros(modality.shape, dtype=torch.float32, device=modality.device)
+    fraction = torch.zeros_like(index)
+    for code in (VISUAL, AUDIO):
+        mask = modality == code
+        count = mask.sum(1, keepdim=True).float()
+        i = (mask.cumsum(1) - 1).float()
+        index = torch.where(mask, i, index)
+        fraction = torch.where(mask, i / (count - 1).clamp_min(1.0), fraction)
+    periods = torch.tensor(INDEX_PERIODS, dtype=torch.float32, device=modality.device)
+    harmonics = torch.tensor(FRACTION_HARMONICS, dtype=torch.float32, device=modality.device)
+    angle = 2 * math.pi * index[..., None] / periods
+    phase = math.pi * fraction[..., None] * harmonics
+    out = torch.cat([angle.sin(), angle.cos(), phase.sin(), phase.cos(), fraction[..., None]], -1)
+    is_av = (modality == VISUAL) | (modality == AUDIO)
+    return out.masked_fill(~is_av[..., None], 0.0)
 
 
 def _first_decoder_layer(llm):

@@ -42,8 +42,8 @@ from avex.checkpoint import (POLICY_FILE, check_weights, latest_checkpoint, load
 from avex.config import TrainConfig, build_parser, explicit_settings, resolve_config
 from avex.data import FeatureCache
 from avex.kernels import build_exchanges, gumbel_topk
-from avex.losses import avex_objective, set_level_loss
-from avex.methods import label, policy_selector, random_selector
+from avex.losses import avex_objective, leave_one_out_loss, set_level_loss
+from avex.methods import METHODS, label, load_policy, make_selector, policy_selector
 from avex.modality import AUDIO, VISUAL
 from avex.policy import AVEXPolicy
 from avex.progress import progress_bar
@@ -117,7 +117,8 @@ def load_assets(cfg: TrainConfig, data_path, captioner_path, device):
     cache = FeatureCache(data_path)
     captioner = FrozenCaptioner.load(captioner_path, device=device)
     torch.manual_seed(cfg.seed)  # the policy's random init is part of the run's identity
-    policy = AVEXPolicy.from_llm(captioner.model, hidden_size=cfg.policy_hidden).to(device)
+    policy = AVEXPolicy.from_llm(captioner.model, hidden_size=cfg.policy_hidden,
+                                 positional=cfg.policy_positional).to(device)
     return cache, captioner, policy
 
 
@@ -153,12 +154,15 @@ def sample_seed(seed: int, step: int, chunk: int) -> int:
 # Warmup: fit the policy to a balanced attention-based selection
 # ----------------------------------------------------------------------------------------------
 
-def warmup_targets(attention: dict, clips, retention: float) -> list[torch.Tensor]:
-    """Per clip, bool [M]: the balanced attention keep-set
-    (:func:`avex.selection.balanced_attention_keep`). ``attention`` maps clip_id -> float [M]
-    (``FrozenCaptioner.cached_text_to_av_attention``)."""
-    return [balanced_attention_keep(attention[clip.clip_id], clip.n_visual, clip.n_audio,
-                                    retention, av_modality=_av_order(clip)) for clip in clips]
+def warmup_targets(attention: dict, clips, retentions) -> list[torch.Tensor]:
+    """Per clip, float [M]: the share of ``retentions`` at which each AV token is in the
+    balanced attention keep-set (:func:`avex.selection.balanced_attention_keep`). One retention
+    gives the 0/1 set; several give a graded target whose order serves every one of them.
+    ``attention`` maps clip_id -> float [M] (``FrozenCaptioner.cached_text_to_av_attention``)."""
+    return [torch.stack([balanced_attention_keep(attention[clip.clip_id], clip.n_visual,
+                                                 clip.n_audio, r, av_modality=_av_order(clip)
+                                                 ).float()
+                         for r in retentions]).mean(0) for clip in clips]
 
 
 def _av_order(clip):
@@ -171,8 +175,14 @@ def _av_order(clip):
 
 
 def warmup_loss(policy, batch, layout: AVLayout, targets: list[torch.Tensor]) -> torch.Tensor:
-    """Binary cross-entropy of the scores against the target keep-set, over AV tokens."""
-    scores = layout.gather(policy(batch.inputs_embeds, batch.modality), fill=0.0)
+    """Binary cross-entropy of the scores against the (graded) target, over AV tokens."""
+    return target_loss(layout.gather(policy(batch.inputs_embeds, batch.modality)), layout,
+                       targets)
+
+
+def target_loss(scores: torch.Tensor, layout: AVLayout, targets: list[torch.Tensor]):
+    """BCE of AV-axis scores [B, M] against the warmup targets (padding ignored)."""
+    scores = scores.masked_fill(layout.modality < 0, 0.0)
     labels = torch.zeros_like(scores)
     for row, target in enumerate(targets):
         labels[row, :len(target)] = target.to(labels)
@@ -180,24 +190,49 @@ def warmup_loss(policy, batch, layout: AVLayout, targets: list[torch.Tensor]) ->
     return F.binary_cross_entropy_with_logits(scores[present], labels[present])
 
 
+def training_retentions(cfg: TrainConfig) -> list[float]:
+    return list(cfg.train_retentions) or [cfg.retention]
+
+
+def draw_retention(cfg: TrainConfig, seed: int) -> float:
+    """The retention of one RL micro-batch, drawn from ``train_retentions`` by its seed."""
+    choices = training_retentions(cfg)
+    return choices[zlib.crc32(f"retention:{seed}".encode()) % len(choices)]
+
+
+def group_size(cfg: TrainConfig, budget: torch.Tensor) -> int:
+    """g: fixed, or ``g_fraction`` of the micro-batch's largest K (at least 2)."""
+    if cfg.g_fraction <= 0:
+        return cfg.g
+    return max(2, round(cfg.g_fraction * int(budget.max())))
+
+
 # ----------------------------------------------------------------------------------------------
 # RL + AVEX step
 # ----------------------------------------------------------------------------------------------
 
-def rl_loss(cfg: TrainConfig, policy, captioner, cider, batch, clips, seed: int) -> dict:
+def rl_loss(cfg: TrainConfig, policy, captioner, cider, batch, clips, seed: int,
+            retention: float | None = None, targets: list | None = None) -> dict:
+    """The losses of one micro-batch. ``cfg.anchors`` Gumbel-Top-K sets per clip; the
+    exchanges are built around the first; every keep-set is captioned in one generation.
+    With ``cfg.lambda_target`` > 0, the warmup's BCE on ``targets`` keeps the scores anchored
+    (their scale and the attention ranking) while the reward terms move them."""
     layout = AVLayout.of(batch.modality)
     scores = layout.gather(policy(batch.inputs_embeds, batch.modality))
-    budget = layout.budget(cfg.retention)
-    anchor_idx, log_prob = gumbel_topk(scores, budget, tau=cfg.tau, seed=seed)
+    budget = layout.budget(cfg.retention if retention is None else retention)
+    rows, width, count = scores.shape[0], scores.shape[1], cfg.anchors
+    indices, log_prob = gumbel_topk(scores.repeat_interleave(count, 0),
+                                    budget.repeat_interleave(count), tau=cfg.tau, seed=seed)
+    indices, log_prob = indices.view(rows, count, -1), log_prob.view(rows, count)
+    sets = indices_to_keep(indices, width)                                    # [B, A, M]
+    g = group_size(cfg, budget)
     if cfg.exchanges:
         if cfg.exchange_selection == "random":
-            exchanges = random_exchanges(scores, anchor_idx, layout.modality, cfg, seed)
+            exchanges = random_exchanges(scores, indices[:, 0], layout.modality, cfg, seed, g)
         else:
-            exchanges = build_exchanges(scores, anchor_idx, layout.modality, g=cfg.g,
+            exchanges = build_exchanges(scores, indices[:, 0], layout.modality, g=g,
                                         types=tuple(cfg.exchange_types))
-        sets = exchanges.sets()
-    else:
-        sets = indices_to_keep(anchor_idx, scores.shape[1])[:, None]
+        sets = torch.cat([sets, exchanges.keep], dim=1)
     captions = captioner.caption_keep_sets(batch.inputs_embeds, batch.modality, sets,
                                            num_beams=cfg.num_beams,
                                            max_new_tokens=cfg.max_new_tokens,
@@ -207,29 +242,48 @@ def rl_loss(cfg: TrainConfig, policy, captioner, cider, batch, clips, seed: int)
     refs = [clip.refs_av for clip in clips for _ in range(num_sets)]
     rewards = torch.as_tensor(100.0 * cider.score(flat, refs), dtype=torch.float32,
                               device=scores.device).view(-1, num_sets)
+    anchor_rewards, counterfactual = rewards[:, :count], rewards[:, count:]
     if cfg.exchanges:
-        terms = avex_objective(log_prob, rewards[:, 0], rewards[:, 1:], exchanges.delta_f,
-                               exchanges.valid, lambda_ex=cfg.lambda_ex, use_rl=cfg.rl,
+        terms = avex_objective(log_prob[:, 0], anchor_rewards[:, 0], counterfactual,
+                               exchanges.delta_f, exchanges.valid, lambda_ex=cfg.lambda_ex,
+                               use_rl=cfg.rl and cfg.rl_estimator == "paper",
                                normalize_rl=cfg.normalize_rl, set_size=budget)
         terms["valid_exchanges"] = exchanges.valid.float().mean(0)
+    elif cfg.rl_estimator == "paper":  # the set-level reward is the only signal: always on
+        rl = set_level_loss(log_prob[:, 0], anchor_rewards[:, 0]).mean()
+        terms = {"loss": rl, "rl": rl.detach()}
     else:
-        terms = {"loss": set_level_loss(log_prob, rewards[:, 0]).mean()}
-        terms["rl"] = terms["loss"].detach()
-    terms["reward"] = rewards[:, 0].mean()
+        terms = {"loss": torch.zeros((), device=scores.device)}
+    if cfg.rl_estimator == "rloo" and (cfg.rl or not cfg.exchanges):
+        rl = leave_one_out_loss(log_prob, anchor_rewards, budget).mean()
+        terms["loss"] = terms["loss"] + rl
+        terms["rl"] = rl.detach()
+    if cfg.lambda_target > 0:
+        if targets is None:
+            raise ValueError("lambda_target > 0 needs the warmup targets of the batch")
+        anchor = target_loss(scores, layout, targets)
+        terms["loss"] = terms["loss"] + cfg.lambda_target * anchor
+        terms["target"] = anchor.detach()
+    terms["reward"] = anchor_rewards[:, 0].mean()
+    terms["reward_spread"] = anchor_rewards.std(dim=1).mean() if count > 1 else \
+        torch.zeros(())
+    terms["retention"] = torch.tensor(float(cfg.retention if retention is None else retention))
     return terms
 
 
-def random_exchanges(scores, anchor_idx, modality, cfg: TrainConfig, seed: int):
+def random_exchanges(scores, anchor_idx, modality, cfg: TrainConfig, seed: int,
+                     g: int | None = None):
     """The "random exchange" ablation: the same number and size of exchanges, but G and G' are
     drawn uniformly at random (from seeded noise) instead of by lowest / highest score; delta F
-    is still sum s_G - sum s_G' of the policy's scores, so L_ex trains the same parameters."""
+    is still sum s_G - sum s_G' of the policy's scores, so L_ex trains the same parameters.
+    ``g``: the group size (default ``cfg.g``)."""
     # drawn on the scores' device (a CPU run draws exactly what it always did; a GPU run copies
     # nothing from the host)
     gen = torch.Generator(device=scores.device).manual_seed(
         zlib.crc32(f"random-exchange:{seed}".encode()))
     noise = torch.rand(scores.shape, generator=gen, dtype=torch.float32, device=scores.device)
     noise = noise.masked_fill(~torch.isfinite(scores.detach()), float("-inf"))
-    drawn = build_exchanges(noise, anchor_idx, modality, g=cfg.g,
+    drawn = build_exchanges(noise, anchor_idx, modality, g=cfg.g if g is None else g,
                             types=tuple(cfg.exchange_types))
     finite = scores.masked_fill(~torch.isfinite(scores), 0.0)
 
@@ -325,7 +379,8 @@ class Run:
         n = len(clips_train)
         if n == 0:
             raise ValueError(f"{data_path}: the train split is empty")
-        self.warmup_steps = math.ceil(cfg.warmup_epochs * n / cfg.batch_size)
+        self.warmup_steps = 0 if cfg.warmup_from else \
+            math.ceil(cfg.warmup_epochs * n / cfg.batch_size)
         self.rl_steps = 0 if cfg.warmup_only else math.ceil(cfg.epochs * n / cfg.batch_size)
 
         start_phase, start_step, saved = "warmup", 0, None
@@ -357,17 +412,17 @@ class Run:
         cfg = self.cfg
         optimizer = torch.optim.AdamW(_unwrap(model).parameters(), lr=cfg.warmup_lr,
                                       weight_decay=cfg.weight_decay)
+        # cosine decay: the late steps refine the ranking instead of jumping around it
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, cosine_with_warmup(max(1, self.warmup_steps), 0.0))
         if saved is not None:
             optimizer.load_state_dict(saved["optimizer"])
+            if saved.get("scheduler") is not None:
+                scheduler.load_state_dict(saved["scheduler"])
             set_rng_state(saved["rng"])
-        # full-token attention is computed once per (captioner, cache) and kept in the cache dir
-        if self.procs.main:
-            captioner.cached_text_to_av_attention(self.cache, "train", cache_dir=cfg.cache_dir,
-                                                  progress=cfg.progress)
-        self.procs.barrier()
-        attention = captioner.cached_text_to_av_attention(self.cache, "train",
-                                                          cache_dir=cfg.cache_dir)
-        targets = warmup_targets(attention, clips, cfg.retention)
+        if cfg.warmup_from:  # another run's warmup policy; no warmup steps here
+            _unwrap(model).load_state_dict(load_file(str(warmup_file(cfg.warmup_from))))
+        targets = self.targets(captioner, clips) if self.warmup_steps else []
         bar = self.steps_bar("warmup", start_step, self.warmup_steps)
         for step in bar:
             chunks = self.my_chunks(step, len(clips), "warmup")
@@ -384,10 +439,11 @@ class Run:
             total = float(total)
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             optimizer.step()
+            scheduler.step()
             bar.set_postfix(bce=f"{total:.3f}")
             self.log({"phase": "warmup", "step": step, "bce": total, "time": time.time()})
             if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < self.warmup_steps:
-                self.save(model, "warmup", step + 1, optimizer, None)
+                self.save(model, "warmup", step + 1, optimizer, scheduler)
         if self.procs.main:
             weights = {k: v.detach().cpu().contiguous()
                        for k, v in _unwrap(model).state_dict().items()}
@@ -397,6 +453,18 @@ class Run:
         # the RL phase starts from here on resume
         rl_optimizer, rl_scheduler = self.rl_optimizer(model)
         self.save(model, "rl", 0, rl_optimizer, rl_scheduler)
+
+    def targets(self, captioner, clips) -> list[torch.Tensor]:
+        """The warmup targets of the train clips (:func:`warmup_targets`)."""
+        cfg = self.cfg
+        # full-token attention is computed once per (captioner, cache) and kept in the cache dir
+        if self.procs.main:
+            captioner.cached_text_to_av_attention(self.cache, "train", cache_dir=cfg.cache_dir,
+                                                  progress=cfg.progress)
+        self.procs.barrier()
+        attention = captioner.cached_text_to_av_attention(self.cache, "train",
+                                                          cache_dir=cfg.cache_dir)
+        return warmup_targets(attention, clips, training_retentions(cfg))
 
     def rl_optimizer(self, model):
         cfg = self.cfg
@@ -414,6 +482,7 @@ class Run:
             scheduler.load_state_dict(saved["scheduler"])
             set_rng_state(saved["rng"])
         cider = CiderD(corpus_references=[c.refs_av for c in clips], tokenize=True)
+        targets = self.targets(captioner, clips) if cfg.lambda_target > 0 else None
         bar = self.steps_bar("RL + AVEX", start_step, self.rl_steps)
         for step in bar:
             chunks = self.my_chunks(step, len(clips), "rl")
@@ -424,9 +493,11 @@ class Run:
                 batch = captioner.embed(batch_clips)
                 chunk_id = step * (cfg.batch_size // cfg.micro_batch_size) + \
                     self.procs.rank + i * self.procs.world
+                seed = sample_seed(cfg.seed, step, chunk_id)
                 with _no_sync(model, last=i == len(chunks) - 1):
-                    terms = rl_loss(cfg, model, captioner, cider, batch, batch_clips,
-                                    sample_seed(cfg.seed, step, chunk_id))
+                    terms = rl_loss(cfg, model, captioner, cider, batch, batch_clips, seed,
+                                    draw_retention(cfg, seed),
+                                    None if targets is None else [targets[j] for j in chunk])
                     (terms["loss"] * len(chunk) * self.procs.world / cfg.batch_size).backward()
                 weight = len(chunk) / (cfg.batch_size / self.procs.world)
                 for name, value in terms.items():
@@ -446,6 +517,15 @@ class Run:
                 self.save(model, "rl", step + 1, optimizer, scheduler)
         self.save(model, "done", self.rl_steps, optimizer, scheduler)
 
+    def train_cacovid(self) -> Path:
+        """CaCoVID-AV for the final table: the registry's settings, this run's seed and warmup
+        policy (so only the training signal differs), in ``<run_dir>/cacovid``."""
+        run_dir = self.run_dir / "cacovid"
+        cfg = dataclasses.replace(self.cfg, run_dir=str(run_dir), warmup_from=str(self.run_dir),
+                                  evaluate=False, eval_methods=[], **METHODS["cacovid"].train)
+        with torch.enable_grad():  # called from evaluate(), which runs without gradients
+            return ensure_trained(cfg)
+
     @torch.no_grad()
     def evaluate(self, policy, captioner, cache, warmup_policy_path) -> dict:
         cfg = self.cfg
@@ -457,7 +537,15 @@ class Run:
         if warmup_policy_path.exists() and not cfg.warmup_only:
             warmup_policy = copy.deepcopy(policy)
             warmup_policy.load_state_dict(load_file(str(warmup_policy_path)))
-        methods = [(label("random"), random_selector(cfg.seed))]
+        methods = []
+        for name in cfg.eval_methods:
+            if name == "cacovid":
+                if cfg.warmup_only:
+                    continue
+                selector = policy_selector(load_policy(self.train_cacovid(), captioner))
+            else:
+                selector = make_selector(name, captioner=captioner, seed=cfg.seed)
+            methods.append((label(name), selector))
         if warmup_policy is not None:
             methods.append(("warmup only", policy_selector(warmup_policy)))
         methods.append((run_label(cfg), policy_selector(policy)))
@@ -479,6 +567,14 @@ class Run:
         return {"rows": rows, "table": table}
 
 
+def warmup_file(run_dir) -> Path:
+    """The warmup policy of a finished run directory (``--warmup-from``)."""
+    path = Path(run_dir) / "warmup_policy.safetensors"
+    if not path.is_file():
+        raise FileNotFoundError(f"warmup_from: no warmup policy at {str(path)!r}")
+    return path
+
+
 def run_label(cfg: TrainConfig) -> str:
     if cfg.warmup_only:
         return "warmup only (this run)"
@@ -486,8 +582,12 @@ def run_label(cfg: TrainConfig) -> str:
         return "set-level reward, no exchanges (this run)"
     if cfg.exchange_selection == "random":
         return "random exchanges (this run)"
-    objective = "L_RL + L_ex" if cfg.rl else "L_ex only"
-    return f"AVEX, {objective} (this run)"
+    terms = []
+    if cfg.rl:
+        terms.append("L_RL (RLOO)" if cfg.rl_estimator == "rloo" else "L_RL")
+    if cfg.lambda_ex > 0:
+        terms.append("L_ex")
+    return f"AVEX, {' + '.join(terms) or 'no loss'} (this run)"
 
 
 def results_table(rows: list[dict], caption: str) -> str:
@@ -595,6 +695,20 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> dict:
     """
     run = prepare_run(cfg, resume=resume)
     return {"run_dir": run.cfg.run_dir, **run.execute()}
+
+
+def ensure_trained(cfg: TrainConfig) -> Path:
+    """Train ``cfg`` unless ``cfg.run_dir`` already holds a finished run (then it is reused; an
+    unfinished one is resumed)."""
+    run_dir = Path(cfg.run_dir)
+    latest = latest_checkpoint(run_dir) if run_dir.exists() else None
+    if latest is not None:
+        state = read_state(latest)
+        if state.get("phase") != "done":
+            train(cfg, resume=True)
+    else:
+        train(cfg)
+    return run_dir
 
 
 def main(argv=None) -> dict:

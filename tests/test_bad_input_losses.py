@@ -3,7 +3,8 @@ defined values where a normalisation is undefined, and masked slots that hold Na
 import pytest
 import torch
 
-from avex.losses import avex_objective, exchange_loss, policy_gradient_loss, set_level_loss
+from avex.losses import (avex_objective, exchange_loss, leave_one_out_loss, policy_gradient_loss,
+                         set_level_loss)
 from badinput import INF, NAN, case, raises
 from conftest import requires_cuda
 
@@ -32,7 +33,19 @@ def pg(log_prob=None, anchor=None, cf=None, valid=None, **kw):
                                         VALID if valid is None else valid, **kw)
 
 
+def rloo(log_prob=None, rewards=None, set_size=None, anchors=4):
+    return lambda: leave_one_out_loss(t(B, anchors) if log_prob is None else log_prob,
+                                      t(B, anchors) if rewards is None else rewards,
+                                      torch.full((B,), 8) if set_size is None else set_size)
+
+
 LOSS_CASES = [
+    case("rloo one anchor", rloo(anchors=1), ValueError, "rewards has 1 anchor per sample; the leave-one-out baseline needs at least 2"),
+    case("rloo rewards NaN", rloo(rewards=t(B, 4, fill=NAN)), ValueError, "rewards must be finite"),
+    case("rloo rewards [B]", rloo(rewards=t(B)), ValueError, "rewards must be 2-D"),
+    case("rloo shapes differ", rloo(rewards=t(B, 3)), ValueError, r"rewards has shape \[2, 3\] but log_prob has \[2, 4\]"),
+    case("rloo set_size -1", rloo(set_size=torch.tensor([8, -1])), ValueError, "set_size must be >= 0, got -1"),
+    case("rloo set_size float", rloo(set_size=t(B)), TypeError, "set_size must be an integer tensor"),
     case("lambda_ex nan", objective(lambda_ex=NAN), ValueError, "lambda_ex must be a finite number >= 0, got nan"),
     case("lambda_ex inf", objective(lambda_ex=INF), ValueError, "lambda_ex must be a finite number >= 0, got inf"),
     case("lambda_ex -1", objective(lambda_ex=-1), ValueError, "lambda_ex must be a finite number >= 0, got -1"),

@@ -4,7 +4,8 @@ import math
 import pytest
 import torch
 
-from avex.losses import avex_objective, exchange_loss, exchange_weight, policy_gradient_loss
+from avex.losses import (avex_objective, exchange_loss, exchange_weight, leave_one_out_loss,
+                         policy_gradient_loss)
 
 
 def test_exchange_weight_is_linear_then_saturates():
@@ -64,3 +65,45 @@ def test_bad_shapes_and_lambda_are_rejected():
     with pytest.raises(ValueError, match="lambda_ex must be a finite number >= 0, got -1"):
         avex_objective(torch.ones(1), torch.ones(1), torch.ones(1, 2), torch.ones(1, 2),
                        torch.ones(1, 2, dtype=torch.bool), lambda_ex=-1)
+
+
+def test_leave_one_out_loss_by_hand():
+    """Anchor a's baseline is the mean of the clip's other anchors; advantages over the batch
+    std; log pi over K."""
+    log_prob = torch.tensor([[-4.0, -8.0, -2.0], [-6.0, -6.0, -6.0]], requires_grad=True)
+    rewards = torch.tensor([[30.0, 60.0, 30.0], [10.0, 10.0, 40.0]])
+    k = torch.tensor([2, 3])
+    # baselines: (60+30)/2, (30+30)/2, (30+60)/2 = 45, 30, 45; (10+40)/2, 25, 10
+    adv = torch.tensor([[-15.0, 30.0, -15.0], [-15.0, -15.0, 30.0]])
+    adv = adv / adv.std(unbiased=False)
+    scaled = log_prob.detach() / k[:, None]
+    by_hand = -(adv * scaled).mean(1)
+    loss = leave_one_out_loss(log_prob, rewards, k)
+    torch.testing.assert_close(loss, by_hand)
+    loss.sum().backward()
+    torch.testing.assert_close(log_prob.grad, -adv / k[:, None] / 3)
+
+
+def test_leave_one_out_baseline_ignores_the_anchors_own_reward():
+    """Raising one anchor's reward moves the other anchors' advantages, never its baseline:
+    its raw advantage grows by exactly the raise."""
+    log_prob = torch.zeros(1, 4, requires_grad=True)
+    rewards = torch.tensor([[10.0, 20.0, 30.0, 40.0]])
+    raised = rewards.clone()
+    raised[0, 0] += 12.0
+    grads = []
+    for r in (rewards, raised):
+        log_prob.grad = None
+        leave_one_out_loss(log_prob, r, torch.tensor([1])).sum().backward()
+        grads.append(log_prob.grad.clone())
+    # with one sample the std scale differs between the two; compare the unscaled advantages
+    raw = [-(g * 4) for g in grads]
+    scale = [(r - (r.sum() - r) / 3).std(unbiased=False) for r in (rewards, raised)]
+    before, after = raw[0] * scale[0], raw[1] * scale[1]
+    assert (after[0, 0] - before[0, 0]).item() == pytest.approx(12.0, rel=1e-5)
+    assert (after[0, 1:] - before[0, 1:]).tolist() == pytest.approx([-4.0] * 3, rel=1e-5)
+
+
+def test_leave_one_out_needs_two_anchors():
+    with pytest.raises(ValueError, match="rewards has 1 anchor per sample"):
+        leave_one_out_loss(torch.zeros(2, 1), torch.zeros(2, 1), torch.ones(2))

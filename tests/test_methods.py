@@ -177,3 +177,26 @@ def test_fastav_stage_shares(tiny):
         assert torch.equal(got, fastv), drop
     with pytest.raises(ValueError, match=r"stage1_drop must be in \[0, 1\], got 2"):
         make_selector("fastav", captioner=captioner, stage1_drop=2)
+
+
+def test_attention_av_keeps_the_most_attended_tokens_of_each_modality(tiny):
+    """Attention-AV: K_a = round(K Na / N) audio tokens, and within each modality every kept
+    token has at least the full-prefill text-to-AV attention of every dropped one."""
+    captioner, clips, _ = tiny
+    short = dataclasses.replace(clips[1], visual=clips[1].visual[:20], audio=clips[1].audio[:5])
+    rows = [clips[0], short, clips[2]]
+    batch = captioner.embed(rows)
+    layout = AVLayout.of(batch.modality)
+    attention = captioner.text_to_av_attention(batch)
+    for retention in (0.5, 0.3, 0.1):
+        keep = make_selector("attention", captioner=captioner)(batch, layout, retention)
+        budget = layout.budget(retention)
+        for row, clip in enumerate(rows):
+            nv, na = clip.n_visual, clip.n_audio
+            kv, ka = split_budget(int(budget[row]), nv, na)
+            kept, weights = keep[row, :nv + na], attention[row]
+            assert int(kept[:nv].sum()) == kv and int(kept[nv:].sum()) == ka
+            for span in (slice(0, nv), slice(nv, nv + na)):
+                k, w = kept[span], weights[span]
+                if k.any() and (~k).any():
+                    assert w[k].min() >= w[~k].max()

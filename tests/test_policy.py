@@ -3,7 +3,8 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from avex.policy import AVEXPolicy, PolicyConfig, _count_main, parameter_count
+from avex.policy import (AVEXPolicy, PolicyConfig, _count_main, parameter_count,
+                         position_features)
 from avex.pruning import AUDIO, PAD, TEXT, VISUAL
 
 
@@ -86,3 +87,32 @@ def test_bad_input_is_rejected():
     with pytest.raises(ValueError, match=r"hidden_size \(30\) must be divisible by num_heads"):
         PolicyConfig(input_size=8, hidden_size=30, num_heads=4)
     assert parameter_count(policy) > 0
+
+
+def test_position_features_count_within_each_modality():
+    _, modality = batch()
+    features = position_features(modality)
+    is_av = (modality == VISUAL) | (modality == AUDIO)
+    assert (features[~is_av] == 0).all()
+    # the last feature is the place within the modality: 0 first, 1 last, in order
+    fraction = features[..., -1]
+    for row in range(2):
+        for code, count in ((VISUAL, 6), (AUDIO, 3)):
+            expected = torch.arange(count, dtype=torch.float32) / (count - 1)
+            torch.testing.assert_close(fraction[row][modality[row] == code], expected)
+    # left padding shifts the sequence, not the features
+    torch.testing.assert_close(features[1][is_av[1]], features[0][is_av[0]])
+
+
+def test_positional_policy_tells_identical_tokens_apart():
+    """Equal embeddings at different places: the same score without the position features
+    (attention without positions is permutation-equivariant), different scores with them."""
+    embeds, modality = batch()
+    embeds[modality == VISUAL] = embeds[0, 3].clone()
+    visual = modality[0] == VISUAL
+    for positional, differ in ((False, False), (True, True)):
+        torch.manual_seed(0)
+        policy = AVEXPolicy.from_llm(tiny_llm(), positional=positional).eval()
+        with torch.no_grad():
+            scores = policy(embeds, modality)[0][visual]
+        assert bool((scores.max() - scores.min()).abs() > 1e-5) == differ, positional

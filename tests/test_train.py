@@ -40,8 +40,9 @@ def final_weights(run_dir) -> dict:
 def test_tiny_end_to_end_run(cache_dir, tmp_path):
     results = main(tiny_args(cache_dir, tmp_path / "run", "--eval-retentions", "0.4"))
     methods = [(row["method"], row["retention"]) for row in results["rows"]]
-    assert methods == [("Full tokens", 1.0), ("Random", 0.4), ("warmup only", 0.4),
-                       ("AVEX, L_ex only (this run)", 0.4)]
+    assert methods == [("Full tokens", 1.0), ("Random", 0.4), ("Attention-AV (balanced)", 0.4),
+                       ("CaCoVID-AV", 0.4), ("warmup only", 0.4),
+                       ("AVEX, L_RL (RLOO) + L_ex (this run)", 0.4)]
     assert results["rows"][0]["C_av"] > 0  # the captioner says something sensible
     log = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
     rl = [r for r in log if r["phase"] == "rl"]
@@ -49,6 +50,20 @@ def test_tiny_end_to_end_run(cache_dir, tmp_path):
     assert any(r["reward"] > 0 for r in rl)
     assert (tmp_path / "run" / "results.md").read_text().startswith("Results on the test split")
     assert json.loads((tmp_path / "run" / "config.json").read_text())["g"] == 8
+    # every RL micro-batch draws its retention from train_retentions; each captions
+    # 4 anchors + 4 exchanges per clip in one call
+    # (the log holds each step's mean over its micro-batches)
+    drawn = {round(r["retention"], 6) for r in rl}
+    assert len(drawn) > 1 and all(0.1 <= r <= 0.5 for r in drawn)
+    assert all(r["reward_spread"] >= 0 for r in rl)
+    # CaCoVID-AV: its own run from this run's warmup policy, one anchor, set-level reward
+    cacovid = json.loads((tmp_path / "run" / "cacovid" / "config.json").read_text())
+    assert (cacovid["exchanges"], cacovid["anchors"], cacovid["rl_estimator"]) == \
+        (False, 1, "paper")
+    assert cacovid["warmup_from"] == str(tmp_path / "run")
+    warm = load_file(str(tmp_path / "run" / "warmup_policy.safetensors"))
+    warm_c = load_file(str(tmp_path / "run" / "cacovid" / "warmup_policy.safetensors"))
+    assert all(torch.equal(warm[k], warm_c[k]) for k in warm)
 
 
 def test_run_finishes_without_java_and_pycocoevalcap(cache_dir, tmp_path, monkeypatch):
@@ -76,6 +91,12 @@ def test_run_finishes_without_java_and_pycocoevalcap(cache_dir, tmp_path, monkey
     (["--captioner", "/no/such/model"], "captioner: no model directory"),
     (["--batch-size", "6"], r"batch_size \(6\) must be a multiple"),
     (["--benchmark-preset", "huge"], "benchmark_preset must be one of"),
+    (["--rl-estimator", "ppo"], "rl_estimator must be one of .* got 'ppo'"),
+    (["--anchors", "1"], r"anchors must be >= 2 with rl_estimator='rloo'"),
+    (["--train-retentions", "0.2,1.5"], r"train_retentions must be in \(0, 1\], got 1.5"),
+    (["--eval-methods", "random,avex"], "eval_methods must be one of .* got 'avex'"),
+    (["--warmup-from", "/no/such/run"], "warmup_from: no warmup_policy"),
+    (["--g-fraction", "2"], r"g_fraction must be in \[0, 1\], got 2"),
 ])
 def test_bad_config_fails_before_any_work(cache_dir, tmp_path, capsys, flags, match):
     """A usage error (exit 2, no traceback) before the run directory exists; more cases in

@@ -9,10 +9,9 @@ import numpy as np
 
 from avex.assets import resolve_asset_paths
 from avex.captioner import FrozenCaptioner
-from avex.checkpoint import latest_checkpoint, read_state
 from avex.config import TrainConfig, build_parser, resolve_config
 from avex.data import FeatureCache
-from avex.train import train
+from avex.train import ensure_trained  # noqa: F401  (the experiments' one entry)
 
 
 def load_assets(args):
@@ -45,20 +44,6 @@ def base_train_config(args) -> TrainConfig:
                                captioner_preset=args.captioner_preset,
                                cache_dir=None if args.cache_dir is None else str(args.cache_dir),
                                progress=args.progress and cfg.progress, evaluate=False)
-
-
-def ensure_trained(cfg: TrainConfig) -> Path:
-    """Train ``cfg`` unless ``cfg.run_dir`` already holds a finished run (then it is reused; an
-    unfinished one is resumed)."""
-    run_dir = Path(cfg.run_dir)
-    latest = latest_checkpoint(run_dir) if run_dir.exists() else None
-    if latest is not None:
-        state = read_state(latest)
-        if state.get("phase") != "done":
-            train(cfg, resume=True)
-    else:
-        train(cfg)
-    return run_dir
 
 
 def fmt(values, digits=1):

@@ -31,14 +31,16 @@ def shared_across_seeds(method: str, args) -> bool:
     return not METHODS[method].seeded
 
 
-def policy_for(args, method: str, seed: int, captioner, out: Path):
-    """(policy, run_dir, seed_of_run) for a trained method (AVEX-Prune, CaCoVID-AV)."""
+def policy_for(args, method: str, seed: int, captioner, out: Path, warmup_from=None):
+    """(policy, run_dir, seed_of_run) for a trained method (AVEX-Prune, CaCoVID-AV);
+    ``warmup_from``: a run of the same seed whose warmup policy it starts from."""
     given = getattr(args, f"{method}_run")
     if given is not None:
         run_dir = Path(given)
     else:
         cfg = dataclasses.replace(base_train_config(args), seed=seed,
                                   run_dir=str(out / "runs" / f"{method}-seed{seed}"),
+                                  warmup_from=None if warmup_from is None else str(warmup_from),
                                   **METHODS[method].train)
         run_dir = ensure_trained(cfg)
     run_seed = json.loads((run_dir / "config.json").read_text()).get("seed")
@@ -158,7 +160,8 @@ def run_sweep(args) -> dict:
                            "runs": {m: {str(s): str(v[1]) for s, v in p.items()}
                                     for m, p in policies.items()}},
               "seconds": round(seconds, 1), "command": "python -m avex.evaluate " +
-              " ".join(sys.argv[1:]) if sys.argv and "avex.evaluate" in sys.argv[0] else None}
+              " ".join(sys.argv[1:]) if sys.argv and Path(sys.argv[0]).parent.name == "evaluate"
+              else None}
     table = sweep_table(agg, bool(transfer))
     header = (f"# Pruning comparison ({args.split} split, {len(test)} clips"
               + (f"; transfer split, {len(transfer)} clips" if transfer else "") + ")")
@@ -177,13 +180,19 @@ def train_policies(args, captioner, out: Path) -> dict:
     """method -> seed -> (policy, run_dir, seed_of_run) for the trained methods of the sweep:
     one given run for every seed, or one training run per seed."""
     policies: dict = {}
-    for method in trained_methods(args.methods):
+    # AVEX-Prune first: the other trained methods of a seed start from its warmup policy, so
+    # that they differ from it only in the training signal (and the warmup runs once)
+    methods = sorted(trained_methods(args.methods), key=lambda m: m != "avex")
+    for method in methods:
         if getattr(args, f"{method}_run") is not None:
             one = policy_for(args, method, args.seeds[0], captioner, out)
             policies[method] = {seed: one for seed in args.seeds}
-        else:
-            policies[method] = {seed: policy_for(args, method, seed, captioner, out)
-                                for seed in args.seeds}
+            continue
+        policies[method] = {}
+        for seed in args.seeds:
+            shared = policies.get("avex", {}).get(seed) if method != "avex" else None
+            warmup_from = None if shared is None or args.avex_run is not None else shared[1]
+            policies[method][seed] = policy_for(args, method, seed, captioner, out, warmup_from)
     return policies
 
 

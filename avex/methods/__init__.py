@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from avex.methods.attention import attention_selector
 from avex.methods.fastav import fastav_selector
 from avex.methods.fastv import fastv_selector
 from avex.methods.learned import load_policy, policy_selector
@@ -41,7 +42,10 @@ METHODS = {
     "fastv": Method("FastV-AV", ("captioner",)),
     "tome": Method("ToMe-AV"),
     "fastav": Method("FastAV", ("captioner",)),
-    "cacovid": Method("CaCoVID-AV", ("policy",), seeded=True, train={"exchanges": False}),
+    "attention": Method("Attention-AV (balanced)", ("captioner",)),
+    # CaCoVID's recipe: one sampled set per clip, set-level REINFORCE (batch leave-one-out)
+    "cacovid": Method("CaCoVID-AV", ("policy",), seeded=True,
+                      train={"exchanges": False, "rl_estimator": "paper", "anchors": 1}),
     "avex": Method("AVEX-Prune", ("policy",), seeded=True, train={}),
 }
 #: the methods that select a subset (every one but "full")
@@ -56,8 +60,9 @@ def label(name: str) -> str:
 def make_selector(name: str, *, captioner=None, policy=None, seed: int = 0, **options):
     """A selector for method ``name`` (one of :data:`SELECTORS`).
 
-    ``captioner`` (a :class:`~avex.captioner.FrozenCaptioner`) is needed by FastV-AV and
-    FastAV, ``policy`` (an :class:`~avex.policy.AVEXPolicy`) by CaCoVID-AV and AVEX-Prune;
+    ``captioner`` (a :class:`~avex.captioner.FrozenCaptioner`) is needed by FastV-AV, FastAV
+    and Attention-AV, ``policy`` (an :class:`~avex.policy.AVEXPolicy`) by CaCoVID-AV and
+    AVEX-Prune;
     ``seed`` seeds Random; ``options`` go to the method's constructor."""
     if name not in SELECTORS:
         raise ValueError(f"method must be one of {list(SELECTORS)}, got {name!r}")
@@ -74,9 +79,12 @@ def make_selector(name: str, *, captioner=None, policy=None, seed: int = 0, **op
         return tome_selector(captioner=captioner, **options)
     if name == "fastav":
         return fastav_selector(captioner, **options)
+    if name == "attention":
+        return attention_selector(captioner, **options)
     return policy_selector(policy, **options)
 
 
 __all__ = ["Method", "METHODS", "SELECTORS", "Selection", "label", "make_selector",
            "random_selector", "fastv_selector", "tome_selector", "fastav_selector",
+           "attention_selector",
            "policy_selector", "load_policy"]

@@ -60,7 +60,9 @@ def load_policy(run_dir, captioner, *, checkpoint: str = "latest"):
         weights = run_dir / "checkpoints" / checkpoint / POLICY_FILE
     if not weights.is_file():
         raise FileNotFoundError(f"run_dir: no policy weights at {weights}")
+    # runs from before the positional input have no policy_positional setting
     policy = AVEXPolicy.from_llm(captioner.model, hidden_size=cfg.get("policy_hidden"),
-                                 init_from_llm=False)
+                                 init_from_llm=False,
+                                 positional=cfg.get("policy_positional", False))
     load_weights(policy, weights)
     return policy.to(captioner.device).eval()

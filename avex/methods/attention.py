@@ -1,0 +1,39 @@
+"""Attention-AV (balanced): the full-token prefill's text-to-AV attention, ranked within each
+modality at the per-modality split K_a = round(K Na / N).
+
+This is the selection the AVEX policy's warmup imitates
+(:func:`avex.selection.balanced_attention_keep`), applied at inference: every clip first runs a
+full-token prefill with eager attention (``FrozenCaptioner.text_to_av_attention``: the weight
+from the prompt-suffix text tokens to each AV token, averaged over layers, heads and queries),
+so its cost includes that prefill on top of the pruned one. It needs the frozen captioner and
+no training.
+"""
+from __future__ import annotations
+
+import torch
+
+from avex import _checks
+from avex.modality import AUDIO, VISUAL
+from avex.selection import balanced_attention_keep
+
+
+def attention_selector(captioner):
+    """Balanced text-to-AV attention selection (K_a = round(K Na / N), top attention within
+    each modality)."""
+    @torch.no_grad()
+    def select(batch, layout, retention):
+        retention = _checks.ratio("retention", retention)
+        attention = captioner.text_to_av_attention(batch)
+        keep = torch.zeros(layout.modality.shape, dtype=torch.bool)
+        for row, weights in enumerate(attention):
+            modality = layout.modality[row].cpu()
+            n_visual = int((modality == VISUAL).sum())
+            n_audio = int((modality == AUDIO).sum())
+            # balanced_attention_keep reads video then audio, the order the captioner lays out
+            if not bool((modality[:n_visual] == VISUAL).all()):
+                raise ValueError(f"row {row}: Attention-AV needs the visual tokens before the "
+                                 "audio tokens on the AV axis")
+            keep[row, :n_visual + n_audio] = balanced_attention_keep(
+                weights.float().cpu(), n_visual, n_audio, retention)
+        return keep.to(layout.modality.device)
+    return select
