@@ -143,8 +143,8 @@ def _topk_inference(scores, k, tau, backend):
     dtype = compute_dtype(scores.dtype)
     key = values if values.dtype == dtype else values.to(dtype)
     key = key - key[:, :1]
-    if tau != 1:
-        key = key / tau
+    if tau != 1:  # by a tensor, as the reference: CUDA multiplies by 1/tau for a Python float
+        key = key / torch.full_like(key, tau)
     if kmax == width:  # nothing ranks below the K-th: compare it with -inf
         key = torch.cat([key, key.new_full((batch, 1), float("-inf"))], dim=1)
     # [B, kmax]: < 0 where the key falls; 0 at a tie; NaN where a key is NaN or two are -inf

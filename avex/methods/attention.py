@@ -29,11 +29,9 @@ def attention_selector(captioner):
             modality = layout.modality[row].cpu()
             n_visual = int((modality == VISUAL).sum())
             n_audio = int((modality == AUDIO).sum())
-            # balanced_attention_keep reads video then audio, the order the captioner lays out
-            if not bool((modality[:n_visual] == VISUAL).all()):
-                raise ValueError(f"row {row}: Attention-AV needs the visual tokens before the "
-                                 "audio tokens on the AV axis")
+            # the AV axis is in sequence order: video then audio, or interleaved (Qwen2.5-Omni)
             keep[row, :n_visual + n_audio] = balanced_attention_keep(
-                weights.float().cpu(), n_visual, n_audio, retention)
+                weights.float().cpu(), n_visual, n_audio, retention,
+                av_modality=modality[:n_visual + n_audio])
         return keep.to(layout.modality.device)
     return select
