@@ -10,8 +10,9 @@ from avex.methods import load_policy, make_selector
 from avex.progress import progress_bar
 from avex.scoring import caption_split, score_captions
 from avex.tables import markdown_table
+from avex.train import ensure_trained
 
-from .common import base_train_config, ensure_trained, load_assets, split_clips
+from .common import base_train_config, load_assets, split_clips
 
 #: Table 3's rows: name -> (label, V-V, A-A, V-A, A-V marks, TrainConfig settings)
 ABLATIONS = {

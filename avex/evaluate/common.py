@@ -11,7 +11,6 @@ from avex.assets import resolve_asset_paths
 from avex.captioner import FrozenCaptioner
 from avex.config import TrainConfig, build_parser, resolve_config
 from avex.data import FeatureCache
-from avex.train import ensure_trained  # noqa: F401  (the experiments' one entry)
 
 
 def load_assets(args):

@@ -10,7 +10,6 @@ import numpy as np
 
 from avex.progress import progress_bar
 from avex.reward import CiderD
-from avex.tables import markdown_table
 
 from . import gates
 from .common import fmt, load_assets, percent, save_figure, split_clips

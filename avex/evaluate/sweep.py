@@ -13,9 +13,9 @@ from avex.methods import METHODS, SELECTORS, label, load_policy, make_selector
 from avex.progress import progress_bar
 from avex.scoring import caption_split, keep_all, score_captions
 from avex.tables import markdown_table
+from avex.train import ensure_trained
 
-from .common import (base_train_config, ensure_trained, fmt, load_assets, save_figure,
-                     split_clips)
+from .common import base_train_config, fmt, load_assets, save_figure, split_clips
 
 RETENTIONS = (0.5, 0.4, 0.3, 0.2, 0.1)
 
