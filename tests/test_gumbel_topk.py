@@ -2,6 +2,7 @@
 import importlib
 import math
 import os
+import warnings
 from types import SimpleNamespace
 
 import pytest
@@ -307,6 +308,23 @@ def test_inference_fast_path_sees_ties_the_shift_creates():
     assert torch.equal(idx, reference_indices(scores, 3, None, 1.0))
     scores = torch.tensor([[9e-4, 1e-3, 1e4, -5.0]])   # lower index is the smaller score
     assert gumbel_topk(scores, 2, sample=False)[0].tolist() == [[2, 0]]
+
+
+def test_inference_fast_path_check_is_quiet_on_infinities_and_nan():
+    # the check runs in NumPy, which warns on inf - inf; a user's warnings filter must not
+    # turn a padded or degenerate row into an exception
+    inf, nan = float("inf"), float("nan")
+    rows = {"+inf": [[inf, 1.0, 0.0, -1.0]], "all -inf": [[-inf] * 4],
+            "-inf padding": [[2.0, -inf, -inf, 1.0]], "nan": [[nan, 1.0, 0.0, -1.0]]}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for name, row in rows.items():
+            for k in (1, 2, 4):
+                got = gt._topk_inference(torch.tensor(row), k, 0.7, "auto")
+                if name == "-inf padding" and k < 4:   # two selectable tokens
+                    assert got.tolist() == [[0, 3][:k]], (name, k)
+                else:   # a NaN key, or fewer than K selectable: the general path decides
+                    assert got is None, (name, k)
 
 
 def test_log_prob_output_on_each_path():
