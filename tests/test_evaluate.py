@@ -3,6 +3,7 @@ given runs with several seeds), Rel. as the paper defines it, the motivation fig
 arguments."""
 import json
 
+import numpy as np
 import pytest
 
 from avex.methods import METHODS, SELECTORS
@@ -127,17 +128,34 @@ def test_ablation_trains_variants_and_reuses_given_runs(trained_sweep, cache_dir
                                      "--train-args", TRAIN, "--run",
                                      f"full={first / 'runs' / 'avex-seed0'}")])
     assert [r["variant"] for r in result["rows"]] == ["warmup", "random", "full"]
-    assert not (tmp_path / "runs" / "full").exists()
-    cfg = json.loads((tmp_path / "runs" / "random" / "config.json").read_text())
+    runs = tmp_path / "runs" / "seed0"
+    assert not (runs / "full").exists()
+    cfg = json.loads((runs / "random" / "config.json").read_text())
     assert (cfg["exchange_selection"], cfg["exchange_types"], cfg["retention"]) == \
         ("random", ["va", "av"], 0.2)
-    assert json.loads((tmp_path / "runs" / "warmup" / "config.json").read_text())["warmup_only"]
+    assert cfg["warmup_from"] == str(runs / "warmup")   # the seed's one warmup
+    assert json.loads((runs / "warmup" / "config.json").read_text())["warmup_only"]
     md = (tmp_path / "ablation.md").read_text()
     assert "| Random exchange | ✗ | ✗ | mixed | mixed |" in md
     assert all(r["C_av"] >= 0 for r in result["rows"])
     exits_with_usage_error(main, ["ablation", *tiny(cache_dir, tmp_path / "x", "--run",
                                                     "nope=/tmp")], "--run must be VARIANT=DIR",
                            capsys)
+
+
+def test_ablation_over_seeds_reports_mean_and_std(trained_sweep, cache_dir, tmp_path):
+    result = main(["ablation", *tiny(cache_dir, tmp_path, "--variants", "warmup,vv",
+                                     "--train-args", TRAIN, "--seeds", "0,1")])
+    assert [(r["variant"], r["seed"]) for r in result["rows"]] == \
+        [("warmup", 0), ("vv", 0), ("warmup", 1), ("vv", 1)]
+    for seed in (0, 1):
+        cfg = json.loads((tmp_path / "runs" / f"seed{seed}" / "vv" / "config.json").read_text())
+        assert (cfg["seed"], cfg["warmup_from"]) == \
+            (seed, str(tmp_path / "runs" / f"seed{seed}" / "warmup"))
+    vv = [r["C_av"] for r in result["rows"] if r["variant"] == "vv"]
+    line = next(x for x in (tmp_path / "ablation.md").read_text().splitlines()
+                if x.startswith("| V-to-V only"))
+    assert f"{np.mean(vv):.1f} ± {np.std(vv):.1f}" in line and line.endswith("| 0,1 |")
 
 
 def test_random_exchanges_keep_delta_f_on_the_policy_scores():

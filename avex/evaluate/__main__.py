@@ -141,7 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
     abl.add_argument("--variants", type=_variants, default=list(ABLATIONS))
     abl.add_argument("--retention", type=float, default=0.2,
                      help="training and evaluation retention (default 0.2)")
-    abl.add_argument("--seed", type=int, default=0)
+    abl.add_argument("--seeds", type=_int_list("seeds"), default=[0],
+                     help="training seeds, comma-separated: mean ± std over them")
     abl.add_argument("--split", default="test")
     abl.add_argument("--run", action="append", default=[], metavar="VARIANT=DIR",
                      help="reuse a trained run for a variant (repeatable), e.g. full=runs/x")
@@ -227,6 +228,13 @@ def _captioner_depth(args) -> int | None:
         return None  # not built yet, or not a plain config: checked once it is loaded
 
 
+def _check_seeds(seeds) -> None:
+    for seed in seeds:
+        _checks.int_at_least("seeds", seed, 0)
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds has duplicates: {seeds}")
+
+
 def check_args(args) -> None:
     """Check (and normalise ``--run``) the parsed flags of any subcommand."""
     if args.device is not None:
@@ -268,10 +276,7 @@ def check_args(args) -> None:
     except (ValueError, TypeError, OSError) as err:
         raise ValueError(f"--train-args: {err}") from None
     if args.command == "sweep":
-        for seed in args.seeds:
-            _checks.int_at_least("seeds", seed, 0)
-        if len(set(args.seeds)) != len(args.seeds):
-            raise ValueError(f"seeds has duplicates: {args.seeds}")
+        _check_seeds(args.seeds)
         _split("transfer_split", args.transfer_split, "none")
         _checks.optional_int_at_least("fastv_layer", args.fastv_layer, 1)
         depth = _captioner_depth(args)
@@ -281,7 +286,7 @@ def check_args(args) -> None:
         _checks.int_at_least("qualitative", args.qualitative, 0)
     if args.command == "ablation":
         _checks.ratio("retention", args.retention)
-        _checks.int_at_least("seed", args.seed, 0)
+        _check_seeds(args.seeds)
         runs = {}
         for item in args.run:
             name, sep, path = item.partition("=")
@@ -291,6 +296,9 @@ def check_args(args) -> None:
             if not Path(path).is_dir():
                 raise FileNotFoundError(f"--run {name}: no run directory at {path!r}")
             runs[name] = Path(path)
+        if runs and len(args.seeds) > 1:
+            raise ValueError(f"--run reuses one run per variant, so it takes one seed; got "
+                             f"seeds {args.seeds}")
         args.run = runs
     if args.command == "motivation":
         _checks.ratio("base_retention", args.base_retention)
