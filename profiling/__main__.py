@@ -17,7 +17,8 @@ def main(argv=None) -> int:
     p.add_argument("--retention", type=float, default=d.retention, help="rho in (0, 1]")
     p.add_argument("--methods", default=",".join(d.methods),
                    help=f"comma-separated, from {list(METHODS)} (fastv: FastV-AV, tome: "
-                        "ToMe-AV, fastav: FastAV, as avex.baselines runs them)")
+                        "ToMe-AV, fastav: FastAV, attention: Attention-AV (balanced), as "
+                        "avex.methods runs them)")
     p.add_argument("--visual-tokens", type=int, default=d.visual_tokens)
     p.add_argument("--audio-tokens", type=int, default=d.audio_tokens)
     p.add_argument("--text-before", type=int, default=d.text_before,

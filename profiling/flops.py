@@ -14,10 +14,12 @@ What fvcore does not count by itself gets a handle here:
   ``torch.library`` custom ops, so a traced pipeline shows them as single nodes. Their formulas:
   selection counts one comparison per element per sort stage, B * M * ceil(log2 M); compaction
   is a gather with no arithmetic, 0 flops.
-* ``aten::sort`` (the baselines' rankings): the same formula as ``avex::topk_select``.
+* ``aten::sort`` and ``aten::topk`` (the baselines' rankings): the same formula as
+  ``avex::topk_select``.
 
 The baselines of :mod:`avex.methods` are counted by tracing their selectors as they are
-(:func:`fastv_flops`, :func:`tome_flops`, :func:`fastav_flops`), each next to a hand count.
+(:func:`fastv_flops`, :func:`tome_flops`, :func:`fastav_flops`, :func:`attention_flops`), each
+next to a hand count.
 
 Real sizes cost no full model: :func:`backbone_flops` traces the model built with 1 and with 2
 decoder layers (random weights, real width and vocabulary), and extrapolates exactly: every
@@ -39,12 +41,12 @@ from torch import nn
 
 from avex.kernels import compact as _compact
 from avex.kernels import gumbel_topk as _gumbel_topk
-from avex.methods import fastav_selector, fastv_selector, tome_selector
+from avex.methods import attention_selector, fastav_selector, fastv_selector, tome_selector
 from avex.methods.fastav import attention_rollout
 from avex.modality import AUDIO, VISUAL
 from avex.selection import AVLayout, num_kept, split_budget
 
-from .methods import FASTAV_STAGE1_DROP, av_batch
+from .methods import FASTAV_STAGE1_DROP, AttentionSource, av_batch
 
 UNIT = "fvcore flops (1 multiply-add = 1 flop, i.e. MACs)"
 
@@ -116,6 +118,15 @@ def _sort_flops(inputs, outputs) -> Counter:
     return Counter({"sort": math.prod(shape) * max(1, math.ceil(math.log2(max(m, 2))))})
 
 
+def _topk_flops(inputs, outputs) -> Counter:
+    # topk(self, k, dim, largest, sorted) ranks like a sort along dim (Attention-AV's per-modality
+    # ranking); dim is its second int
+    shape = _shape(inputs[0])
+    dim = inputs[2].toIValue() if len(inputs) > 2 else -1
+    m = shape[dim if type(dim) is int else -1] if shape else 1
+    return Counter({"sort": math.prod(shape) * max(1, math.ceil(math.log2(max(m, 2))))})
+
+
 def _zero(name):
     return lambda inputs, outputs: Counter({name: 0})
 
@@ -136,6 +147,7 @@ HANDLES = {
     "avex::topk_select": _topk_select_flops,
     "avex::compact": _zero("compact"),
     "aten::sort": _sort_flops,
+    "aten::topk": _topk_flops,
 }
 
 # Elementwise ops fvcore leaves out on purpose (norms, activations, rotary, masks): O(L * D)
@@ -372,9 +384,10 @@ def selection_flops(num_av: int) -> int:
 class _Selector(nn.Module):
     """A selector of :mod:`avex.methods` on one batch-1 sequence, for fvcore.
 
-    It returns the keep-set, ToMe-AV's merged embeddings, and the last hidden state of every
-    decoder pass the selector runs: a trace drops work whose result is unused, and the
-    selectors run whole decoder passes but read only their attention maps.
+    It returns the keep-set, ToMe-AV's merged embeddings, the last hidden state of every
+    decoder pass the selector runs and the logits of every whole-model pass (Attention-AV's
+    prefill computes them): a trace drops work whose result is unused, and the selectors run
+    whole passes but read only their attention maps.
     """
 
     def __init__(self, selector, modality, retention, model=None):
@@ -386,15 +399,17 @@ class _Selector(nn.Module):
 
     def forward(self, inputs_embeds):
         passes = []
-        hook = None
+        hooks = []
         if self.model is not None:
-            hook = self.model.get_decoder().register_forward_hook(
-                lambda module, args, out: passes.append(out.last_hidden_state))
+            hooks = [self.model.get_decoder().register_forward_hook(
+                         lambda module, args, out: passes.append(out.last_hidden_state)),
+                     self.model.register_forward_hook(
+                         lambda module, args, out: passes.append(out.logits))]
         try:
             out = self.selector(av_batch(inputs_embeds, self.modality), self.layout,
                                 self.retention)
         finally:
-            if hook is not None:
+            for hook in hooks:
                 hook.remove()
         if isinstance(out, tuple):   # ToMe-AV: Selection(keep, merged inputs_embeds)
             return (out.keep, out.inputs_embeds, *passes)
@@ -496,3 +511,21 @@ def tome_flops(config, modality, retention: float) -> SelectionFlops:
             n -= min(n - target, src)
             rounds += 1
     return SelectionFlops(fv, analytic, dict(rounds=rounds))
+
+
+def attention_flops(models: tuple, config, modality, retention: float) -> SelectionFlops:
+    """Attention-AV's selection (``avex.methods.attention``): a full-token prefill of the whole
+    model with eager attention (dense Q K^T and A V in every layer; the LM head over every
+    position, since the captioner's ``text_to_av_attention`` calls the model), then a sort
+    within each modality. Traced on the 1- and 2-layer ``models`` and extrapolated."""
+
+    n = _layers(config)
+    counts = [selector_count(attention_selector(AttentionSource(m)), modality, retention,
+                             config.hidden_size, m).total for m in models]
+    fv = counts[0] + (n - 1) * (counts[1] - counts[0])
+    nv, na, _ = _av_counts(modality)
+    length = modality.shape[1]
+    analytic = n * analytic_layer_flops(config, length, causal=False) \
+        + length * config.hidden_size * config.vocab_size \
+        + selection_flops(nv) + selection_flops(na)
+    return SelectionFlops(fv, analytic, dict(layers=n, prefill_tokens=length))

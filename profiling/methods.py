@@ -2,14 +2,16 @@
 
 * ``full``: every token; ``avex``: the policy's scores, Top-K and compaction
   (:func:`avex.prune_inputs`);
-* ``fastv``, ``tome``, ``fastav``: the selectors of :mod:`avex.methods`, called on a batch-1
-  :class:`~avex.captioner.frozen.AVBatch`, then the same compaction.
+* ``fastv``, ``tome``, ``fastav``, ``attention``: the selectors of :mod:`avex.methods`, called
+  on a batch-1 :class:`~avex.captioner.frozen.AVBatch`, then the same compaction.
 
 FastV-AV gets a copy of the LLM cut to its first K layers (weights shared, not copied):
 ``avex.methods._attention`` runs every layer of the model it is given, and the attention of
 layer K-1 does not depend on the layers after it, so the cut model selects the same tokens for
 K layers' work instead of all of them. FastAV needs the attention of the last layer, so it gets
 the whole model (and its stage 1 runs every layer too, though it reads only the first E).
+Attention-AV runs the whole model too: its full-token prefill with eager attention, through the
+frozen captioner's own ``text_to_av_attention``.
 """
 from __future__ import annotations
 
@@ -19,12 +21,13 @@ import types
 import torch
 
 from avex.modality import AUDIO, VISUAL
-from avex.captioner import AVBatch
-from avex.methods import fastav_selector, fastv_selector, label, tome_selector
+from avex.captioner import AVBatch, FrozenCaptioner
+from avex.methods import (attention_selector, fastav_selector, fastv_selector, label,
+                          tome_selector)
 from avex.pruning import expand_av_keep, prune_inputs
 from avex.selection import AVLayout
 
-METHODS = ("full", "avex", "fastv", "tome", "fastav")
+METHODS = ("full", "avex", "fastv", "tome", "fastav", "attention")
 NAMES = {m: label(m) for m in METHODS}   # the labels of avex.methods' registry
 FASTV_LAYER = 2   # avex.methods.fastv's default K
 FASTAV_STAGE1_DROP = 0.5   # avex.methods.fastav's default, passed explicitly to it
@@ -54,6 +57,16 @@ def first_layers(model, layers: int):
     return cut
 
 
+class AttentionSource:
+    """A bare LLM with the one captioner method Attention-AV calls: the frozen captioner's own
+    ``text_to_av_attention`` (on an AVBatch it reads only ``self.model``)."""
+
+    text_to_av_attention = FrozenCaptioner.text_to_av_attention
+
+    def __init__(self, model):
+        self.model = model
+
+
 def baseline_selector(method: str, model, *, fastv_layer: int = FASTV_LAYER, **options):
     """The :mod:`avex.methods` selector for ``method`` on ``model`` (see the module
     docstring for the model each one is given)."""
@@ -67,7 +80,10 @@ def baseline_selector(method: str, model, *, fastv_layer: int = FASTV_LAYER, **o
         return fastav_selector(types.SimpleNamespace(model=model), **options), model
     if method == "tome":
         return tome_selector(**options), None
-    raise ValueError(f"method: {method!r} is not a baseline; baselines: fastv, tome, fastav")
+    if method == "attention":
+        return attention_selector(AttentionSource(model), **options), model
+    raise ValueError(f"method: {method!r} is not a baseline; baselines: fastv, tome, fastav, "
+                     "attention")
 
 
 def selection(method: str, model, policy, inputs_embeds, modality, retention: float):

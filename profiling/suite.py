@@ -155,7 +155,8 @@ def _policy_width(settings, config, scale: float) -> int:
 EXTRA_NAMES = {"full": "none", "avex": "policy + Top-K + compaction",
                "fastv": f"{FASTV_LAYER} full-token layers (eager) + sort",
                "tome": "similarity matmuls + sorts",
-               "fastav": "2 decoder passes (eager) + rollout + sorts"}
+               "fastav": "2 decoder passes (eager) + rollout + sorts",
+               "attention": "full-token prefill (eager) + sorts"}
 
 
 def _selection_flops(method, models, config, modality, retention, pol) -> F.SelectionFlops:
@@ -170,6 +171,8 @@ def _selection_flops(method, models, config, modality, retention, pol) -> F.Sele
         return F.fastv_flops(models, config, modality, retention, FASTV_LAYER)
     if method == "fastav":
         return F.fastav_flops(models, config, modality, retention)
+    if method == "attention":
+        return F.attention_flops(models, config, modality, retention)
     return F.tome_flops(config, modality, retention)
 
 
@@ -379,6 +382,12 @@ def _selection_notes(fl: dict) -> list[str]:
                   "the text + stage-1 survivors ({stage2_tokens} tokens) for the last layer's "
                   "attention; a sort per stage. Stage 1's unread layers are {unread} T "
                   "({unread_pct} of full prefill): the implementation's cost, not the method's.",
+        "attention": "Attention-AV (balanced): `avex.methods.attention` through the frozen "
+                     "captioner's `text_to_av_attention`: a full-token prefill of all {layers} "
+                     "layers with eager attention (dense Q K^T and A V over {prefill_tokens} "
+                     "tokens) and the LM head over every position, then a sort within each "
+                     "modality. The method needs the attention maps only; the LM head is the "
+                     "implementation's cost.",
     }
     lines = []
     for m in rows:
@@ -496,9 +505,9 @@ def _latency_markdown(lat: dict) -> list[str]:
 
 
 SHORT_NAMES = {"full": "Full", "avex": "AVEX", "fastv": "FastV-AV", "tome": "ToMe-AV",
-               "fastav": "FastAV"}
+               "fastav": "FastAV", "attention": "Attention-AV"}
 COLOURS = {"full": "#888888", "avex": "#1f77b4", "fastv": "#ff7f0e", "tome": "#2ca02c",
-           "fastav": "#d62728"}
+           "fastav": "#d62728", "attention": "#9467bd"}
 
 
 def chart(results: dict, path: str):

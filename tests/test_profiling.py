@@ -72,6 +72,14 @@ def test_baseline_selection_flops_equal_the_hand_count():
     assert fastav.detail["stage2_tokens"] == 24
     assert fastav.detail["stage1_unread_layers"] == 2 * dense_layer
 
+    attention = F.attention_flops(models, cfg, modality, 0.5)
+    # the whole model over every token (eager), the LM head at all 30 positions, then a sort of
+    # the 16 visual (4 stages) and of the 8 audio scores (3 stages)
+    head = 30 * TINY["hidden_size"] * TINY["vocab_size"]
+    hand = 4 * dense_layer + head + 16 * 4 + 8 * 3
+    assert attention.fvcore == attention.analytic == hand
+    assert attention.detail == dict(layers=4, prefill_tokens=30)
+
     tome = F.tome_flops(cfg, modality, 0.5)
     # K = 12 split 8 visual + 4 audio; visual 16 -> 8: one round, 8 x 8 similarities of width
     # 64 and a sort of 8 matches (3 stages); audio 8 -> 4: 4 x 4, a sort of 4 (2 stages)
@@ -141,15 +149,16 @@ def test_table_on_cpu_at_a_tiny_configuration(tmp_path, monkeypatch):
     fl = res["flops"]["rows"]
     assert len(counted) == 1  # timed at its real size: the FLOPs are counted once, not twice
     assert res["latency"]["flops"] is res["flops"]
-    assert list(fl) == ["full", "avex", "fastv", "tome", "fastav"]
+    assert list(fl) == ["full", "avex", "fastv", "tome", "fastav", "attention"]
     assert fl["full"]["prefill_tokens"] == 30 and fl["avex"]["prefill_tokens"] == 18
     assert fl["avex"]["llm_prefill"] < fl["full"]["llm_prefill"]
     assert fl["avex"]["policy"] > 0 and fl["full"]["policy"] == 0
-    for m in ("fastv", "tome", "fastav"):
+    for m in ("fastv", "tome", "fastav", "attention"):
         assert fl[m]["prefill_tokens"] == 18 and fl[m]["llm_prefill"] == fl["avex"]["llm_prefill"]
         assert fl[m]["policy"] > 0
-    # FastAV runs the whole decoder twice before its pruned prefill
+    # FastAV runs the whole decoder twice before its pruned prefill, Attention-AV once
     assert fl["fastav"]["policy"] > fl["full"]["llm_prefill"]
+    assert fl["attention"]["policy"] > fl["full"]["llm_prefill"]
     for c in res["flops"]["cross_check"].values():
         assert abs(c["relative_difference"]) < 1e-12
     assert res["flops"]["cross_check"]["tome"]["covers"].endswith("+ selection")
@@ -253,7 +262,7 @@ def test_cpu_peak_memory_grows_with_the_sequence():
 
 def test_unknown_method_is_an_error(tmp_path, capsys):
     with pytest.raises(ValueError, match=r"unknown method 'tome-av'; available: \['full', "
-                                         r"'avex', 'fastv', 'tome', 'fastav'\]"):
+                                         r"'avex', 'fastv', 'tome', 'fastav', 'attention'\]"):
         profile(methods=("full", "tome-av"), out_dir=str(tmp_path), progress=False)
     exits_with_usage_error(main, ["--methods", "full,fastvv", "--out-dir", str(tmp_path)],
                            "unknown method 'fastvv'", capsys)
