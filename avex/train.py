@@ -579,6 +579,8 @@ def run_label(cfg: TrainConfig) -> str:
     if cfg.warmup_only:
         return "warmup only (this run)"
     if not cfg.exchanges:
+        if cfg.rl_estimator == "rloo":
+            return "AVEX, L_RL (RLOO) (this run)"
         return "set-level reward, no exchanges (this run)"
     if cfg.exchange_selection == "random":
         return "random exchanges (this run)"

@@ -14,20 +14,24 @@ from avex.train import ensure_trained
 
 from .common import base_train_config, fmt, load_assets, split_clips
 
-#: Table 3's rows: name -> (label, V-V, A-A, V-A, A-V marks, TrainConfig settings)
+#: Table 3's rows: name -> (label, V-V, A-A, V-A, A-V marks, TrainConfig settings). Every
+#: exchange row turns the exchange term on (``lambda_ex`` 0.1 beside L_RL, as the recipe had it
+#: before the default dropped it); "rloo" is the default recipe, L_RL alone.
 ABLATIONS = {
     "warmup": ("Warmup only", "✗ ✗ ✗ ✗", {"warmup_only": True}),
+    "rloo": ("L_RL alone, no exchanges (the default)", "✗ ✗ ✗ ✗", {"exchanges": False}),
     "random": ("Random exchange", "✗ ✗ mixed mixed",
-               {"exchange_selection": "random", "exchange_types": ["va", "av"]}),
-    "vv": ("V-to-V only", "✓ ✗ ✗ ✗", {"exchange_types": ["vv"]}),
-    "aa": ("A-to-A only", "✗ ✓ ✗ ✗", {"exchange_types": ["aa"]}),
-    "vv+aa": ("V-to-V + A-to-A", "✓ ✓ ✗ ✗", {"exchange_types": ["vv", "aa"]}),
-    "no-aa": ("w/o A-to-A", "✓ ✗ ✓ ✓", {"exchange_types": ["vv", "va", "av"]}),
-    "no-vv": ("w/o V-to-V", "✗ ✓ ✓ ✓", {"exchange_types": ["aa", "va", "av"]}),
-    "full": ("Full AVEX (g = 8)", "✓ ✓ ✓ ✓", {"g": 8}),
-    "g4": ("g = 4", "✓ ✓ ✓ ✓", {"g": 4}),
-    "g16": ("g = 16", "✓ ✓ ✓ ✓", {"g": 16}),
-    "g32": ("g = 32", "✓ ✓ ✓ ✓", {"g": 32}),
+               {"exchanges": True, "exchange_selection": "random",
+                "exchange_types": ["va", "av"]}),
+    "vv": ("V-to-V only", "✓ ✗ ✗ ✗", {"exchanges": True, "exchange_types": ["vv"]}),
+    "aa": ("A-to-A only", "✗ ✓ ✗ ✗", {"exchanges": True, "exchange_types": ["aa"]}),
+    "vv+aa": ("V-to-V + A-to-A", "✓ ✓ ✗ ✗", {"exchanges": True, "exchange_types": ["vv", "aa"]}),
+    "no-aa": ("w/o A-to-A", "✓ ✗ ✓ ✓", {"exchanges": True, "exchange_types": ["vv", "va", "av"]}),
+    "no-vv": ("w/o V-to-V", "✗ ✓ ✓ ✓", {"exchanges": True, "exchange_types": ["aa", "va", "av"]}),
+    "full": ("Full AVEX (g = 8)", "✓ ✓ ✓ ✓", {"exchanges": True, "g": 8}),
+    "g4": ("g = 4", "✓ ✓ ✓ ✓", {"exchanges": True, "g": 4}),
+    "g16": ("g = 16", "✓ ✓ ✓ ✓", {"exchanges": True, "g": 16}),
+    "g32": ("g = 32", "✓ ✓ ✓ ✓", {"exchanges": True, "g": 32}),
 }
 
 
