@@ -249,9 +249,13 @@ def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
     return parser
 
 
-def explicit_settings(args: argparse.Namespace) -> dict:
+#: settings that only shape the exchange term: asked for without it, they would do nothing
+EXCHANGE_SETTINGS = ("g", "g_fraction", "exchange_types", "exchange_selection", "lambda_ex")
+
+
+def explicit_settings(args: argparse.Namespace, *, with_preset: bool = True) -> dict:
     """The settings the command line asked for: the preset's, the config file's, then flags."""
-    values = dict(PRESETS[args.preset])
+    values = dict(PRESETS[args.preset]) if with_preset else {}
     if args.config:
         file_values = load_config_file(args.config)
         unknown = set(file_values) - {f.name for f in dataclasses.fields(TrainConfig)}
@@ -266,5 +270,14 @@ def explicit_settings(args: argparse.Namespace) -> dict:
 
 
 def resolve_config(args: argparse.Namespace) -> TrainConfig:
-    """Defaults < preset < config file < flags; then validate."""
-    return TrainConfig(**explicit_settings(args)).validate()
+    """Defaults < preset < config file < flags; then validate. An exchange setting asked for
+    (by the file or a flag) while the exchange term is off is refused: it would be ignored."""
+    cfg = TrainConfig(**explicit_settings(args)).validate()
+    if not cfg.exchanges and not getattr(args, "resume", False):  # a resume checks its own run
+        asked = explicit_settings(args, with_preset=False)
+        for name in EXCHANGE_SETTINGS:
+            if name in asked:
+                raise ValueError(f"{name} = {asked[name]!r} has no effect without the exchange "
+                                 "term (off by default); add --exchanges (exchanges: true) or "
+                                 f"drop {name}")
+    return cfg

@@ -48,6 +48,7 @@ CLI_CASES = [
     usage("evaluate motivation --seed -1", evaluate_main, ["motivation", "--seed", "-1"], "seed must be >= 0, got -1"),
     usage("evaluate ablation --retention 1.5", evaluate_main, ["ablation", "--retention", "1.5"], r"retention must be in \(0, 1\], got 1.5"),
     usage("evaluate ablation --run bad", evaluate_main, ["ablation", "--run", "nope=/tmp"], "--run must be VARIANT=DIR"),
+    usage("evaluate --train-args '--exchange-types vv'", evaluate_main, ["--train-args", "--exchange-types vv"], r"--train-args: exchange_types = \['vv'\] has no effect without the exchange term"),
     usage("evaluate ablation --seeds 0,0", evaluate_main, ["ablation", "--seeds", "0,0"], r"seeds has duplicates: \[0, 0\]"),
     usage("evaluate ablation --seeds -1", evaluate_main, ["ablation", "--seeds", "-1"], "seeds must be >= 0, got -1"),
     usage("evaluate ablation --run with two seeds", evaluate_main, ["ablation", "--seeds", "0,1", "--run", "full=/tmp"], r"--run reuses one run per variant, so it takes one seed; got seeds \[0, 1\]"),

@@ -95,6 +95,8 @@ def test_bad_config_file_is_refused_naming_it(tmp_path, call, error, match):
 
 
 TRAIN_CLI_CASES = [
+    usage("--g 4 without --exchanges", train_main, ["--g", "4"], r"g = 4 has no effect without the exchange term \(off by default\); add --exchanges"),
+    usage("--lambda-ex 1 without --exchanges", train_main, ["--lambda-ex", "1"], r"lambda_ex = 1.0 has no effect without the exchange term"),
     usage("--epochs nan", train_main, ["--epochs", "nan"], r"error: epochs must be a finite number >= 0, got nan"),
     usage("--eval-split bogus", train_main, ["--eval-split", "bogus"], r"error: eval_split must be one of"),
     usage("--device cuda:abc", train_main, ["--device", "cuda:abc"], r"error: device must be"),
