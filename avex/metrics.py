@@ -85,6 +85,15 @@ def unavailable_metrics() -> dict[str, str]:
     return {"BLEU-4": why, "METEOR": why}
 
 
+def cider_source() -> str:
+    """Where this machine's reported CIDEr comes from, for a table's caption."""
+    missing = unavailable_metrics()
+    if not missing:
+        return "pycocoevalcap"
+    return ("avex.reward.CiderD, equal to pycocoevalcap's Cider; BLEU-4 and METEOR unavailable: "
+            + missing["BLEU-4"])
+
+
 _warned: set = set()
 
 

@@ -33,7 +33,7 @@ import torch.distributed as torch_dist
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from avex import _checks
+from avex import _checks, metrics
 from avex.assets import resolve_asset_paths
 from avex.captioner import FrozenCaptioner
 from avex.checkpoint import (POLICY_FILE, check_weights, latest_checkpoint, load_checkpoint,
@@ -598,7 +598,7 @@ def results_table(rows: list[dict], caption: str) -> str:
         [[r["method"], f"{r['retention']:.0%}"] + [f"{r[k]:.1f}" for k in
                                                    ("C_av", "C_v", "C_a", "BLEU-4", "METEOR")]
          for r in rows])
-    return f"Results on the {caption} (CIDEr points; pycocoevalcap):\n\n{table}"
+    return f"Results on the {caption} (CIDEr points; {metrics.cider_source()}):\n\n{table}"
 
 
 def _unwrap(model):

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from avex.methods import METHODS, SELECTORS, label, load_policy, make_selector
+from avex.metrics import cider_source
 from avex.progress import progress_bar
 from avex.scoring import caption_split, keep_all, score_captions
 from avex.tables import markdown_table
@@ -270,7 +271,7 @@ def qualitative_examples(clips, captions: dict, methods, seed: int, retention: f
 def sweep_markdown(header: str, table: str, qualitative: list, methods, bar_retention: float,
                    seconds: float) -> str:
     md = [header, "",
-          "CIDEr points (pycocoevalcap, x100). C_av / C_v / C_a: the same captions against the "
+          f"CIDEr points ({cider_source()}, x100). C_av / C_v / C_a: the same captions against the "
           "AV, visual-only and audio-only references. transfer C: CIDEr against the AV "
           "references of the transfer split (the paper's MSRVTT column). Rel. = 100 x mean of "
           "the four, each over its full-token value in this run. Seeds: Random's seed; for a "
