@@ -272,9 +272,9 @@ def explicit_settings(args: argparse.Namespace, *, with_preset: bool = True) -> 
 def resolve_config(args: argparse.Namespace) -> TrainConfig:
     """Defaults < preset < config file < flags; then validate. An exchange setting asked for
     (by the file or a flag) while the exchange term is off is refused: it would be ignored."""
-    cfg = TrainConfig(**explicit_settings(args)).validate()
+    asked = explicit_settings(args, with_preset=False)
+    cfg = TrainConfig(**{**PRESETS[args.preset], **asked}).validate()
     if not cfg.exchanges and not getattr(args, "resume", False):  # a resume checks its own run
-        asked = explicit_settings(args, with_preset=False)
         for name in EXCHANGE_SETTINGS:
             if name in asked:
                 raise ValueError(f"{name} = {asked[name]!r} has no effect without the exchange "
