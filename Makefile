@@ -7,7 +7,7 @@ TRAIN_ARGS ?=
 
 .PHONY: test train bench install cuda-lib clean wheel-check
 
-$(STAMP): setup.py pyproject.toml
+$(STAMP): setup.py pyproject.toml kernels/gumbel_topk_host.c
 	@# A machine that already has torch (a GPU image with its CUDA build) keeps it: the venv
 	@# sees the system packages. Elsewhere torch==2.13.0 goes in first, so that no range
 	@# pulls gigabytes of CUDA wheels.

@@ -6,8 +6,12 @@ The top-level folders ``kernels/`` and ``profiling/`` are mapped into the ``avex
 Every subpackage below these folders (any folder with an ``__init__.py``) is found by itself;
 ``.ci/wheel_check.sh`` fails if a built wheel misses a source module. ``kernels/csrc`` (the CUDA
 C++ library's source) is not shipped: no Python code reads it.
+
+One C extension, ``avex.kernels._gumbel_topk_host`` (plain CPython API, no torch headers, a
+second to compile), is optional: without a C compiler the install still succeeds and
+``gumbel_topk`` runs the same check in NumPy, a few microseconds slower per call.
 """
-from setuptools import find_packages, setup
+from setuptools import Extension, find_packages, setup
 
 # top-level folder -> import name
 ROOTS = {"avex": "avex", "kernels": "avex.kernels", "profiling": "avex.profiling"}
@@ -26,6 +30,8 @@ setup(
     python_requires=">=3.10",
     packages=PACKAGES,
     package_dir=PACKAGE_DIRS,
+    ext_modules=[Extension("avex.kernels._gumbel_topk_host", ["kernels/gumbel_topk_host.c"],
+                           optional=True)],
     # Torch first, by hand: an unpinned torch on a CPU machine pulls CUDA wheels (see Makefile).
     install_requires=[
         "torch>=2.4",

@@ -40,6 +40,11 @@ try:
 except ImportError:  # the PyTorch reference still works
     triton = None
 
+try:  # the inference tie check in C (gumbel_topk_host.c); optional, NumPy does the same
+    from . import _gumbel_topk_host
+except ImportError:
+    _gumbel_topk_host = None
+
 __all__ = ["gumbel_topk", "plackett_luce_log_prob"]
 
 MAX_TRITON_WIDTH = ROW_KERNEL_MAX_WIDTH  # wider rows: the reference (or backend="cuda")
@@ -118,11 +123,11 @@ def _topk_inference(scores, k, tau, backend):
     general path, which ranks ties and raises the errors.
     """
     if not (isinstance(scores, torch.Tensor) and scores.dim() == 2 and scores.is_floating_point()
-            and scores.shape[0] > 0 and scores.shape[1] > 0):
+            and scores.numel() > 0):
         return None
     if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not 0 < tau < math.inf:
         return None
-    on_cpu = backend == "auto" and scores.device.type == "cpu"  # the PyTorch path, as resolved
+    on_cpu = backend == "auto" and scores.is_cpu  # the PyTorch path, as resolved
     if not on_cpu and resolve_row_backend(backend, scores, op="gumbel_topk",
                                           max_width=MAX_TRITON_WIDTH,
                                           cuda_library=True) != "torch":
@@ -153,14 +158,33 @@ def _keys_fall_strictly(values, tau, kmax, k_rows) -> bool:
     """Whether the ranking keys of ``topk``'s sorted ``values`` [B, min(kmax + 1, M)] fall
     strictly over each row's first K + 1 (the (M+1)-th of a full row counts as -inf).
 
-    On the host in NumPy: the check is four elementwise steps on a [B, K + 1] block, and each
-    torch op on it costs a few microseconds of dispatch, a fifth of ``torch.topk`` at K = 32.
-    NumPy's float32 subtraction and division round as torch's do (IEEE, to nearest), so the
-    keys are the reference's bit for bit.
+    On the host, in one C pass where the extension is built (a torch op per step would cost a
+    few microseconds of dispatch each, a fifth of ``torch.topk`` at K = 32), else in NumPy;
+    ``_keys_fall_strictly_numpy`` is the reference the C pass is tested against.
     """
     if values.dtype not in (torch.float32, torch.float64):
         values = values.to(compute_dtype(values.dtype))
-    key = (values if values.device.type == "cpu" else values.cpu()).numpy()
+    if not values.is_cpu:
+        values = values.cpu()
+    if not values.is_contiguous():
+        values = values.contiguous()
+    if _gumbel_topk_host is None:
+        return _keys_fall_strictly_numpy(values, tau, kmax, k_rows)
+    if k_rows is not None:
+        k_rows = k_rows.to("cpu", torch.int64).contiguous()
+    rows, width = values.shape
+    return _gumbel_topk_host.keys_fall_strictly(
+        values.data_ptr(), rows, width, kmax, float(tau), values.dtype == torch.float64,
+        None if k_rows is None else k_rows.data_ptr())
+
+
+def _keys_fall_strictly_numpy(values, tau, kmax, k_rows) -> bool:
+    """``_keys_fall_strictly`` in NumPy, for contiguous float32 or float64 CPU ``values``.
+
+    NumPy's float32 subtraction and division round as torch's do (IEEE, to nearest), so the
+    keys are the reference's bit for bit.
+    """
+    key = values.numpy()
     with numpy.errstate(invalid="ignore"):  # +-inf - +-inf: NaN, which fails the check
         key = key - key[:, :1]
         if tau != 1:  # by tau rounded to the key dtype, as the reference's tensor division

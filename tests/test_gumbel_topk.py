@@ -2,6 +2,8 @@
 import importlib
 import math
 import os
+import shutil
+import sysconfig
 import warnings
 from types import SimpleNamespace
 
@@ -279,8 +281,68 @@ def test_inference_path_ranks_as_the_reference(batch, width, tau, ragged, neg_in
     assert torch.equal(idx, reference_indices(scores, k, use_lengths, tau))
 
 
+HOST_CHECKS = ["c", "numpy"]
+
+
+def use_host_check(monkeypatch, check):
+    """Run the fast path's tie check in C (the extension, as installed) or in NumPy (its
+    reference, and the fallback without a C compiler)."""
+    if check == "c":
+        if gt._gumbel_topk_host is None:
+            pytest.skip("the C extension avex.kernels._gumbel_topk_host isn't built (no C "
+                        "compiler at install); test_host_extension_is_built says why")
+    else:
+        monkeypatch.setattr(gt, "_gumbel_topk_host", None)
+
+
+def test_host_extension_is_built_where_a_compiler_is():
+    # setup.py builds it as optional; with a compiler on the machine, a missing build is a bug
+    compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
+    if shutil.which(compiler) is None:
+        pytest.skip(f"no C compiler ({compiler!r}) here: the NumPy check stands in")
+    assert gt._gumbel_topk_host is not None, (
+        "avex.kernels._gumbel_topk_host is missing although a C compiler is installed: "
+        "reinstall (pip install -e .) and read the build log")
+
+
+@settings(max_examples=int(os.environ.get("AVEX_HYPOTHESIS_EXAMPLES", 150)) * 2, deadline=None)
+@given(batch=st.integers(1, 3), width=st.integers(1, 40), kmax=st.integers(1, 40),
+       tau=st.sampled_from([1.0, 0.05, 0.7, 3.0]), per_row_k=st.booleans(),
+       dtype=st.sampled_from([torch.float32, torch.float64]),
+       special=st.sampled_from(["none", "tie", "near tie", "-inf", "+inf", "nan"]),
+       data_seed=st.integers(0, 2**31))
+def test_host_check_in_c_equals_numpy(batch, width, kmax, tau, per_row_k, dtype, special,
+                                      data_seed):
+    """The C pass and its NumPy reference agree on topk's sorted blocks [B, min(K+1, M)]:
+    ties, keys that only tie after the shift, -inf (fewer than K selectable), +inf and NaN
+    maxima, K=1, K=M, per-row K; small batches so that both answers occur."""
+    if gt._gumbel_topk_host is None:
+        pytest.skip("the C extension isn't built; test_host_extension_is_built says why")
+    gen = torch.Generator().manual_seed(data_seed)
+    kmax = min(kmax, width)
+    scores = torch.randn(batch, width, generator=gen, dtype=torch.float64).to(dtype)
+    row, col = int(torch.randint(batch, ())), int(torch.randint(width, ()))
+    if special == "tie" and width > 1:
+        scores[row, col] = scores[row, (col + 1) % width]
+    elif special == "near tie" and width > 2:   # distinct, but their keys (s - 1e4) round to one float32
+        scores[row, :2] = torch.tensor([1e-3, 9e-4], dtype=dtype)
+        scores[row, -1] = 1e4
+    elif special in ("-inf", "+inf", "nan"):
+        scores[row, col:] = float(special) if special != "nan" else float("nan")
+    values = scores.topk(min(kmax + 1, width), dim=1).values
+    k_rows = (torch.randint(1, kmax + 1, (batch,), generator=gen) if per_row_k else None)
+    if k_rows is not None:
+        k_rows[0] = kmax
+    want = bool(gt._keys_fall_strictly_numpy(values, tau, kmax, k_rows))
+    assert gt._keys_fall_strictly(values, tau, kmax, k_rows) is want
+    if k_rows is not None:   # any integer dtype for the per-row K
+        assert gt._keys_fall_strictly(values, tau, kmax, k_rows.int()) is want
+
+
+@pytest.mark.parametrize("check", HOST_CHECKS)
 @pytest.mark.parametrize("kind", ["normal", "ties", "extreme"])
-def test_inference_fast_path_is_taken_exactly_without_ties(kind):
+def test_inference_fast_path_is_taken_exactly_without_ties(kind, check, monkeypatch):
+    use_host_check(monkeypatch, check)
     gen = torch.Generator().manual_seed(5)
     scores, _, _ = make_case(gen, 64, 320, kind=kind)
     scores = scores.cpu()
@@ -298,7 +360,9 @@ def test_inference_fast_path_is_taken_exactly_without_ties(kind):
     assert taken_by_k[32] == (kind != "ties")   # the fast path does get used
 
 
-def test_inference_fast_path_sees_ties_the_shift_creates():
+@pytest.mark.parametrize("check", HOST_CHECKS)
+def test_inference_fast_path_sees_ties_the_shift_creates(check, monkeypatch):
+    use_host_check(monkeypatch, check)
     # distinct scores whose keys (s - max) / tau round to the same float32: the reference
     # ranks them as tied (lower index first), so the fast path must hand them over
     scores = torch.tensor([[1e-3, 9e-4, 1e4, -5.0]])
@@ -310,8 +374,10 @@ def test_inference_fast_path_sees_ties_the_shift_creates():
     assert gumbel_topk(scores, 2, sample=False)[0].tolist() == [[2, 0]]
 
 
-def test_inference_fast_path_check_is_quiet_on_infinities_and_nan():
-    # the check runs in NumPy, which warns on inf - inf; a user's warnings filter must not
+@pytest.mark.parametrize("check", HOST_CHECKS)
+def test_inference_fast_path_check_is_quiet_on_infinities_and_nan(check, monkeypatch):
+    use_host_check(monkeypatch, check)
+    # NumPy warns on inf - inf (the C pass has no warnings); a user's warnings filter must not
     # turn a padded or degenerate row into an exception
     inf, nan = float("inf"), float("nan")
     rows = {"+inf": [[inf, 1.0, 0.0, -1.0]], "all -inf": [[-inf] * 4],
