@@ -208,5 +208,8 @@ def test_gates_run_on_the_tiny_benchmark(tiny, tmp_path):
     out = write_report(report, tmp_path / "gates.md", "python -m avex.evaluate gates")
     text = out.read_text()
     assert "## Random pruning (test split)" in text and "**Gate:**" in text
+    from avex.metrics import cider_source   # the header names where this machine's CIDEr is from
+    assert report["run"]["cider_source"] == cider_source()
+    assert f"come from {cider_source()} (PTB tokenizer)" in text
     assert json.loads(out.with_suffix(".json").read_text())["test_clips"] == len(
         cache.split("test"))

@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 import torch
 
-from avex.methods import METHODS, SELECTORS, Selection, make_selector
+from avex.methods import SELECTORS, Selection, make_selector
 from avex.methods.fastav import attention_rollout
 from avex.methods.tome import merge_modality
 from avex.captioner import FrozenCaptioner

@@ -61,10 +61,11 @@ def per_set():
 
 def test_every_set_gets_the_three_metrics(per_set):
     assert list(per_set) == ["AV", "V", "A", "self"]
-    for name, metrics in per_set.items():
-        assert tuple(metrics) == METRIC_NAMES
-        assert all(isinstance(v, float) and math.isfinite(v) and v >= 0 for v in metrics.values())
-        assert metrics["BLEU-4"] <= 1 and metrics["METEOR"] <= 1
+    for name, set_metrics in per_set.items():
+        assert tuple(set_metrics) == METRIC_NAMES
+        assert all(isinstance(v, float) and math.isfinite(v) and v >= 0
+                   for v in set_metrics.values())
+        assert set_metrics["BLEU-4"] <= 1 and set_metrics["METEOR"] <= 1
 
 
 def test_sets_are_scored_separately(per_set):

@@ -3,7 +3,7 @@
 Everything here is measured, nothing asserted by construction:
 
 1. full-token C_av / C_v / C_a (and BLEU-4, METEOR) on the test and transfer splits, through
-   pycocoevalcap;
+   ``avex.metrics`` (pycocoevalcap where it runs);
 2. random pruning at 50 / 40 / 30 / 20 / 10 % retention (several seeds), plus the attention
    baseline that the policy's warmup imitates (top text-to-AV attention within each modality,
    K_a = round(K * Na / N));
@@ -31,7 +31,7 @@ import torch
 
 from avex.captioner import FrozenCaptioner
 from avex.data import FeatureCache
-from avex.metrics import caption_metrics_by_reference_type
+from avex.metrics import caption_metrics_by_reference_type, cider_source
 from avex.progress import progress_bar
 from avex.reward import CiderD
 from avex.selection import balanced_attention_keep, num_kept, random_keep
@@ -89,7 +89,8 @@ def attention_keeps(clips, attention: list, retention: float) -> list:
 
 
 def modality_cider(captions: list, clips) -> dict:
-    """C_av, C_v, C_a (x100) and BLEU-4 / METEOR against the AV references, via pycocoevalcap."""
+    """C_av, C_v, C_a (x100) and BLEU-4 / METEOR against the AV references
+    (``avex.metrics``: pycocoevalcap, or CiderD with BLEU-4 and METEOR NaN without it)."""
 
     refs = {"AV": [c.refs_av for c in clips]}
     if all(c.refs_v for c in clips):
@@ -304,7 +305,7 @@ def run_gates(benchmark_path, captioner_path=None, *, seeds: int = 3,
     report["run"] = {
         "seconds": round(time.perf_counter() - started, 1),
         "date": datetime.date.today().isoformat(),
-        "machine": _machine(), "load_average_start": load_start,
+        "machine": _machine(), "cider_source": cider_source(), "load_average_start": load_start,
         "load_average_end": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "settings": {"seeds": seeds, "retentions": list(retentions),
                      "counterfactual_clips": len(sample), "base_sets": base_sets,
@@ -442,8 +443,8 @@ def _header(report: dict, command: str, timing_note: str | None) -> str:
              f"the start, {_f(run['load_average_end'], 2)} at the end). The run took "
              f"{run['seconds']:.0f} s.", "",
              f"Benchmark: `{report['benchmark']}`; captioner: `{report['captioner']}`. CIDEr "
-             "values are x100 (the paper's units) and come from pycocoevalcap (PTB tokenizer, "
-             "`Cider`); greedy decoding."]
+             "values are x100 (the paper's units) and come from "
+             f"{run.get('cider_source', 'pycocoevalcap')} (PTB tokenizer); greedy decoding."]
     if timing_note:
         lines += ["", timing_note]
     train = report.get("captioner_training", {})
