@@ -316,7 +316,8 @@ def generate(model, pruned: PrunedInputs, *, attention: str = "auto", **generate
             device and the model's dtype (and ``use_cache`` is not off); else ``"padded"``.
         **generate_kwargs: passed to ``model.generate`` (``max_new_tokens``, ``num_beams``,
             ``do_sample``, ...). ``inputs_embeds``, ``attention_mask``, ``position_ids`` and
-            ``past_key_values`` come from ``pruned``.
+            the KV cache (``past_key_values``, or ``cache`` in newer transformers) come from
+            ``pruned``.
 
     Returns:
         Whatever ``model.generate`` returns: by default the generated token ids
@@ -327,8 +328,7 @@ def generate(model, pruned: PrunedInputs, *, attention: str = "auto", **generate
         raise TypeError(f"pruned must be the PrunedInputs returned by prune_inputs, got "
                         f"{type(pruned).__name__}")
     _checks.choice("attention", attention, ATTENTION_PATHS)
-    for key in ("inputs_embeds", "input_ids", "attention_mask", "position_ids",
-                "past_key_values"):
+    for key in _RESERVED_INPUTS:
         if key in generate_kwargs:
             raise ValueError(f"generate takes {key} from pruned; don't pass {key}=")
     _check_model(model, pruned, generate_kwargs)
@@ -353,8 +353,8 @@ def generate(model, pruned: PrunedInputs, *, attention: str = "auto", **generate
                          f"attention layers (sliding_window={window}); use attention='padded'")
     extra = {}
     if path == "varlen" and pruned.inputs_embeds.shape[1] > 1:
-        extra["past_key_values"] = _varlen_prefill(model, pruned,
-                                                   _expand_size(model, generate_kwargs))
+        extra[cache_keyword(model)] = _varlen_prefill(model, pruned,
+                                                        _expand_size(model, generate_kwargs))
     with _continue_positions(model, pruned):
         return model.generate(inputs_embeds=pruned.inputs_embeds,
                               attention_mask=pruned.attention_mask,
@@ -524,7 +524,7 @@ def _varlen_prefill(model, pruned, expand):
     prefill_cache = DynamicCache()
     with _attention_implementation(model, implementation):
         model(inputs_embeds=packed.hidden[None], position_ids=position_ids, **per_token,
-              past_key_values=prefill_cache, use_cache=True,
+              **{cache_keyword(model): prefill_cache}, use_cache=True,
               cu_seq_lens_q=cu_seqlens, cu_seq_lens_k=cu_seqlens,
               max_length_q=packed.max_seqlen, max_length_k=packed.max_seqlen, **kwargs)
 
@@ -539,6 +539,14 @@ def _varlen_prefill(model, pruned, expand):
             padded.append(out.repeat_interleave(expand, dim=0) if expand > 1 else out)
         cache.update(padded[0], padded[1], layer_idx)
     return cache
+
+
+def cache_keyword(model) -> str:
+    """The KV cache's keyword in this transformers: ``cache`` where the model's ``forward``
+    takes it (5.24 deprecates ``past_key_values``), else ``past_key_values``; ``generate``
+    follows the same rename."""
+    return ("cache" if "cache" in inspect.signature(model.forward).parameters
+            else "past_key_values")
 
 
 @contextlib.contextmanager

@@ -44,6 +44,7 @@ from avex.kernels import gumbel_topk as _gumbel_topk
 from avex.methods import attention_selector, fastav_selector, fastv_selector, tome_selector
 from avex.methods.fastav import attention_rollout
 from avex.modality import AUDIO, VISUAL
+from avex.pruning import cache_keyword
 from avex.selection import AVLayout, num_kept, split_budget
 
 from .methods import FASTAV_STAGE1_DROP, AttentionSource, av_batch
@@ -204,8 +205,8 @@ class _DecodeStep(nn.Module):
             cache.update(k, v, i)
         past = keys[0].shape[2]
         position_ids = torch.full((1, 1), past, dtype=torch.long)
-        return self.model(inputs_embeds=inputs_embeds, past_key_values=cache, use_cache=True,
-                          position_ids=position_ids, logits_to_keep=1).logits
+        return self.model(inputs_embeds=inputs_embeds, **{cache_keyword(self.model): cache},
+                          use_cache=True, position_ids=position_ids, logits_to_keep=1).logits
 
 
 def _layers(config) -> int:

@@ -5,6 +5,7 @@ ragged batches and left or right padding."""
 import importlib.util
 import inspect
 import sys
+import warnings
 
 import pytest
 import torch
@@ -402,6 +403,19 @@ def test_greedy_generate_through_torch_varlen_matches_the_masked_full_sequence(q
                                                       pruned.keep[:, 0], 6))
 
 
+def test_varlen_generate_names_the_cache_as_this_transformers_does(qwen2):
+    # transformers 5.24 renames past_key_values to cache: the old name warns there and goes
+    # later, while 5.17 (the GPU image) knows only the old one
+    assert pruning.cache_keyword(qwen2) in inspect.signature(qwen2.forward).parameters
+    embeds, modality, scores = make_batch(4)
+    pruned = prune_inputs(embeds, modality, scores=scores, retention=0.3)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*past_key_values.*deprecated",
+                                category=FutureWarning)
+        tokens = generate(qwen2, pruned, attention="varlen", max_new_tokens=3, do_sample=False)
+    assert tokens.shape == (embeds.shape[0], 3)
+
+
 @requires_cuda
 def test_torch_varlen_prefill_matches_padded_sdpa_on_cuda():
     """The real varlen_attn (bf16, CUDA) against the padded SDPA prefill: the same next-token
@@ -467,6 +481,9 @@ def test_generate_rejects_bad_input(qwen2):
         generate(qwen2, pruned._asdict())
     with pytest.raises(ValueError, match="generate takes position_ids from pruned"):
         generate(qwen2, pruned, position_ids=pruned.position_ids)
+    for cache_name in ("past_key_values", "cache"):   # the KV cache's name before and after 5.24
+        with pytest.raises(ValueError, match=f"generate takes {cache_name} from pruned"):
+            generate(qwen2, pruned, **{cache_name: None})
     with pytest.raises(ValueError, match="attention must be one of"):
         generate(qwen2, pruned, attention="flash")
     with pytest.raises(ValueError, match="needs use_cache=True"):
