@@ -152,6 +152,8 @@ train)
     else
         sizes=(--epochs "${AVEX_TRAIN_EPOCHS:-0.25}" --warmup-epochs 0.1 --max-eval-clips 100)
     fi
+    # AVEX_TRAIN_EXCHANGES=1: the paper's exchange term too (build_exchanges in the CUDA loop)
+    [[ ${AVEX_TRAIN_EXCHANGES:-0} == 1 ]] && sizes+=(--exchanges)
     run_budgeted "$OUT/train.log" "$PY" -m avex.train "${sizes[@]}" --eval-retentions 0.4 \
         --run-dir "$run_dir" --no-progress || status=1
     if [[ -s $run_dir/metrics.jsonl ]]; then

@@ -78,13 +78,16 @@ def test_tests_stage_runs_the_cuda_suites_argument_checks(tmp_path):
     assert "skipped (needs CUDA): CUDA C++ library build" in (out / "machine.txt").read_text()
 
 
-def test_train_stage_trains_evaluates_and_tabulates(tmp_path, tiny_cache_dir):
+@pytest.mark.parametrize("exchanges", ["0", "1"])
+def test_train_stage_trains_evaluates_and_tabulates(tmp_path, tiny_cache_dir, exchanges):
     out = tmp_path / "out"
-    done = run_stage("train", out, "--dry-run", env={"AVEX_CACHE": str(tiny_cache_dir)})
+    done = run_stage("train", out, "--dry-run", env={"AVEX_CACHE": str(tiny_cache_dir),
+                                                    "AVEX_TRAIN_EXCHANGES": exchanges})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     table = (out / "train-gpu.md").read_text()
     assert "| warmup |" in table and "| rl |" in table
     assert "| Full tokens | 100% |" in table
+    assert ("AVEX, L_RL (RLOO) + L_ex (this run)" in table) == (exchanges == "1")
 
 
 def test_profile_stage_writes_the_profiling_table(tmp_path):
