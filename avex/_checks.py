@@ -103,6 +103,32 @@ def text(name: str, value, *, optional: bool = False) -> str | None:
     return value
 
 
+def output_dir(name: str, value, *, writable: bool = True) -> str:
+    """A directory that exists, or can be made, and (``writable``) can be written: checked
+    before any work, without writing anything."""
+    path = os.path.abspath(text(name, value))
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"{name} must be a directory, got {value!r}, which is a file")
+    existing = path
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise ValueError(f"{name} can't be made: {existing!r} is a file, got {value!r}")
+    if writable and not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"{name} can't be written: no write permission in {existing!r}, got "
+                         f"{value!r}")
+    return value
+
+
+def output_file(name: str, value) -> str:
+    """A file path whose folder ``output_dir`` accepts, and not a directory."""
+    path = text(name, value)
+    if os.path.isdir(path):
+        raise ValueError(f"{name} must be a file path, got {value!r}, which is a directory")
+    output_dir(f"{name}'s folder", os.path.dirname(os.path.abspath(path)))
+    return value
+
+
 def device(name: str, value) -> str:
     """'auto', 'cpu', 'cuda' or 'cuda:N'."""
     if not isinstance(value, str) or not DEVICE_PATTERN.match(value):

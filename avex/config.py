@@ -99,8 +99,9 @@ class TrainConfig:
         names the setting and the value it got."""
         for name in ("data", "benchmark_preset", "captioner", "captioner_preset"):
             _checks.text(name, getattr(self, name))
-        for name in ("cache_dir", "run_dir"):
-            _checks.text(name, getattr(self, name), optional=True)
+        for name in ("cache_dir", "run_dir"):  # a prebuilt cache may be read-only
+            if _checks.text(name, getattr(self, name), optional=True) is not None:
+                _checks.output_dir(name, getattr(self, name), writable=name == "run_dir")
         _checks.device("device", self.device)
         _checks.int_at_least("seed", self.seed, 0)
         _checks.optional_int_at_least("policy_hidden", self.policy_hidden, 1)

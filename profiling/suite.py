@@ -70,7 +70,7 @@ class ProfileSettings:
         _checks.flag("progress", self.progress)
         if self.full_size_latency is not None:
             _checks.flag("full_size_latency", self.full_size_latency)
-        _checks.text("out_dir", self.out_dir)
+        _checks.output_dir("out_dir", self.out_dir)
         if _checks.text("name", self.name, optional=True) is not None and (
                 os.sep in self.name or self.name in (".", "..")):
             raise ValueError(f"name is a file stem (profiling-<name>.md), not a path; got "

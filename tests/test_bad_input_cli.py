@@ -108,6 +108,33 @@ def test_bad_flag_is_a_usage_error_before_any_work(tmp_path, capsys, main, argv,
     assert not (tmp_path / "out").exists() and not (tmp_path / "benchmarks").exists()
 
 
+# Output paths that can't be written: a file where a folder must go. Refused before any work,
+# not after it (which would lose a training or profiling run); the stand-in file is untouched.
+OUTPUT_CASES = [
+    (evaluate_main, ["sweep", "--out", "{file}/out"], r"out can't be made: '.*afile' is a file"),
+    (evaluate_main, ["ablation", "--out", "{file}"], "out must be a directory, got '.*afile', which is a file"),
+    (evaluate_main, ["motivation", "--out", "{file}/out"], r"out can't be made: '.*afile' is a file"),
+    (evaluate_main, ["gates", "--out", "{file}/gates.md"], "out's folder must be a directory, got '.*afile', which is a file"),
+    (evaluate_main, ["gates", "--out", "{dir}"], "out must be a file path, got '.*', which is a directory"),
+    (profiling_main, ["--out-dir", "{file}/out"], r"out_dir can't be made: '.*afile' is a file"),
+    (data_main, ["build", "--preset", "tiny", "--out", "{file}/bench"], r"out can't be made: '.*afile' is a file"),
+    (data_main, ["build", "--preset", "tiny", "--cache-dir", "{file}"], r"cache_dir can't be made: '.*afile' is a file"),
+    (captioner_main, ["train", "--preset", "tiny", "--benchmark-preset", "tiny", "--cache-dir", "{dir}", "--out", "{file}/model"], r"out can't be made: '.*afile' is a file"),
+    (captioner_main, ["train", "--preset", "tiny", "--benchmark-preset", "tiny", "--cache-dir", "{file}"], "cache_dir must be a directory, got '.*afile', which is a file"),
+]
+
+
+@pytest.mark.parametrize("main,argv,match", OUTPUT_CASES,
+                         ids=[" ".join(a) for _, a, _ in OUTPUT_CASES])
+def test_unwritable_output_is_refused_before_any_work(tmp_path, capsys, main, argv, match):
+    blocker = tmp_path / "afile"
+    blocker.write_text("not a folder")
+    argv = [a.format(file=blocker, dir=tmp_path) for a in argv]
+    exits_with_usage_error(main, argv, match, capsys)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+    assert blocker.read_text() == "not a folder"
+
+
 def test_fastv_layer_past_the_captioners_depth_is_refused_before_captioning(tiny_cache_dir,
                                                                              tmp_path, capsys):
     """The tiny captioner has 1 layer; its config.json says so before anything is loaded."""

@@ -132,6 +132,21 @@ def test_bad_train_flag_is_a_usage_error(tmp_path, capsys, main, argv, match):
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.parametrize("flag,where,match", [
+    ("--run-dir", "{file}/run", r"run_dir can't be made: '.*afile' is a file"),
+    ("--run-dir", "{file}", "run_dir must be a directory, got '.*afile', which is a file"),
+    ("--cache-dir", "{file}/cache", r"cache_dir can't be made: '.*afile' is a file"),
+])
+def test_unwritable_train_output_is_a_usage_error(tmp_path, capsys, flag, where, match):
+    blocker = tmp_path / "afile"
+    blocker.write_text("not a folder")
+    argv = [flag, where.format(file=blocker)]
+    if flag != "--run-dir":
+        argv += ["--run-dir", str(tmp_path / "run")]
+    exits_with_usage_error(train_main, argv, match, capsys)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile"]
+
+
 USER_CACHE_CASES = [
     case("meta.json not JSON", lambda d: (d / "meta.json").write_text("{"), SystemExit, r"cache/meta\.json: not valid JSON"),
     case("no manifest", lambda d: (d / "meta.json").write_text('{"format": "avex-feature-cache", "version": 1, "dim": 4, "dtype": "F32"}'), SystemExit, r"cache/manifest\.jsonl: missing"),

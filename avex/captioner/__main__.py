@@ -16,7 +16,7 @@ import torch
 
 from .. import _checks
 from ..data import PRESETS as BENCHMARK_PRESETS
-from ..data import SPLITS, FeatureCache, ensure_benchmark
+from ..data import SPLITS, FeatureCache, default_benchmark_path, ensure_benchmark
 from ..paths import default_captioner_path
 from ..selection import num_kept, random_keep
 from .frozen import CAPTIONER_FILE, FrozenCaptioner
@@ -40,13 +40,19 @@ def cmd_train(args) -> int:
         if args.benchmark_preset not in BENCHMARK_PRESETS:
             raise ValueError(f"benchmark_preset must be one of {sorted(BENCHMARK_PRESETS)}, "
                              f"got {args.benchmark_preset!r}")
-        bench = ensure_benchmark(args.benchmark_preset, cache_dir=args.cache_dir,
-                                 seed=args.seed, progress=not args.no_progress)
+        if args.cache_dir is not None:
+            _checks.output_dir("cache_dir", args.cache_dir, writable=False)
+        bench = default_benchmark_path(args.benchmark_preset, args.cache_dir, seed=args.seed)
     out = Path(args.out) if args.out else default_captioner_path(bench.name, args.preset,
                                                                   args.cache_dir)
     if (out / CAPTIONER_FILE).is_file() and not args.overwrite:
         print(f"captioner already trained at {out} (pass --overwrite to retrain)")
         return 0
+    # where the model goes must take it before hours of training, not after
+    _checks.output_dir("out" if args.out else "cache_dir", str(out))
+    if not args.data:
+        bench = ensure_benchmark(args.benchmark_preset, cache_dir=args.cache_dir,
+                                 seed=args.seed, progress=not args.no_progress)
     started = time.perf_counter()
     path = train_captioner(bench, out, cfg, device=args.device, progress=not args.no_progress,
                            overwrite=args.overwrite)

@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+from .. import _checks
 from .cache import CacheError, FeatureCache
 from .embedded import (PRESETS, benchmark_name, build_benchmark, default_benchmark_path,
                        resolve_config)
@@ -43,6 +44,7 @@ def cmd_build(args) -> int:
     if (out / "meta.json").is_file() and not args.overwrite:
         print(f"benchmark already built at {out} (pass --overwrite to rebuild)")
         return 0
+    _checks.output_dir("out" if args.out else "cache_dir", str(out))
     out.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     build_benchmark(out, cfg, preset=args.preset, overwrite=args.overwrite,

@@ -241,6 +241,7 @@ def check_args(args) -> None:
         _checks.device("device", args.device)
     _checks.choice("captioner_preset", args.captioner_preset, set(CAPTIONER_PRESETS))
     if args.command == "gates":
+        _checks.output_file("out", args.out)
         for name, low in (("seeds", 1), ("counterfactual_clips", 1), ("base_sets", 1)):
             _checks.int_at_least(name, getattr(args, name), low)
         _checks.int_at_least("seed", args.seed, 0)
@@ -250,6 +251,8 @@ def check_args(args) -> None:
             raise FileNotFoundError(f"--captioner: no model directory at {args.captioner!r}")
         return
     _checks.choice("benchmark_preset", args.benchmark_preset, set(BENCHMARK_PRESETS))
+    if args.out is not None:
+        _checks.output_dir("out", args.out)
     _checks.int_at_least("batch_size", args.batch_size, 1)
     _checks.int_at_least("num_beams", args.num_beams, 1)
     _checks.int_at_least("max_new_tokens", args.max_new_tokens, 1)
