@@ -135,6 +135,25 @@ def test_unwritable_output_is_refused_before_any_work(tmp_path, capsys, main, ar
     assert blocker.read_text() == "not a folder"
 
 
+@pytest.mark.parametrize("flags,match", [
+    (["sweep", "--avex-run", "{empty}"], r"--avex-run: .*empty has no config.json \(not a `python -m avex.train` run\)"),
+    (["sweep", "--cacovid-run", "{unfinished}"], r"--cacovid-run: .*unfinished has no checkpoints/latest"),
+    (["ablation", "--run", "full={empty}"], r"--run full: .*empty has no config.json"),
+    (["ablation", "--run", "warmup={unfinished}"], r"--run warmup: no policy weights at .*warmup_policy.safetensors"),
+], ids=["sweep --avex-run not a run", "sweep --cacovid-run unfinished",
+        "ablation --run not a run", "ablation --run warmup without its weights"])
+def test_given_run_is_checked_before_any_training(tmp_path, capsys, flags, match):
+    # a run that can't be loaded used to fail only after every other method had been trained
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "unfinished").mkdir()
+    (tmp_path / "unfinished" / "config.json").write_text("{}")
+    argv = [f.format(empty=tmp_path / "empty", unfinished=tmp_path / "unfinished")
+            for f in flags]
+    exits_with_usage_error(evaluate_main, argv + sandbox(evaluate_main, flags[0], tmp_path),
+                           match, capsys)
+    assert not (tmp_path / "out").exists() and not (tmp_path / "benchmarks").exists()
+
+
 def test_fastv_layer_past_the_captioners_depth_is_refused_before_captioning(tiny_cache_dir,
                                                                              tmp_path, capsys):
     """The tiny captioner has 1 layer; its config.json says so before anything is loaded."""

@@ -112,6 +112,7 @@ def test_motivation_writes_figure_and_numbers(cache_dir, tmp_path):
     (["--methods", "random,fastvv"], "methods must be drawn from"),
     (["--retentions", "0.4,0"], r"retentions must be in \(0, 1\], got 0"),
     (["--avex-run", "/no/such/run"], "--avex-run: no run directory"),
+    (["--retentions", "0.4,0.2,0.4"], r"retentions has duplicates: \[0.4, 0.2, 0.4\]"),
     (["--batch-size", "0"], "batch_size must be >= 1, got 0"),
 ])
 def test_bad_arguments(cache_dir, tmp_path, flags, match, capsys):

@@ -36,6 +36,7 @@ from avex.config import build_parser as build_train_parser
 from avex.config import resolve_config
 from avex.data import SPLITS
 from avex.methods import SELECTORS
+from avex.methods.learned import run_policy_weights
 
 from avex.data.embedded import PRESETS as BENCHMARK_PRESETS
 from avex.data.embedded import default_benchmark_path
@@ -228,6 +229,15 @@ def _captioner_depth(args) -> int | None:
         return None  # not built yet, or not a plain config: checked once it is loaded
 
 
+def _check_run(flag: str, path: str, checkpoint: str) -> None:
+    """A finished ``python -m avex.train`` run: checked now, not after the other methods ran."""
+    try:
+        run_policy_weights(path, checkpoint)
+    except (OSError, ValueError) as err:
+        message = str(err).removeprefix("run_dir: ")
+        raise type(err)(f"{flag}: {message}") from None
+
+
 def _check_seeds(seeds) -> None:
     for seed in seeds:
         _checks.int_at_least("seeds", seed, 0)
@@ -261,8 +271,8 @@ def check_args(args) -> None:
     _split("split", args.split)
     for name in ("avex_run", "cacovid_run"):
         path = getattr(args, name, None)
-        if path is not None and not Path(path).is_dir():
-            raise FileNotFoundError(f"--{name.replace('_', '-')}: no run directory at {path!r}")
+        if path is not None:
+            _check_run("--" + name.replace("_", "-"), path, "latest")
     if args.data != "embedded" and not Path(args.data).exists():
         raise FileNotFoundError(f"--data: no feature cache at {args.data!r}")
     if args.captioner != "embedded" and not Path(args.captioner).exists():
@@ -280,6 +290,8 @@ def check_args(args) -> None:
         raise ValueError(f"--train-args: {err}") from None
     if args.command == "sweep":
         _check_seeds(args.seeds)
+        if len(set(args.retentions)) != len(args.retentions):
+            raise ValueError(f"retentions has duplicates: {args.retentions}")
         _split("transfer_split", args.transfer_split, "none")
         _checks.optional_int_at_least("fastv_layer", args.fastv_layer, 1)
         depth = _captioner_depth(args)
@@ -290,18 +302,17 @@ def check_args(args) -> None:
     if args.command == "ablation":
         _checks.ratio("retention", args.retention)
         _check_seeds(args.seeds)
+        if args.run and len(args.seeds) > 1:
+            raise ValueError(f"--run reuses one run per variant, so it takes one seed; got "
+                             f"seeds {args.seeds}")
         runs = {}
         for item in args.run:
             name, sep, path = item.partition("=")
             if not sep or name not in ABLATIONS:
                 raise ValueError(f"--run must be VARIANT=DIR with VARIANT one of "
                                  f"{list(ABLATIONS)}, got {item!r}")
-            if not Path(path).is_dir():
-                raise FileNotFoundError(f"--run {name}: no run directory at {path!r}")
+            _check_run(f"--run {name}", path, "warmup" if name == "warmup" else "latest")
             runs[name] = Path(path)
-        if runs and len(args.seeds) > 1:
-            raise ValueError(f"--run reuses one run per variant, so it takes one seed; got "
-                             f"seeds {args.seeds}")
         args.run = runs
     if args.command == "motivation":
         _checks.ratio("base_retention", args.base_retention)

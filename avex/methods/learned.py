@@ -35,9 +35,10 @@ def policy_selector(policy):
     return select
 
 
-def load_policy(run_dir, captioner, *, checkpoint: str = "latest"):
-    """The policy of a ``python -m avex.train`` run directory (``checkpoints/latest`` unless
-    ``checkpoint`` names a step directory, or ``"warmup"`` for warmup_policy.safetensors)."""
+def run_policy_weights(run_dir, checkpoint: str = "latest"):
+    """(weights file, settings) of a ``python -m avex.train`` run directory, checked without
+    loading anything: ``checkpoints/latest`` unless ``checkpoint`` names a step directory, or
+    ``"warmup"`` for warmup_policy.safetensors. Raises naming what is missing."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise FileNotFoundError(f"run_dir: no run directory at {str(run_dir)!r}")
@@ -60,6 +61,13 @@ def load_policy(run_dir, captioner, *, checkpoint: str = "latest"):
         weights = run_dir / "checkpoints" / checkpoint / POLICY_FILE
     if not weights.is_file():
         raise FileNotFoundError(f"run_dir: no policy weights at {weights}")
+    return weights, cfg
+
+
+def load_policy(run_dir, captioner, *, checkpoint: str = "latest"):
+    """The policy of a ``python -m avex.train`` run directory (``checkpoints/latest`` unless
+    ``checkpoint`` names a step directory, or ``"warmup"`` for warmup_policy.safetensors)."""
+    weights, cfg = run_policy_weights(run_dir, checkpoint)
     # runs from before the positional input have no policy_positional setting
     policy = AVEXPolicy.from_llm(captioner.model, hidden_size=cfg.get("policy_hidden"),
                                  init_from_llm=False,
