@@ -516,9 +516,9 @@ def tome_flops(config, modality, retention: float) -> SelectionFlops:
 
 def attention_flops(models: tuple, config, modality, retention: float) -> SelectionFlops:
     """Attention-AV's selection (``avex.methods.attention``): a full-token prefill of the whole
-    model with eager attention (dense Q K^T and A V in every layer; the LM head over every
-    position, since the captioner's ``text_to_av_attention`` calls the model), then a sort
-    within each modality. Traced on the 1- and 2-layer ``models`` and extrapolated."""
+    model with eager attention (dense Q K^T and A V in every layer; the LM head at the last
+    position only, as the captioner's ``text_to_av_attention`` asks), then a sort within each
+    modality. Traced on the 1- and 2-layer ``models`` and extrapolated."""
 
     n = _layers(config)
     counts = [selector_count(attention_selector(AttentionSource(m)), modality, retention,
@@ -527,6 +527,6 @@ def attention_flops(models: tuple, config, modality, retention: float) -> Select
     nv, na, _ = _av_counts(modality)
     length = modality.shape[1]
     analytic = n * analytic_layer_flops(config, length, causal=False) \
-        + length * config.hidden_size * config.vocab_size \
+        + config.hidden_size * config.vocab_size \
         + selection_flops(nv) + selection_flops(na)
     return SelectionFlops(fv, analytic, dict(layers=n, prefill_tokens=length))

@@ -73,9 +73,9 @@ def test_baseline_selection_flops_equal_the_hand_count():
     assert fastav.detail["stage1_unread_layers"] == 2 * dense_layer
 
     attention = F.attention_flops(models, cfg, modality, 0.5)
-    # the whole model over every token (eager), the LM head at all 30 positions, then a sort of
-    # the 16 visual (4 stages) and of the 8 audio scores (3 stages)
-    head = 30 * TINY["hidden_size"] * TINY["vocab_size"]
+    # the whole model over every token (eager), the LM head at the last position only (the
+    # maps are all it reads), then a sort of the 16 visual (4 stages) and 8 audio scores (3)
+    head = 1 * TINY["hidden_size"] * TINY["vocab_size"]
     hand = 4 * dense_layer + head + 16 * 4 + 8 * 3
     assert attention.fvcore == attention.analytic == hand
     assert attention.detail == dict(layers=4, prefill_tokens=30)

@@ -9,6 +9,7 @@ position carries a modality code (:data:`PAD` -1, :data:`VISUAL` 0, :data:`AUDIO
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
 from dataclasses import dataclass
@@ -449,12 +450,15 @@ class FrozenCaptioner:
             return out
         batch = inputs
         previous = self.model.config._attn_implementation
+        # only the attention maps are read: the LM head need not run over every position
+        logits = ({"logits_to_keep": 1} if "logits_to_keep" in
+                  inspect.signature(self.model.forward).parameters else {})
         self.model.set_attn_implementation("eager")
         try:
             out = self.model(inputs_embeds=batch.inputs_embeds,
                              attention_mask=batch.attention_mask,
                              position_ids=batch.position_ids if batch.native_position_ids is None
-                             else batch.native_position_ids, output_attentions=True)
+                             else batch.native_position_ids, output_attentions=True, **logits)
         finally:
             self.model.set_attn_implementation(previous)
         # [B, L_query, L_key], averaged over layers and heads
