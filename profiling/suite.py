@@ -385,9 +385,8 @@ def _selection_notes(fl: dict) -> list[str]:
         "attention": "Attention-AV (balanced): `avex.methods.attention` through the frozen "
                      "captioner's `text_to_av_attention`: a full-token prefill of all {layers} "
                      "layers with eager attention (dense Q K^T and A V over {prefill_tokens} "
-                     "tokens) and the LM head over every position, then a sort within each "
-                     "modality. The method needs the attention maps only; the LM head is the "
-                     "implementation's cost.",
+                     "tokens), its LM head at the last position only, then a sort within each "
+                     "modality.",
     }
     lines = []
     for m in rows:
