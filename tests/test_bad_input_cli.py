@@ -116,6 +116,8 @@ OUTPUT_CASES = [
     (evaluate_main, ["motivation", "--out", "{file}/out"], r"out can't be made: '.*afile' is a file"),
     (evaluate_main, ["gates", "--out", "{file}/gates.md"], "out's folder must be a directory, got '.*afile', which is a file"),
     (evaluate_main, ["gates", "--out", "{dir}"], "out must be a file path, got '.*', which is a directory"),
+    (evaluate_main, ["sweep", "--cache-dir", "{file}", "--out", "{dir}/out"], "cache_dir must be a directory, got '.*afile', which is a file"),
+    (evaluate_main, ["gates", "--cache-dir", "{file}/cache", "--out", "{dir}/g.md"], r"cache_dir can't be made: '.*afile' is a file"),
     (profiling_main, ["--out-dir", "{file}/out"], r"out_dir can't be made: '.*afile' is a file"),
     (data_main, ["build", "--preset", "tiny", "--out", "{file}/bench"], r"out can't be made: '.*afile' is a file"),
     (data_main, ["build", "--preset", "tiny", "--cache-dir", "{file}"], r"cache_dir can't be made: '.*afile' is a file"),

@@ -249,6 +249,8 @@ def check_args(args) -> None:
     """Check (and normalise ``--run``) the parsed flags of any subcommand."""
     if args.device is not None:
         _checks.device("device", args.device)
+    if args.cache_dir is not None:  # a prebuilt cache may be read-only
+        _checks.output_dir("cache_dir", args.cache_dir, writable=False)
     _checks.choice("captioner_preset", args.captioner_preset, set(CAPTIONER_PRESETS))
     if args.command == "gates":
         _checks.output_file("out", args.out)
