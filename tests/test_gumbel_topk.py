@@ -290,7 +290,7 @@ def use_host_check(monkeypatch, check):
     if check == "c":
         if gt._gumbel_topk_host is None:
             pytest.skip("the C extension avex.kernels._gumbel_topk_host isn't built (no C "
-                        "compiler at install); test_host_extension_is_built says why")
+                        "compiler at install); test_host_extension_is_built_where_a_compiler_is says why")
     else:
         monkeypatch.setattr(gt, "_gumbel_topk_host", None)
 
@@ -319,7 +319,7 @@ def test_host_check_in_c_equals_numpy(batch, width, kmax, tau, per_row_k, dtype,
     ties, keys that only tie after the shift, -inf (fewer than K selectable), +inf and NaN
     maxima, K=1, K=M, per-row K; small batches so that both answers occur."""
     if gt._gumbel_topk_host is None:
-        pytest.skip("the C extension isn't built; test_host_extension_is_built says why")
+        pytest.skip("the C extension isn't built; test_host_extension_is_built_where_a_compiler_is says why")
     gen = torch.Generator().manual_seed(data_seed)
     kmax = min(kmax, width)
     scores = torch.randn(batch, width, generator=gen, dtype=torch.float64).to(dtype)

@@ -229,15 +229,6 @@ def _captioner_depth(args) -> int | None:
         return None  # not built yet, or not a plain config: checked once it is loaded
 
 
-def _check_run(flag: str, path: str, checkpoint: str) -> None:
-    """A finished ``python -m avex.train`` run: checked now, not after the other methods ran."""
-    try:
-        run_policy_weights(path, checkpoint)
-    except (OSError, ValueError) as err:
-        message = str(err).removeprefix("run_dir: ")
-        raise type(err)(f"{flag}: {message}") from None
-
-
 def _check_seeds(seeds) -> None:
     for seed in seeds:
         _checks.int_at_least("seeds", seed, 0)
@@ -273,8 +264,8 @@ def check_args(args) -> None:
     _split("split", args.split)
     for name in ("avex_run", "cacovid_run"):
         path = getattr(args, name, None)
-        if path is not None:
-            _check_run("--" + name.replace("_", "-"), path, "latest")
+        if path is not None:  # a finished run, checked now, not after the other methods ran
+            run_policy_weights(path, "latest", name="--" + name.replace("_", "-"))
     if args.data != "embedded" and not Path(args.data).exists():
         raise FileNotFoundError(f"--data: no feature cache at {args.data!r}")
     if args.captioner != "embedded" and not Path(args.captioner).exists():
@@ -313,7 +304,8 @@ def check_args(args) -> None:
             if not sep or name not in ABLATIONS:
                 raise ValueError(f"--run must be VARIANT=DIR with VARIANT one of "
                                  f"{list(ABLATIONS)}, got {item!r}")
-            _check_run(f"--run {name}", path, "warmup" if name == "warmup" else "latest")
+            run_policy_weights(path, "warmup" if name == "warmup" else "latest",
+                               name=f"--run {name}")
             runs[name] = Path(path)
         args.run = runs
     if args.command == "motivation":

@@ -35,16 +35,17 @@ def policy_selector(policy):
     return select
 
 
-def run_policy_weights(run_dir, checkpoint: str = "latest"):
+def run_policy_weights(run_dir, checkpoint: str = "latest", *, name: str = "run_dir"):
     """(weights file, settings) of a ``python -m avex.train`` run directory, checked without
     loading anything: ``checkpoints/latest`` unless ``checkpoint`` names a step directory, or
-    ``"warmup"`` for warmup_policy.safetensors. Raises naming what is missing."""
+    ``"warmup"`` for warmup_policy.safetensors. Raises naming what is missing, and the
+    argument (``name``) it came from."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
-        raise FileNotFoundError(f"run_dir: no run directory at {str(run_dir)!r}")
+        raise FileNotFoundError(f"{name}: no run directory at {str(run_dir)!r}")
     config = run_dir / "config.json"
     if not config.is_file():
-        raise FileNotFoundError(f"run_dir: {run_dir} has no config.json (not a "
+        raise FileNotFoundError(f"{name}: {run_dir} has no config.json (not a "
                                 "`python -m avex.train` run)")
     cfg = read_run_config(run_dir)
     if checkpoint == "warmup":
@@ -52,7 +53,7 @@ def run_policy_weights(run_dir, checkpoint: str = "latest"):
     elif checkpoint == "latest":
         latest = latest_checkpoint(run_dir)
         if latest is None:
-            raise FileNotFoundError(f"run_dir: {run_dir} has no checkpoints/latest")
+            raise FileNotFoundError(f"{name}: {run_dir} has no checkpoints/latest")
         weights = latest / POLICY_FILE
     else:
         if not isinstance(checkpoint, str) or not STEP_NAME.match(checkpoint):
@@ -60,7 +61,7 @@ def run_policy_weights(run_dir, checkpoint: str = "latest"):
                              f"name, got {checkpoint!r}")
         weights = run_dir / "checkpoints" / checkpoint / POLICY_FILE
     if not weights.is_file():
-        raise FileNotFoundError(f"run_dir: no policy weights at {weights}")
+        raise FileNotFoundError(f"{name}: no policy weights at {weights}")
     return weights, cfg
 
 
