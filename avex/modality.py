@@ -23,7 +23,7 @@ import torch
 from avex import _checks
 
 __all__ = ["PAD", "VISUAL", "AUDIO", "TEXT", "CODES", "check_code_values", "codes_from_ids",
-           "check_codes"]
+           "check_codes", "check_attention_mask"]
 
 PAD, VISUAL, AUDIO, TEXT = -1, 0, 1, 2
 CODES = (PAD, VISUAL, AUDIO, TEXT)
@@ -31,10 +31,32 @@ CODES = (PAD, VISUAL, AUDIO, TEXT)
 
 def _id_tensor(name: str, ids, like: torch.Tensor) -> torch.Tensor:
     ids = [ids] if isinstance(ids, int) and not isinstance(ids, bool) else list(ids)
+    top = torch.iinfo(like.dtype).max
     for value in ids:
         if isinstance(value, bool) or not isinstance(value, int):
             raise TypeError(f"{name} must be token ids (int), got {value!r}")
+        if value < 0:  # no input_ids position holds it: nothing would be coded
+            raise ValueError(f"{name} must be token ids >= 0, got {value}")
+        if value > top:
+            raise ValueError(f"{name} must be token ids that fit input_ids' dtype {like.dtype} "
+                             f"(at most {top}), got {value}")
     return torch.tensor(ids, dtype=like.dtype, device=like.device)
+
+
+def check_attention_mask(attention_mask: torch.Tensor, input_ids: torch.Tensor | None = None, *,
+                         name: str = "attention_mask") -> torch.Tensor:
+    """A 2-D 0/1 mask (of the shape of ``input_ids`` where given); any other value (2, -1,
+    0.5, NaN) is refused, naming where it is, rather than read as a token."""
+    _checks.tensor(name, attention_mask, ndim=2)
+    if input_ids is not None and attention_mask.shape != input_ids.shape:
+        raise ValueError(f"{name} must have the shape of input_ids "
+                         f"{list(input_ids.shape)}, got {list(attention_mask.shape)}")
+    bad = (attention_mask != 0) & (attention_mask != 1)
+    if bool(bad.any()):
+        b, pos = torch.nonzero(bad)[0].tolist()
+        raise ValueError(f"{name} must hold 0 (padding) or 1 (token), got "
+                         f"{attention_mask[b, pos].item()} at sample {b}, position {pos}")
+    return attention_mask
 
 
 def check_code_values(name: str, value: torch.Tensor) -> torch.Tensor:
@@ -67,21 +89,22 @@ def codes_from_ids(input_ids: torch.Tensor, attention_mask: torch.Tensor | None 
     codes[torch.isin(input_ids, visual)] = VISUAL
     codes[torch.isin(input_ids, audio)] = AUDIO
     if attention_mask is not None:
-        _checks.tensor("attention_mask", attention_mask, ndim=2)
-        if attention_mask.shape != input_ids.shape:
-            raise ValueError(f"attention_mask must have the shape of input_ids "
-                             f"{list(input_ids.shape)}, got {list(attention_mask.shape)}")
+        check_attention_mask(attention_mask, input_ids)
         codes[attention_mask == 0] = PAD
     return codes
 
 
 def check_codes(modality: torch.Tensor, *, input_ids: torch.Tensor | None = None,
                 placeholder_ids: Iterable[int] = ()) -> None:
-    """Refuse modality codes that can't be right, naming the row and the reason: a value
-    outside {-1, 0, 1, 2}; a row with no text at all (e.g. ``torch.zeros_like(input_ids)``
-    with only the audio marked, or ``mm_token_type_ids`` of an image prompt); and, given
-    ``input_ids`` and the placeholder ids, a row whose only "text" sits where the placeholders
-    are (``mm_token_type_ids`` of a video prompt code video as 2)."""
+    """Refuse modality codes that can't be right, naming the row and the reason: codes that
+    aren't integers, a value outside {-1, 0, 1, 2}; a row with no text at all (e.g.
+    ``torch.zeros_like(input_ids)`` with only the audio marked, or ``mm_token_type_ids`` of an
+    image prompt); a row that begins and ends with audio-visual tokens and holds its text only
+    in between (``mm_token_type_ids`` of a video prompt: the real text, 0 there, reads as
+    VISUAL, the video, 2 there, as TEXT; a prompt's template and question sit at its ends);
+    and, given ``input_ids`` and the placeholder ids, a row whose only "text" sits where the
+    placeholders are."""
+    _checks.tensor("modality", modality, ndim=2, integer=True)
     check_code_values("modality", modality)
     is_text = modality == TEXT
     no_text = ~is_text.any(1)
@@ -91,6 +114,22 @@ def check_codes(modality: torch.Tensor, *, input_ids: torch.Tensor | None = None
                          "text, and text is what is never pruned. Build the codes from the "
                          "placeholder ids with avex.modality.codes_from_ids (Hugging Face's "
                          "mm_token_type_ids are a different code)")
+    present = modality != PAD
+    columns = torch.arange(modality.shape[1], device=modality.device)
+    first = torch.where(present, columns, modality.shape[1]).amin(1)
+    last = torch.where(present, columns, -1).amax(1)
+    rows = torch.arange(modality.shape[0], device=modality.device)
+    is_av = (modality == VISUAL) | (modality == AUDIO)
+    av_ends = is_av[rows, first] & is_av[rows, last]
+    if bool(av_ends.any()):
+        row = int(torch.nonzero(av_ends)[0, 0])
+        raise ValueError(
+            f"modality row {row} begins and ends with audio-visual tokens (codes "
+            f"{int(modality[row, first[row]])} and {int(modality[row, last[row]])}) and holds "
+            "its text only in between: that is Hugging Face's mm_token_type_ids of a video "
+            "prompt (0 text, 2 video), where the real text would be pruned, not modality "
+            "codes. A prompt's template and question sit at its ends; build the codes with "
+            "avex.modality.codes_from_ids")
     if input_ids is None:
         return
     _checks.tensor("input_ids", input_ids, ndim=2, integer=True)

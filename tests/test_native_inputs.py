@@ -45,8 +45,10 @@ def test_check_codes_refuses_codes_that_cannot_be_right():
     with pytest.raises(ValueError, match="modality row 0 has no text token"):
         check_codes(mm_token_type_ids)
     video_only = torch.where(ids == VIDEO, 2, 0)[1:]
-    check_codes(video_only)  # has a "text" code, so only the placeholder ids can tell
-    with pytest.raises(ValueError, match="modality row 0 codes as text only placeholder"):
+    # its "text" (the video) sits inside, its real text (0: VISUAL) at both ends
+    with pytest.raises(ValueError, match="modality row 0 begins and ends with audio-visual"):
+        check_codes(video_only)
+    with pytest.raises(ValueError, match="modality row 0 begins and ends with audio-visual"):
         check_codes(video_only, input_ids=ids[1:], placeholder_ids=(IMAGE, VIDEO, SOUND))
     # zeros_like(input_ids) with only the audio marked: all the text would be VISUAL
     only_audio = torch.where(ids == SOUND, AUDIO, torch.zeros_like(ids))
