@@ -35,7 +35,7 @@ from avex.modality import AUDIO, PAD, TEXT, VISUAL, check_code_values, check_cod
 from avex.selection import AVLayout, num_kept
 
 __all__ = ["PAD", "VISUAL", "AUDIO", "TEXT", "PrunedInputs", "prune_inputs", "generate",
-           "expand_av_keep", "gather_tokens", "num_kept"]
+           "forward", "expand_av_keep", "gather_tokens", "num_kept"]
 
 ATTENTION_PATHS = ("auto", "padded", "varlen")
 VARLEN_REFERENCE_ATTENTION = "avex_varlen_sdpa"
@@ -324,18 +324,8 @@ def generate(model, pruned: PrunedInputs, *, attention: str = "auto", **generate
         [R * num_return_sequences, new_tokens] (the prompt is not repeated for
         ``inputs_embeds`` inputs).
     """
-    if not isinstance(pruned, PrunedInputs):
-        raise TypeError(f"pruned must be the PrunedInputs returned by prune_inputs, got "
-                        f"{type(pruned).__name__}")
     _checks.choice("attention", attention, ATTENTION_PATHS)
-    for key in _RESERVED_INPUTS:
-        if key in generate_kwargs:
-            raise ValueError(f"generate takes {key} from pruned; don't pass {key}=")
-    _check_model(model, pruned, generate_kwargs)
-    if bool((pruned.attention_mask.sum(1) == 0).any()):
-        row = int(torch.nonzero(pruned.attention_mask.sum(1) == 0)[0, 0])
-        raise ValueError(f"pruned row {row} keeps no tokens; there is nothing to prefill")
-    _check_per_token_inputs(model, pruned)
+    _check_call("generate", model, pruned, generate_kwargs)
     window = sliding_window(model)
     if window is not None:
         _check_window_cannot_bind(model, pruned, window, generate_kwargs)
@@ -359,6 +349,62 @@ def generate(model, pruned: PrunedInputs, *, attention: str = "auto", **generate
         return model.generate(inputs_embeds=pruned.inputs_embeds,
                               attention_mask=pruned.attention_mask,
                               position_ids=pruned.position_ids, **extra, **generate_kwargs)
+
+
+def forward(model, pruned: PrunedInputs, **forward_kwargs):
+    """``model(...)`` on pruned inputs: one checked forward (a prefill, a scoring pass) with
+    what :func:`generate` hands the model and under the same rules.
+
+    The model gets ``pruned.inputs_embeds``, ``attention_mask``, ``position_ids`` (the
+    unpruned sequence's, any rank) and ``per_token`` (Gemma 3n's ``per_layer_inputs``, which
+    it needs beside the embeddings). Refused, as by :func:`generate`: a model that isn't a
+    Hugging Face ``*ForCausalLM`` taking these embeddings, a row that keeps no token, a model
+    that needs per-token inputs ``pruned`` lacks, and a sliding window that could bind (a row
+    whose original length exceeds the window: the pruned forward would attend further back
+    than the full one).
+
+    A raw ``model(inputs_embeds=pruned.inputs_embeds, ...)`` is the caller's to keep right:
+    leave out ``position_ids`` or ``per_token``, or run it under a binding window, and it is
+    silently off. Decoding on from here (``use_cache=True``) is also the caller's: the decode
+    steps' positions continue at ``pruned.next_position``; :func:`generate` does this.
+
+    Args:
+        model: a Hugging Face ``*ForCausalLM`` that takes ``inputs_embeds``.
+        pruned: the output of :func:`prune_inputs`.
+        **forward_kwargs: passed to the model (``logits_to_keep``, ``output_attentions``,
+            ``use_cache``, ...); the inputs above and the KV cache come from ``pruned``.
+
+    Returns:
+        What ``model(...)`` returns (``.logits`` [R, L', vocab] at the kept positions).
+    """
+    _check_call("forward", model, pruned, forward_kwargs)
+    window = sliding_window(model)
+    longest = int(pruned.original_length.max()) if pruned.original_length is not None \
+        else int(pruned.next_position.max())
+    if window is not None and longest > window:
+        raise ValueError(
+            f"the model's sliding_window={window} counts cache slots, which after pruning are "
+            f"not original positions: a prompt of {longest} tokens outgrows it, so the pruned "
+            "forward would attend further back than the full one. Keep prompts within the "
+            "window, or prune for a model without sliding-window layers")
+    return model(inputs_embeds=pruned.inputs_embeds, attention_mask=pruned.attention_mask,
+                 position_ids=pruned.position_ids, **(pruned.per_token or {}),
+                 **forward_kwargs)
+
+
+def _check_call(name, model, pruned, kwargs):
+    """What :func:`generate` and :func:`forward` both refuse, before the model runs."""
+    if not isinstance(pruned, PrunedInputs):
+        raise TypeError(f"pruned must be the PrunedInputs returned by prune_inputs, got "
+                        f"{type(pruned).__name__}")
+    for key in _RESERVED_INPUTS + tuple(pruned.per_token or ()):
+        if key in kwargs:
+            raise ValueError(f"{name} takes {key} from pruned; don't pass {key}=")
+    _check_model(model, pruned, kwargs)
+    if bool((pruned.attention_mask.sum(1) == 0).any()):
+        row = int(torch.nonzero(pruned.attention_mask.sum(1) == 0)[0, 0])
+        raise ValueError(f"pruned row {row} keeps no tokens; there is nothing to prefill")
+    _check_per_token_inputs(model, pruned)
 
 
 def _check_model(model, pruned, generate_kwargs):

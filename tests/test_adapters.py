@@ -153,6 +153,22 @@ def test_kept_logits_match_the_masked_full_sequence(family):
         torch.testing.assert_close(pruned_logits(model, wrong), ref, rtol=0, atol=1e-3)
 
 
+def test_checked_forward_matches_the_masked_full_sequence(family):
+    name, model, inputs, adapted = family
+    pruned = adapted.prune(scores=scores_for(adapted, 1), retention=0.4)
+    ref = reference_logits(model, adapted, pruned.keep[:, 0])
+    with torch.no_grad():
+        logits = pruning.forward(model, pruned).logits
+    torch.testing.assert_close(logits[pruned.attention_mask.bool()], ref, rtol=0, atol=1e-5)
+    if name == "gemma3n":  # a raw forward without the per-layer inputs is silently off
+        with torch.no_grad():
+            raw = model(inputs_embeds=pruned.inputs_embeds, attention_mask=pruned.attention_mask,
+                        position_ids=pruned.position_ids).logits
+        with pytest.raises(AssertionError):
+            torch.testing.assert_close(raw[pruned.attention_mask.bool()], ref, rtol=0,
+                                       atol=1e-2)
+
+
 @pytest.mark.parametrize("beams", [1, 3])
 def test_generation_matches_the_masked_full_sequence(family, beams):
     name, model, inputs, adapted = family
@@ -239,6 +255,13 @@ def test_a_binding_window_would_be_silently_wrong_without_the_refusal(monkeypatc
     ref = reference_generate(model, adapted, pruned.keep[:, 0])
     monkeypatch.setattr(pruning, "_check_window_cannot_bind", lambda *args: None)
     assert not torch.equal(generate(model, pruned, max_new_tokens=STEPS, do_sample=False), ref)
+    # the same for one forward: pruning.forward refuses it, a raw forward is off
+    with pytest.raises(ValueError, match="sliding_window=16 .* a prompt of 22 tokens"):
+        pruning.forward(model, pruned)
+    with pytest.raises(AssertionError):
+        torch.testing.assert_close(pruned_logits(model, pruned),
+                                   reference_logits(model, adapted, pruned.keep[:, 0]),
+                                   rtol=0, atol=1e-2)
 
 
 def test_qwen2_with_use_sliding_window_is_exact_or_refused():

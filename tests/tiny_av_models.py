@@ -235,6 +235,11 @@ def gemma3n(sliding_window=64, layer_types=("sliding_attention", "full_attention
     torch.manual_seed(0)
     with _stand_in_vision_tower():
         model = _eval(Gemma3nForConditionalGeneration(config))
+    # AltUp scales the per-layer inputs' contribution by correct_output_scale, initialised to 0:
+    # without this a wrong or missing per_layer_inputs would change no output
+    with torch.no_grad():
+        for layer in model.model.language_model.layers:
+            layer.altup.correct_output_scale.fill_(1.0)
     image = [GEMMA["boi"]] + [GEMMA["image"]] * GEMMA["image_tokens"] + [GEMMA["eoi"]]
     audio = [GEMMA["boa"]] + [GEMMA["audio"]] * GEMMA["audio_tokens"] + [GEMMA["eoa"]]
     rows = [[2, 10, 11] + image + [12] + audio + [20, 21, 22, 23],
