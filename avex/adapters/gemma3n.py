@@ -4,14 +4,22 @@ token embeddings (``per_layer_inputs`` [B, L, layers, d], computed from ``input_
 the prefill; decode steps compute them from the generated ids, as the model does.
 
 Gemma 3n's local layers use a sliding window: :func:`avex.pruning.generate` refuses a prompt
-plus ``max_new_tokens`` longer than the window."""
+plus ``max_new_tokens`` longer than the window.
+
+Refused before the towers run: placeholders without their features, features without
+placeholders, ``input_features`` without ``input_features_mask`` (the model would skip the
+audio and leave its placeholders as token embeddings), and placeholder blocks that aren't
+``vision_soft_tokens_per_image`` / ``audio_soft_tokens_per_image`` long, one per image / audio."""
 from __future__ import annotations
 
 import inspect
 
 import transformers
 
-from avex.adapters._capture import AdaptedInputs, adapted, token_id
+from avex import _checks
+from avex.adapters._capture import (AdaptedInputs, adapted, check_placeholders,
+                                    check_processor_outputs, placeholder_runs, refuse_unused,
+                                    require, token_id)
 
 MODEL_TYPES = ("gemma3n",)
 
@@ -25,8 +33,29 @@ def adapt(model, **processor_outputs) -> AdaptedInputs:
             "no per_layer_inputs: given inputs_embeds it drops the per-layer token embeddings, "
             "so a pruned Gemma 3n would be silently wrong. Use a transformers release whose "
             "Gemma3nForConditionalGeneration.forward takes per_layer_inputs (5.24 does)")
+    inputs = check_processor_outputs(model, processor_outputs)
     config = model.config
-    visual = [token_id(config, "image_token_id")]
-    audio = [token_id(config, "audio_token_id")]
-    return adapted(model, processor_outputs, visual_ids=visual, audio_ids=audio,
+    visual = token_id(config, "image_token_id")
+    audio = token_id(config, "audio_token_id")
+    for what, token, keys, per_item, items_key, ndim in (
+            ("image", visual, ("pixel_values",), config.vision_soft_tokens_per_image,
+             "pixel_values", 4),
+            ("audio", audio, ("input_features", "input_features_mask"),
+             config.audio_soft_tokens_per_image, "input_features", 3)):
+        blocks = [(*run, run[2] - run[1])
+                  for run in placeholder_runs(inputs["input_ids"], [token])]
+        if not blocks:
+            refuse_unused(inputs, keys, what, token)
+            continue
+        require(inputs, keys, what, token, sum(block[3] for block in blocks))
+        features = _checks.tensor(items_key, inputs[items_key], ndim=ndim, floating=True)
+        if what == "audio":
+            mask = _checks.tensor("input_features_mask", inputs["input_features_mask"], ndim=2)
+            if mask.shape != features.shape[:2]:
+                raise ValueError(f"input_features_mask must have shape "
+                                 f"{list(features.shape[:2])} (the [audios, frames] of "
+                                 f"input_features), got {list(mask.shape)}")
+        check_placeholders(what, token, blocks, [per_item] * features.shape[0],
+                           f"{items_key} {list(features.shape)} ({per_item} tokens each)")
+    return adapted(model, inputs, visual_ids=[visual], audio_ids=[audio],
                    per_token=("per_layer_inputs",))

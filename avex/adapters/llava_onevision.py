@@ -2,10 +2,21 @@
 
 The model writes its learned ``image_newline`` vector into some image-placeholder slots (the end
 of each row of an image's patch grid, the end of a video); those slots are coded TEXT: they
-carry layout, not image content, and are never pruned."""
+carry layout, not image content, and are never pruned.
+
+Refused before the vision tower runs: placeholders without their pixel values, pixel values
+without placeholders, ``pixel_values`` without ``image_sizes``, a number of images or videos
+that differs from the placeholder blocks, and video blocks that aren't frames x pooled patches
++ 1 long. An image's own token count depends on its any-resolution tiling; the model checks it
+against the features it computes."""
 from __future__ import annotations
 
-from avex.adapters._capture import AdaptedInputs, adapted, token_id
+import math
+
+from avex import _checks
+from avex.adapters._capture import (AdaptedInputs, adapted, check_placeholders,
+                                    check_processor_outputs, placeholder_runs, refuse_unused,
+                                    require, token_id)
 
 MODEL_TYPES = ("llava_onevision",)
 
@@ -13,12 +24,38 @@ MODEL_TYPES = ("llava_onevision",)
 def adapt(model, **processor_outputs) -> AdaptedInputs:
     """``processor_outputs``: what ``LlavaOnevisionProcessor`` returns (``input_ids``,
     ``attention_mask``, ``pixel_values``, ``image_sizes``, ``pixel_values_videos``, ...)."""
+    inputs = check_processor_outputs(model, processor_outputs)
     config = model.config
-    visual = [token_id(config, "image_token_id", "image_token_index"),
-              token_id(config, "video_token_id", "video_token_index")]
-    newline = _image_newline(model)
-    return adapted(model, processor_outputs, visual_ids=visual, audio_ids=(),
-                   text_embeddings=[newline])
+    image = token_id(config, "image_token_id", "image_token_index")
+    video = token_id(config, "video_token_id", "video_token_index")
+    ids = inputs["input_ids"]
+    images = [(*run, run[2] - run[1]) for run in placeholder_runs(ids, [image])]
+    if not images:
+        refuse_unused(inputs, ("pixel_values", "image_sizes"), "image", image)
+    else:
+        require(inputs, ("pixel_values", "image_sizes"), "image", image,
+                sum(block[3] for block in images))
+        sizes = _checks.tensor("image_sizes", inputs["image_sizes"], ndim=2, integer=True)
+        _checks.tensor("pixel_values", inputs["pixel_values"], ndim=(4, 5), floating=True)
+        if len(images) != sizes.shape[0]:
+            raise ValueError(f"input_ids hold {len(images)} image block(s) (placeholder id "
+                             f"{image}) but image_sizes describes {sizes.shape[0]} image(s)")
+    videos = [(*run, run[2] - run[1]) for run in placeholder_runs(ids, [video])]
+    if not videos:
+        refuse_unused(inputs, ("pixel_values_videos",), "video", video)
+    else:
+        require(inputs, ("pixel_values_videos",), "video", video,
+                sum(block[3] for block in videos))
+        pixels = _checks.tensor("pixel_values_videos", inputs["pixel_values_videos"], ndim=5,
+                                floating=True)
+        side = config.vision_config.image_size // config.vision_config.patch_size
+        pooled = math.ceil(side / 2) ** 2  # the model's apply_pooling halves each side
+        frames = pixels.shape[1]
+        check_placeholders("video", video, videos, [frames * pooled + 1] * pixels.shape[0],
+                           f"pixel_values_videos {list(pixels.shape)} ({frames} frames x "
+                           f"{pooled} pooled patches + 1 newline each)")
+    return adapted(model, inputs, visual_ids=[image, video], audio_ids=(),
+                   text_embeddings=[_image_newline(model)])
 
 
 def _image_newline(model):

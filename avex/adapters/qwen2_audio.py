@@ -1,13 +1,28 @@
-"""Qwen2-Audio (``Qwen2AudioForConditionalGeneration``): audio, 1-D RoPE."""
+"""Qwen2-Audio (``Qwen2AudioForConditionalGeneration``): audio, 1-D RoPE.
+
+Refused before the audio tower runs: audio placeholders without ``input_features`` and
+``feature_attention_mask``, features without placeholders, and placeholder blocks whose lengths
+disagree with the valid frames of ``feature_attention_mask``."""
 from __future__ import annotations
 
-from avex.adapters._capture import AdaptedInputs, adapted, token_id
+from avex.adapters._capture import (AdaptedInputs, adapted, audio_token_counts,
+                                    check_placeholders, check_processor_outputs,
+                                    placeholder_runs, refuse_unused, require, token_id)
 
 MODEL_TYPES = ("qwen2_audio",)
+AUDIO_INPUTS = ("input_features", "feature_attention_mask")
 
 
 def adapt(model, **processor_outputs) -> AdaptedInputs:
     """``processor_outputs``: what ``Qwen2AudioProcessor`` returns (``input_ids``,
     ``attention_mask``, ``input_features``, ``feature_attention_mask``)."""
-    audio = [token_id(model.config, "audio_token_id", "audio_token_index")]
-    return adapted(model, processor_outputs, visual_ids=(), audio_ids=audio)
+    inputs = check_processor_outputs(model, processor_outputs)
+    audio = token_id(model.config, "audio_token_id", "audio_token_index")
+    blocks = [(*run, run[2] - run[1]) for run in placeholder_runs(inputs["input_ids"], [audio])]
+    if not blocks:
+        refuse_unused(inputs, AUDIO_INPUTS, "audio", audio)
+    else:
+        require(inputs, AUDIO_INPUTS, "audio", audio, sum(block[3] for block in blocks))
+        check_placeholders("audio", audio, blocks, audio_token_counts(model, inputs),
+                           "feature_attention_mask (valid frames through the audio tower)")
+    return adapted(model, inputs, visual_ids=(), audio_ids=[audio])
