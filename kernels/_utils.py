@@ -106,3 +106,9 @@ def row_launch_config(block: int) -> dict:
     else:
         warps = 16
     return {"num_warps": warps}
+
+
+def first_true(mask: torch.Tensor) -> tuple[int, ...]:
+    """The index of the first True of ``mask`` (row-major), for an error message that names
+    the row and the position; only called once a check has failed."""
+    return tuple(torch.nonzero(mask)[0].tolist())

@@ -17,7 +17,7 @@ import torch
 
 from avex import _checks
 
-from ._utils import (ROW_KERNEL_MAX_WIDTH, next_power_of_2, resolve_row_backend,
+from ._utils import (ROW_KERNEL_MAX_WIDTH, first_true, next_power_of_2, resolve_row_backend,
                      row_launch_config)
 from .exchange_ref import (EXCHANGE_TYPES, build_exchanges_ref, group_width, type_codes)
 from .gumbel_topk import check_selection
@@ -157,17 +157,21 @@ def _check_args(scores, indices, modality, g, types) -> tuple:
     if stats[1]:
         raise ValueError("scores contains +inf; only finite values and -inf are allowed")
     if stats[2]:
-        value = int(modality[bad_modality][0])
-        raise ValueError(f"modality must hold -1 (padding), 0 (visual) or 1 (audio), got {value}")
+        b, m = first_true(bad_modality)
+        raise ValueError(f"modality must hold -1 (padding), 0 (visual) or 1 (audio), got "
+                         f"{int(modality[b, m])} at row {b}, position {m}")
     if stats[3]:
-        raise ValueError(f"indices must hold positions >= 0 and -1 padding, "
-                         f"got {int(indices.min())}")
+        b, k = first_true(indices < -1)
+        raise ValueError(f"indices must hold positions >= 0 and -1 padding, got "
+                         f"{int(indices[b, k])} at row {b}, position {k}")
     # Shared with gumbel_topk: -1 only as trailing padding, in range, no repeats, no -inf.
     k_rows = (indices >= 0).sum(dim=1)
     lengths = torch.full((batch,), width, dtype=torch.int64, device=scores.device)
     check_selection(scores, indices.to(torch.int64), k_rows, lengths)
     if stats[4]:
-        raise ValueError("indices: a chosen position is padding (modality -1)")
+        b, k = first_true(chosen_padding)
+        raise ValueError(f"indices: a chosen position is padding (modality -1): row {b}, "
+                         f"position {k} holds {int(indices[b, k])}")
     return tuple(types)
 
 

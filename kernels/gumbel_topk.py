@@ -27,7 +27,7 @@ import torch
 
 from avex import _checks
 
-from ._utils import (ROW_KERNEL_MAX_WIDTH, next_power_of_2, resolve_row_backend,
+from ._utils import (ROW_KERNEL_MAX_WIDTH, first_true, next_power_of_2, resolve_row_backend,
                      row_launch_config)
 from .cuda_lib import TOPK_MAX_WIDTH as CUDA_TOPK_MAX_WIDTH
 from .cuda_lib import load as load_cuda_library
@@ -275,6 +275,9 @@ def _check_common(scores, k, lengths, tau, k_name: str = "k"):
             "selectable tokens (positions < lengths with a score > -inf)")
     if batch == 0:  # no row to take K from: an empty batch keeps the K it was asked for
         k_max = k if isinstance(k, int) else (int(k) if k.dim() == 0 else 0)
+        if k_max > width:  # every backend refuses it, as it would on a row
+            raise ValueError(f"{k_name} = {k_max} exceeds the {width} tokens of a row (the "
+                             "width of scores)")
     return scores, k_rows, int(k_max), lengths
 
 
@@ -318,16 +321,30 @@ def check_selection(scores, indices, k_rows, lengths):
         ((sorted_idx[:, 1:] == sorted_idx[:, :-1]) & (sorted_idx[:, 1:] >= 0)).any(),
     ]).tolist()
     if stats[0]:
-        raise ValueError(f"indices must hold positions >= 0 and -1 padding, "
-                         f"got {int(indices.min())}")
+        b, k = first_true(indices < -1)
+        raise ValueError(f"indices must hold positions >= 0 and -1 padding, got "
+                         f"{int(indices[b, k])} at row {b}, position {k}")
     if stats[1]:
-        raise ValueError("indices: each row must be chosen positions followed by -1 padding only")
+        b, k = first_true((indices >= 0) != in_prefix)  # a -1 with a chosen position after it
+        after = k + first_true(indices[b, k:] >= 0)[0]
+        raise ValueError(f"indices: each row must be chosen positions followed by -1 padding "
+                         f"only; row {b} has -1 at position {k}, then {int(indices[b, after])} "
+                         f"at position {after}")
     if stats[2]:
-        raise ValueError("indices: a chosen position lies outside its row's valid length")
+        b, k = first_true(in_prefix & ((indices >= lengths[:, None]) | (indices >= width)))
+        raise ValueError(f"indices: a chosen position lies outside its row's valid length: row "
+                         f"{b}, position {k} holds {int(indices[b, k])}, but the row has "
+                         f"{min(int(lengths[b]), width)} positions")
     if stats[3]:
-        raise ValueError("indices: a chosen position has score -inf (padding cannot be chosen)")
+        b, k = first_true(in_prefix & (scores.gather(1, safe) == float("-inf")))
+        raise ValueError(f"indices: a chosen position has score -inf (padding cannot be "
+                         f"chosen): row {b}, position {k} holds {int(indices[b, k])}")
     if stats[4]:
-        raise ValueError("indices: a row chooses the same position twice")
+        b, j = first_true((sorted_idx[:, 1:] == sorted_idx[:, :-1]) & (sorted_idx[:, 1:] >= 0))
+        value = int(sorted_idx[b, j])
+        where = torch.nonzero(in_prefix[b] & (indices[b] == value)).flatten().tolist()
+        raise ValueError(f"indices: a row chooses the same position twice: row {b} holds "
+                         f"{value} at positions {where[0]} and {where[1]}")
     return indices
 
 

@@ -66,6 +66,33 @@ KERNEL_CASES = [
     case("compact meta hidden", lambda: compact(torch.randn(1, 3, 2, device="meta"), torch.ones(1, 3, dtype=torch.bool)), ValueError, "hidden is a meta tensor"),
 ]
 
+SCORES_NEG_INF = torch.tensor([[0.5, 0.1, 0.3, 0.2, 0.9], [0.2, 0.4, 0.1, 0.7, -INF]])
+
+
+def log_prob_of(indices, scores=SCORES_NEG_INF):
+    return lambda backend: plackett_luce_log_prob(scores, torch.tensor(indices), backend=backend)
+
+
+def exchanges_of(indices, modality):
+    return lambda backend: build_exchanges(torch.randn(1, 4), torch.tensor(indices), torch.tensor(modality), g=1, backend=backend)
+
+
+# Every check runs before the backend is picked: the Triton kernels (under the interpreter) and
+# the PyTorch reference refuse the same input with the same message.
+BACKEND_CASES = [
+    case("gumbel_topk k=100 on an empty batch of width 10", lambda backend: gumbel_topk(torch.randn(0, 10), 100, backend=backend), ValueError, r"k = 100 exceeds the 10 tokens of a row \(the width of scores\)"),
+    case("gumbel_topk k=100 on an empty batch, Top-K", lambda backend: gumbel_topk(torch.randn(0, 10), 100, sample=False, backend=backend), ValueError, r"k = 100 exceeds the 10 tokens of a row"),
+    case("plackett_luce index past the row", log_prob_of([[0, 2, -1], [1, 5, 3]]), ValueError, r"indices: a chosen position lies outside its row's valid length: row 1, position 1 holds 5, but the row has 5 positions"),
+    case("plackett_luce -1 before a chosen position", log_prob_of([[0, -1, 2], [1, 0, 3]]), ValueError, r"row 0 has -1 at position 1, then 2 at position 2"),
+    case("plackett_luce a position chosen twice", log_prob_of([[0, 2, 2], [1, 0, 3]]), ValueError, r"indices: a row chooses the same position twice: row 0 holds 2 at positions 1 and 2"),
+    case("plackett_luce a -inf position chosen", log_prob_of([[0, 2, -1], [1, 4, 3]]), ValueError, r"indices: a chosen position has score -inf \(padding cannot be chosen\): row 1, position 1 holds 4"),
+    case("plackett_luce index -3", log_prob_of([[0, -3, -1], [1, 0, 3]]), ValueError, r"indices must hold positions >= 0 and -1 padding, got -3 at row 0, position 1"),
+    case("build_exchanges a padding position chosen", exchanges_of([[0, 3]], [[0, 0, 1, -1]]), ValueError, r"indices: a chosen position is padding \(modality -1\): row 0, position 1 holds 3"),
+    case("build_exchanges modality 5", exchanges_of([[0, 3]], [[0, 0, 5, 1]]), ValueError, r"modality must hold -1 \(padding\), 0 \(visual\) or 1 \(audio\), got 5 at row 0, position 2"),
+    case("build_exchanges index -2", exchanges_of([[0, -2]], [[0, 0, 1, 1]]), ValueError, r"indices must hold positions >= 0 and -1 padding, got -2 at row 0, position 1"),
+    case("build_exchanges an index past the row", exchanges_of([[0, 7]], [[0, 0, 1, 1]]), ValueError, r"row 0, position 1 holds 7, but the row has 4 positions"),
+]
+
 HELPER_CASES = [
     case("num_kept negative count", lambda: num_kept(0.5, torch.tensor([4, -2])), ValueError, "num_tokens must be token counts >= 0, got -2"),
     case("num_kept float counts", lambda: num_kept(0.5, torch.tensor([4.0, 2.5])), TypeError, "num_tokens must be an integer tensor, got dtype torch.float32"),
@@ -160,6 +187,12 @@ PROFILING_CASES = [
                          PRUNE_CASES + PROFILING_CASES)
 def test_bad_input_is_refused_naming_the_argument(call, error, match):
     raises(call, error, match)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("call,error,match", BACKEND_CASES)
+def test_bad_kernel_input_is_refused_alike_by_both_backends(backend, call, error, match):
+    raises(lambda: call(backend), error, match)
 
 
 @pytest.mark.parametrize("call,error,match", GENERATE_CASES)
