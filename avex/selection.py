@@ -42,6 +42,12 @@ def num_kept(retention: float, num_tokens: torch.Tensor) -> torch.Tensor:
     if num_tokens.numel() and int(num_tokens.min()) < 0:
         raise ValueError(f"num_tokens must be token counts >= 0, got {int(num_tokens.min())}")
     k = torch.floor(num_tokens.double() * rho + 0.5).long()
+    huge = num_tokens > 2 ** 53  # float64 holds no such count exactly: round in integers
+    if bool(huge.any()):
+        num, den = rho.as_integer_ratio()  # exact: rho is a binary fraction
+        exact = [(2 * n * num + den) // (2 * den) for n in num_tokens[huge].tolist()]
+        k = k.clone()
+        k[huge] = torch.tensor(exact, dtype=k.dtype, device=k.device)
     return torch.where(num_tokens > 0, k.clamp_min(1), torch.zeros_like(k))
 
 

@@ -126,6 +126,7 @@ def timed(fn, device: torch.device, repeat: int = 1):
     back-to-back calls."""
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
+    _checks.int_at_least("repeat", repeat, 1)  # no call would be timed
     clock = Clock(device)
 
     def run():

@@ -4,6 +4,8 @@
 ``match`` (a regex searched in the message).
 ``usage(id, main, argv, match)``: ``main(argv)`` must exit with status 2 (a usage error),
 print a message matching ``match`` on stderr and no traceback.
+``exact(id, call, expected)``: an edge input that is valid and was answered wrongly;
+``call()`` must return ``expected`` exactly.
 """
 import re
 
@@ -18,6 +20,10 @@ def case(case_id: str, call, error, match: str, marks=()):
 
 def usage(case_id: str, main, argv, match: str):
     return pytest.param(main, list(argv), match, id=case_id)
+
+
+def exact(case_id: str, call, expected):
+    return pytest.param(call, expected, id=case_id)
 
 
 def raises(call, error, match):

@@ -19,7 +19,7 @@ from avex.scoring import caption_split, keep_all
 from avex.selection import (AVLayout, balanced_attention_keep, num_kept, random_keep, split_budget,
                             topk_keep)
 from avex.train import train
-from badinput import INF, NAN, case, raises
+from badinput import INF, NAN, case, exact, raises
 
 HIDDEN = 16
 
@@ -167,6 +167,9 @@ PROFILING_CASES = [
     case("alternate warmup=-1", lambda: alternate({"a": dict}, rounds=1, warmup=-1), ValueError, "warmup must be >= 0, got -1"),
     case("Clock device 'cpu' (a str)", lambda: Clock("cpu"), TypeError, "device must be a torch.device, got str: 'cpu'"),
     case("timed fn None", lambda: timed(None, torch.device("cpu")), TypeError, "fn must be callable, got NoneType"),
+    case("timed repeat=-3", lambda: timed(dict, torch.device("cpu"), repeat=-3), ValueError, "repeat must be >= 1, got -3"),
+    case("timed repeat=0", lambda: timed(dict, torch.device("cpu"), repeat=0), ValueError, "repeat must be >= 1, got 0"),
+    case("timed repeat=2.0", lambda: timed(dict, torch.device("cpu"), repeat=2.0), TypeError, "repeat must be an int, got float: 2.0"),
     case("ProfileSettings runs=0", lambda: ProfileSettings(runs=0).validate(), ValueError, "runs must be >= 1, got 0"),
     case("ProfileSettings runs=-3", lambda: ProfileSettings(runs=-3).validate(), ValueError, "runs must be >= 1, got -3"),
     case("ProfileSettings warmup=-1", lambda: ProfileSettings(warmup=-1).validate(), ValueError, "warmup must be >= 0, got -1"),
@@ -187,6 +190,18 @@ PROFILING_CASES = [
                          PRUNE_CASES + PROFILING_CASES)
 def test_bad_input_is_refused_naming_the_argument(call, error, match):
     raises(call, error, match)
+
+
+EXACT_CASES = [  # were answered in float64
+    exact("num_kept(1.0, 2**62 + 1)", lambda: int(num_kept(1.0, 2**62 + 1)), 2**62 + 1),
+    exact("num_kept(0.5, [2**62 + 1, 5])", lambda: num_kept(0.5, torch.tensor([2**62 + 1, 5])).tolist(), [2**61 + 1, 3]),
+    exact("num_kept(1.0, 2**53 + 1)", lambda: int(num_kept(1.0, torch.tensor(2**53 + 1))), 2**53 + 1),
+]
+
+
+@pytest.mark.parametrize("call,expected", EXACT_CASES)
+def test_edge_input_is_answered_exactly(call, expected):
+    assert call() == expected
 
 
 @pytest.mark.parametrize("backend", ["torch", "triton"])
