@@ -137,6 +137,21 @@ def device(name: str, value) -> str:
     return value
 
 
+def available_device(name: str, value) -> str:
+    """:func:`device`, and for 'cuda' or 'cuda:N' a CUDA device of that index on this
+    machine (checked before any work: torch fails on it only once a model is moved)."""
+    device(name, value)
+    if value.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ValueError(f"{name} is {value!r} but CUDA is not available on this machine; "
+                             "pass cpu (or auto)")
+        index = int(value.partition(":")[2] or 0)
+        if index >= torch.cuda.device_count():
+            raise ValueError(f"{name} is {value!r} but this machine has "
+                             f"{torch.cuda.device_count()} CUDA device(s)")
+    return value
+
+
 def int_at_least(name: str, value, low: int) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}: {value!r}")

@@ -5,6 +5,7 @@ weights, for parameter counts, FLOPs and latency.
 """
 from __future__ import annotations
 
+import json
 import os
 
 BACKBONES = {
@@ -29,6 +30,14 @@ def backbone_config(name_or_path: str):
         spec = dict(BACKBONES[name_or_path])
         return AutoConfig.for_model(spec.pop("model_type"), **spec)
     if os.path.exists(name_or_path):
-        return AutoConfig.from_pretrained(name_or_path)
+        file = os.path.join(name_or_path, "config.json") if os.path.isdir(name_or_path) \
+            else name_or_path
+        try:
+            with open(file, encoding="utf-8") as handle:
+                json.load(handle)
+            return AutoConfig.from_pretrained(name_or_path)
+        except (OSError, ValueError) as err:  # JSONDecodeError is a ValueError
+            raise ValueError(f"backbone {name_or_path!r}: {file} is not a Hugging Face config "
+                             f"({type(err).__name__}: {err})") from None
     raise ValueError(f"backbone must be one of {sorted(BACKBONES)} or a path to a Hugging Face "
                      f"config, got {name_or_path!r}")

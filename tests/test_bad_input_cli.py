@@ -22,6 +22,9 @@ def _script(path: Path):
 
 
 summarize_main = _script(Path(__file__).resolve().parents[1] / "bench" / "summarize.py").main
+THIS_FILE, TESTS = str(Path(__file__).resolve()), str(Path(__file__).resolve().parent)
+# the message without CUDA, or on a machine with fewer than ten GPUs
+NO_CUDA_9 = r"device is 'cuda:9' but (CUDA is not available|this machine has \d+ CUDA device)"
 
 CLI_CASES = [
     usage("evaluate --fastv-layer -5", evaluate_main, ["sweep", "--fastv-layer", "-5"], "fastv_layer must be >= 1, got -5"),
@@ -40,6 +43,11 @@ CLI_CASES = [
     usage("evaluate --train-args '--bogus'", evaluate_main, ["--train-args", "--bogus 1"], r"--train-args: '--bogus 1' are not python -m avex.train flags"),
     usage("evaluate --data own cache, embedded captioner", evaluate_main, ["--data", "."], "--captioner embedded goes with --data embedded"),
     usage("evaluate --data missing", evaluate_main, ["--data", "/no/such/cache"], "--data: no feature cache at '/no/such/cache'"),
+    usage("evaluate --data a file", evaluate_main, ["--data", THIS_FILE, "--captioner", TESTS], r"--data: no feature cache at '.*test_bad_input_cli\.py' \(a file; a feature cache is a directory holding meta\.json\)"),
+    usage("evaluate --data a folder without meta.json", evaluate_main, ["--data", TESTS, "--captioner", TESTS], r"--data: no feature cache at '.*tests' \(a directory without meta\.json"),
+    usage("evaluate gates --benchmark a file", evaluate_main, ["gates", "--benchmark", THIS_FILE], r"--benchmark: no feature cache at '.*test_bad_input_cli\.py' \(a file"),
+    usage("evaluate --device cuda:9", evaluate_main, ["--device", "cuda:9"], NO_CUDA_9),
+    usage("evaluate gates --device cuda:9", evaluate_main, ["gates", "--device", "cuda:9"], NO_CUDA_9),
     usage("evaluate motivation --group 0", evaluate_main, ["motivation", "--group", "0"], "group must be >= 1, got 0"),
     usage("evaluate motivation --group -2", evaluate_main, ["motivation", "--group", "-2"], "group must be >= 1, got -2"),
     usage("evaluate motivation --base-sets 0", evaluate_main, ["motivation", "--base-sets", "0"], "base_sets must be >= 1, got 0"),
@@ -75,6 +83,11 @@ CLI_CASES = [
     usage("captioner train --lr nan", captioner_main, ["train", "--lr", "nan"], "lr must be a finite number > 0, got nan"),
     usage("captioner train --seed -1", captioner_main, ["train", "--seed", "-1"], "seed must be >= 0, got -1"),
     usage("captioner train --device tpu", captioner_main, ["train", "--device", "tpu"], r"device must be .* got 'tpu'"),
+    usage("captioner train --device cuda:9", captioner_main, ["train", "--device", "cuda:9"], NO_CUDA_9),
+    usage("captioner caption --device cuda:9", captioner_main, ["caption", "--data", ".", "--device", "cuda:9"], NO_CUDA_9),
+    usage("profiling --backbone a file that isn't JSON", profiling_main, ["--backbone", THIS_FILE], r"backbone '.*test_bad_input_cli\.py': .* is not a Hugging Face config \(JSONDecodeError"),
+    usage("policy --backbone a file that isn't JSON", policy_main, ["--backbone", THIS_FILE], r"backbone '.*test_bad_input_cli\.py': .* is not a Hugging Face config \(JSONDecodeError"),
+    usage("policy --backbone a folder without config.json", policy_main, ["--backbone", TESTS], r"backbone '.*tests': .*config\.json is not a Hugging Face config \(FileNotFoundError"),
     usage("captioner train --data missing", captioner_main, ["train", "--data", "/no/such"], "--data: no feature cache at '/no/such'"),
     usage("captioner caption -n 0", captioner_main, ["caption", "--data", ".", "-n", "0"], "n must be >= 1, got 0"),
     usage("captioner caption --retention 2", captioner_main, ["caption", "--data", ".", "--retention", "2"], r"retention must be in \(0, 1\], got 2.0"),
@@ -142,15 +155,24 @@ def test_unwritable_output_is_refused_before_any_work(tmp_path, capsys, main, ar
     (["sweep", "--cacovid-run", "{unfinished}"], r"--cacovid-run: .*unfinished has no checkpoints/latest"),
     (["ablation", "--run", "full={empty}"], r"--run full: .*empty has no config.json"),
     (["ablation", "--run", "warmup={unfinished}"], r"--run warmup: no policy weights at .*warmup_policy.safetensors"),
+    (["sweep", "--avex-run", "{truncated}"], r"--avex-run: .*policy\.safetensors: corrupt or truncated weights"),
+    (["ablation", "--run", "full={truncated}"], r"--run full: .*policy\.safetensors: corrupt or truncated weights"),
 ], ids=["sweep --avex-run not a run", "sweep --cacovid-run unfinished",
-        "ablation --run not a run", "ablation --run warmup without its weights"])
+        "ablation --run not a run", "ablation --run warmup without its weights",
+        "sweep --avex-run with a 1-byte weights file", "ablation --run with a 1-byte weights file"])
 def test_given_run_is_checked_before_any_training(tmp_path, capsys, flags, match):
     # a run that can't be loaded used to fail only after every other method had been trained
     (tmp_path / "empty").mkdir()
     (tmp_path / "unfinished").mkdir()
     (tmp_path / "unfinished" / "config.json").write_text("{}")
-    argv = [f.format(empty=tmp_path / "empty", unfinished=tmp_path / "unfinished")
-            for f in flags]
+    step = tmp_path / "truncated" / "checkpoints" / "step-4"
+    step.mkdir(parents=True)
+    (tmp_path / "truncated" / "config.json").write_text("{}")
+    (tmp_path / "truncated" / "checkpoints" / "latest").write_text("step-4")
+    (step / "policy.safetensors").write_bytes(b"x")  # its message used to come after --out
+    (step / "state.pt").write_bytes(b"")
+    argv = [f.format(empty=tmp_path / "empty", unfinished=tmp_path / "unfinished",
+                     truncated=tmp_path / "truncated") for f in flags]
     exits_with_usage_error(evaluate_main, argv + sandbox(evaluate_main, flags[0], tmp_path),
                            match, capsys)
     assert not (tmp_path / "out").exists() and not (tmp_path / "benchmarks").exists()

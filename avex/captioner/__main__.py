@@ -31,7 +31,7 @@ def cmd_train(args) -> int:
     cfg = dataclasses.replace(cfg, **changes).validate()
     _checks.int_at_least("seed", args.seed, 0)
     if args.device is not None:
-        _checks.device("device", args.device)
+        _checks.available_device("device", args.device)
     if args.data:
         bench = Path(args.data)
         if not (bench / "meta.json").is_file():
@@ -69,7 +69,7 @@ def cmd_caption(args) -> int:
     _checks.int_at_least("seed", args.seed, 0)
     _checks.choice("split", args.split, set(SPLITS))
     if args.device is not None:
-        _checks.device("device", args.device)
+        _checks.available_device("device", args.device)
     if not Path(args.data, "meta.json").is_file():
         raise FileNotFoundError(f"--data: no feature cache at {args.data!r}")
     captioner = FrozenCaptioner.load(args.captioner, device=args.device)

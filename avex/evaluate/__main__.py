@@ -32,6 +32,7 @@ from pathlib import Path
 
 from avex import _checks
 from avex.captioner.train import PRESETS as CAPTIONER_PRESETS
+from avex.checkpoint import check_weights
 from avex.config import build_parser as build_train_parser
 from avex.config import resolve_config
 from avex.data import SPLITS
@@ -236,10 +237,26 @@ def _check_seeds(seeds) -> None:
         raise ValueError(f"seeds has duplicates: {seeds}")
 
 
+def _given_run(path, checkpoint: str, name: str) -> None:
+    """A finished run's settings and a readable weights file (its header read, not the
+    tensors), checked before --out is made or anything is trained."""
+    weights, _ = run_policy_weights(path, checkpoint, name=name)
+    try:
+        check_weights(weights)
+    except ValueError as err:
+        raise ValueError(f"{name}: {err}") from None
+
+
+def _not_a_cache(path) -> str:
+    what = "a file" if Path(path).is_file() else "a directory without meta.json"
+    return "" if not Path(path).exists() else f" ({what}; a feature cache is a directory " \
+        "holding meta.json)"
+
+
 def check_args(args) -> None:
     """Check (and normalise ``--run``) the parsed flags of any subcommand."""
     if args.device is not None:
-        _checks.device("device", args.device)
+        _checks.available_device("device", args.device)
     if args.cache_dir is not None:  # a prebuilt cache may be read-only
         _checks.output_dir("cache_dir", args.cache_dir, writable=False)
     _checks.choice("captioner_preset", args.captioner_preset, set(CAPTIONER_PRESETS))
@@ -248,8 +265,9 @@ def check_args(args) -> None:
         for name, low in (("seeds", 1), ("counterfactual_clips", 1), ("base_sets", 1)):
             _checks.int_at_least(name, getattr(args, name), low)
         _checks.int_at_least("seed", args.seed, 0)
-        if args.benchmark is not None and not Path(args.benchmark).exists():
-            raise FileNotFoundError(f"--benchmark: no feature cache at {args.benchmark!r}")
+        if args.benchmark is not None and not (Path(args.benchmark) / "meta.json").is_file():
+            raise FileNotFoundError(f"--benchmark: no feature cache at {args.benchmark!r}"
+                                    + _not_a_cache(args.benchmark))
         if args.captioner is not None and not Path(args.captioner).exists():
             raise FileNotFoundError(f"--captioner: no model directory at {args.captioner!r}")
         return
@@ -265,7 +283,7 @@ def check_args(args) -> None:
     for name in ("avex_run", "cacovid_run"):
         path = getattr(args, name, None)
         if path is not None:  # a finished run, checked now, not after the other methods ran
-            run_policy_weights(path, "latest", name="--" + name.replace("_", "-"))
+            _given_run(path, "latest", "--" + name.replace("_", "-"))
     if args.data != "embedded" and not Path(args.data).exists():
         raise FileNotFoundError(f"--data: no feature cache at {args.data!r}")
     if args.captioner != "embedded" and not Path(args.captioner).exists():
@@ -273,6 +291,9 @@ def check_args(args) -> None:
     if args.captioner == "embedded" and args.data != "embedded":
         raise ValueError("--captioner embedded goes with --data embedded; for your own feature "
                          "cache pass --captioner PATH to its Hugging Face causal LM")
+    if args.data != "embedded" and not (Path(args.data) / "meta.json").is_file():
+        raise FileNotFoundError(f"--data: no feature cache at {args.data!r}"
+                                + _not_a_cache(args.data))
     try:  # the settings of any policy trained here, checked now rather than after captioning
         resolve_config(build_train_parser("--train-args", "training settings").parse_args(
             shlex.split(args.train_args)))
@@ -304,8 +325,7 @@ def check_args(args) -> None:
             if not sep or name not in ABLATIONS:
                 raise ValueError(f"--run must be VARIANT=DIR with VARIANT one of "
                                  f"{list(ABLATIONS)}, got {item!r}")
-            run_policy_weights(path, "warmup" if name == "warmup" else "latest",
-                               name=f"--run {name}")
+            _given_run(path, "warmup" if name == "warmup" else "latest", f"--run {name}")
             runs[name] = Path(path)
         args.run = runs
     if args.command == "motivation":
