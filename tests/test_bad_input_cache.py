@@ -105,6 +105,9 @@ READER_CASES = [
     case("split 'dev'", lambda r: FeatureCache(r).split("dev"), ValueError, r"split must be one of .* got 'dev'"),
     case("split with no rows", lambda r: FeatureCache(r).split("val"), CacheError, r"no rows with split 'val'"),
     case("get unknown clip", lambda r: FeatureCache(r).get("clip-9"), KeyError, r"clip_id 'clip-9' is not in"),
+    case("FeatureCache(None)", lambda r: FeatureCache(None), TypeError, r"root must be the path of a feature cache directory \(a str or Path\), got NoneType: None"),
+    case("meta.json names a tokenizer folder that is missing", lambda r: (edit_meta(r, tokenizer="tokenizer"), FeatureCache(r).check_tokenizer()), CacheError, r"meta\.json: tokenizer 'tokenizer' is not a folder inside the cache \(.*tokenizer\), nor is it a local path or a model in the Hugging Face cache"),
+    case("meta.json names a tokenizer folder that is broken", lambda r: (edit_meta(r, tokenizer="shards"), FeatureCache(r).check_tokenizer()), CacheError, r"meta\.json: tokenizer 'shards' can't be loaded from the cache"),
 ]
 
 
@@ -153,3 +156,20 @@ WRITER_CASES = [
 def test_writer_refuses_what_the_reader_would(tmp_path, call, error, match):
     raises(lambda: call(tmp_path / "new"), error, match)
     assert not (tmp_path / "new").exists()
+
+
+def test_data_verify_fails_where_the_named_tokenizer_is_missing(cache_root, capsys):
+    """``python -m avex.data verify`` used to report success without the tokenizer folder."""
+    from avex.data.__main__ import main as data_main
+    from badinput import exits_with_usage_error
+    assert data_main(["verify", str(cache_root)]) == 0  # no tokenizer named: embeddings or ids
+    assert "no tokenizer" in capsys.readouterr().out
+    edit_meta(cache_root, tokenizer="tokenizer")
+    exits_with_usage_error(data_main, ["verify", str(cache_root)],
+                           r"tokenizer 'tokenizer' is not a folder inside the cache", capsys)
+
+
+def test_data_verify_loads_the_tokenizer_inside_the_cache(tiny_benchmark, capsys):
+    from avex.data.__main__ import main as data_main
+    assert data_main(["verify", str(tiny_benchmark)]) == 0
+    assert f"tokenizer {tiny_benchmark / 'tokenizer'} loads" in capsys.readouterr().out

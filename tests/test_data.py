@@ -14,7 +14,8 @@ from avex.data import (CacheError, CacheWriter, FeatureCache, build_benchmark, e
                        resolve_config)
 from avex.data import world
 from avex.data.__main__ import main as data_cli
-from avex.data.embedded import IN_DOMAIN, TRANSFER, Backbone, sample_clip, synthesize
+from avex.data.embedded import (IN_DOMAIN, TRANSFER, Backbone, build_tokenizer, sample_clip,
+                                 synthesize)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -234,6 +235,10 @@ def test_missing_meta_and_bad_version(tmp_path, cache_root):
 
 
 def test_verify_cli_reports_the_file(cache_root, capsys):
+    # meta.json names "my/tokenizer": neither inside the cache nor anywhere, until it is saved
+    assert data_cli(["verify", str(cache_root)]) == 2
+    assert "tokenizer 'my/tokenizer' is not a folder inside the cache" in capsys.readouterr().err
+    build_tokenizer().save_pretrained(str(cache_root / "my" / "tokenizer"))
     assert data_cli(["verify", str(cache_root)]) == 0
     (cache_root / "shards" / "val-00000.safetensors").unlink()
     assert data_cli(["verify", str(cache_root)]) == 2

@@ -1,7 +1,8 @@
 """python -m avex.data {build, verify, info}
 
   build   generate the embedded benchmark (default: preset "default", seed 0) into the cache
-  verify  check a feature cache completely (every row against its shard, every shard's SHA-256)
+  verify  check a feature cache completely (every row against its shard, every shard's SHA-256,
+          the tokenizer meta.json names)
   info    print a cache's splits, sizes and one clip
 
 The benchmark's measured gates are an analysis: ``python -m avex.evaluate gates``.
@@ -58,8 +59,10 @@ def cmd_build(args) -> int:
 def cmd_verify(args) -> int:
     cache = FeatureCache(args.path, verify="hash")
     cache.verify_all()
+    tokenizer = cache.check_tokenizer()
     print(f"{args.path}: {len(cache)} clips in {len(cache.meta.shards)} shards, all rows and "
-          "shard hashes check out")
+          "shard hashes check out; " + ("prompts are stored as embeddings (no tokenizer)"
+                                        if tokenizer is None else f"tokenizer {tokenizer} loads"))
     return 0
 
 

@@ -549,6 +549,9 @@ class FeatureCache:
 
     def __init__(self, root, *, verify: str = "header", expected_dim: int | None = None,
                  max_open_shards: int = 8):
+        if not isinstance(root, (str, os.PathLike)):
+            raise TypeError(f"root must be the path of a feature cache directory (a str or "
+                            f"Path), got {type(root).__name__}: {root!r}")
         _checks.choice("verify", verify, ("none", "header", "hash"))
         _checks.optional_int_at_least("expected_dim", expected_dim, 1)
         _checks.int_at_least("max_open_shards", max_open_shards, 1)
@@ -838,6 +841,27 @@ class FeatureCache:
             raise CacheError(f"{self.root / MANIFEST_FILE}: no rows with split {name!r} "
                              f"(splits present: {sorted({r['split'] for r in self.rows})})")
         return CacheSplit(self, indices, name)
+
+    def check_tokenizer(self) -> str | None:
+        """Load the tokenizer meta.json names (a folder inside the cache, a local path, or a
+        model already in the Hugging Face cache; nothing is downloaded) and return where it
+        came from; None when prompts are stored as embeddings. A missing or broken one is a
+        :class:`CacheError`: the prompt ids couldn't be read."""
+        from transformers import AutoTokenizer
+
+        name = self.meta.tokenizer
+        if name is None:
+            return None
+        path, inside = self.tokenizer_path(), self.root / name
+        try:
+            AutoTokenizer.from_pretrained(path, local_files_only=True)
+        except Exception as err:  # OSError, ValueError, and the tokenizer libraries' own
+            state = "can't be loaded from" if inside.exists() else "is not a folder inside"
+            raise CacheError(f"{self.root / META_FILE}: tokenizer {name!r} {state} the cache "
+                             f"({inside}), nor is it a local path or a model in the Hugging "
+                             f"Face cache, so the prompt ids can't be read "
+                             f"({type(err).__name__}: {str(err)[:200]})") from None
+        return path
 
     def tokenizer_path(self) -> str | None:
         """The tokenizer for prompt ids: a directory inside the cache when one was saved there,
