@@ -375,6 +375,10 @@ class Run:
         if cfg.evaluate:  # a missing evaluation split fails now, not after training
             cache.split(cfg.eval_split)
         train = cache.split("train")
+        verified = cache.verify_shards(train.indices + (cache.split(cfg.eval_split).indices
+                                                        if cfg.evaluate else []))
+        if self.procs.main:
+            print(f"training data: {verified}")
         clips_train = [train[i] for i in range(len(train))]
         n = len(clips_train)
         if n == 0:

@@ -63,6 +63,15 @@ def bad_value(tensor_shape, value, at=(1, 2)):
     return t
 
 
+def flip_bit(root, shard="train-00000"):
+    """One bit of a shard's tensor data flipped: header, size and meta.json stay as they were."""
+    path = root / "shards" / f"{shard}.safetensors"
+    data = bytearray(path.read_bytes())
+    data[8 + int.from_bytes(data[:8], "little") + 5] ^= 1
+    path.write_bytes(bytes(data))
+    return root
+
+
 def shard_record(meta, value):
     meta["shards"]["shards/train-00000.safetensors"] = value
 
@@ -105,6 +114,9 @@ READER_CASES = [
     case("split 'dev'", lambda r: FeatureCache(r).split("dev"), ValueError, r"split must be one of .* got 'dev'"),
     case("split with no rows", lambda r: FeatureCache(r).split("val"), CacheError, r"no rows with split 'val'"),
     case("get unknown clip", lambda r: FeatureCache(r).get("clip-9"), KeyError, r"clip_id 'clip-9' is not in"),
+    case("a flipped bit in a shard", lambda r: FeatureCache(flip_bit(r)).verify_shards(), CacheError, r"train-00000\.safetensors: corrupted shard, SHA-256 differs from meta\.json \(named by .*row 1 \(clip 'clip-0'\)\)"),
+    case("a flipped bit in a shard the clips read", lambda r: FeatureCache(flip_bit(r, "test-00000")).verify_shards([2]), CacheError, r"test-00000\.safetensors: corrupted shard, SHA-256 differs"),
+    case("verify_shards of clip 3 of 3", lambda r: FeatureCache(r).verify_shards([3]), IndexError, "clip index 3 out of range for 3 clips"),
     case("FeatureCache(None)", lambda r: FeatureCache(None), TypeError, r"root must be the path of a feature cache directory \(a str or Path\), got NoneType: None"),
     case("meta.json names a tokenizer folder that is missing", lambda r: (edit_meta(r, tokenizer="tokenizer"), FeatureCache(r).check_tokenizer()), CacheError, r"meta\.json: tokenizer 'tokenizer' is not a folder inside the cache \(.*tokenizer\), nor is it a local path or a model in the Hugging Face cache"),
     case("meta.json names a tokenizer folder that is broken", lambda r: (edit_meta(r, tokenizer="shards"), FeatureCache(r).check_tokenizer()), CacheError, r"meta\.json: tokenizer 'shards' can't be loaded from the cache"),
@@ -173,3 +185,58 @@ def test_data_verify_loads_the_tokenizer_inside_the_cache(tiny_benchmark, capsys
     from avex.data.__main__ import main as data_main
     assert data_main(["verify", str(tiny_benchmark)]) == 0
     assert f"tokenizer {tiny_benchmark / 'tokenizer'} loads" in capsys.readouterr().out
+
+
+def test_shards_are_hashed_once_per_cache_and_version(cache_root, monkeypatch):
+    from avex.data import cache as cache_module
+    hashed = []
+    real = cache_module._sha256
+    monkeypatch.setattr(cache_module, "_sha256", lambda path: hashed.append(path.name) or
+                        real(path))
+    line = FeatureCache(cache_root).verify_shards([0])  # clip 0: the train shard only
+    assert hashed == ["train-00000.safetensors"] and "1 hashed now, 0 checked before" in line
+    assert (cache_root / cache_module.STAMP_FILE).is_file()
+    line = FeatureCache(cache_root).verify_shards()  # a new reader: only the test shard
+    assert hashed[1:] == ["test-00000.safetensors"] and "1 hashed now, 1 checked before" in line
+    assert "checked before" in FeatureCache(cache_root).verify_shards() and len(hashed) == 2
+    # a shard rewritten since (a new mtime) is hashed again, and so is all under another version
+    path = cache_root / "shards" / "test-00000.safetensors"
+    path.write_bytes(path.read_bytes())
+    FeatureCache(cache_root).verify_shards()
+    assert hashed[2:] == ["test-00000.safetensors"]
+    monkeypatch.setattr("avex.__version__", "0.0.0-other")
+    FeatureCache(cache_root).verify_shards()
+    assert len(hashed) == 5
+
+
+def test_a_read_only_cache_is_verified_in_memory_and_says_so(cache_root, monkeypatch):
+    from avex.data import cache as cache_module
+
+    def read_only(*args):
+        raise PermissionError("read-only file system")
+    monkeypatch.setattr(cache_module.os, "replace", read_only)
+    cache = FeatureCache(cache_root)
+    assert "in memory only: the cache can't be written" in cache.verify_shards()
+    assert not list(cache_root.glob(".avex-verified*"))
+    assert "checked before" in cache.verify_shards()  # the same reader doesn't hash again
+
+
+def test_shards_without_a_recorded_hash_are_said_unverified(cache_root):
+    edit_meta(cache_root, shards=lambda m: m["shards"]["shards/test-00000.safetensors"].pop(
+        "sha256"))
+    line = FeatureCache(cache_root).verify_shards()
+    assert "1 shard(s) NOT verified: meta.json records no sha256 for shards/test-00000" in line
+
+
+def test_sweep_on_a_flipped_bit_stops_before_it_writes(tiny_benchmark, tiny_captioner,
+                                                      tmp_path):
+    """It used to run to the end: its default check reads only the shards' headers."""
+    import shutil
+    from avex.evaluate.__main__ import main as evaluate_main
+    data = flip_bit(shutil.copytree(tiny_benchmark, tmp_path / "bench"), "test-00000")
+    with pytest.raises(CacheError, match=r"test-00000\.safetensors: corrupted shard, SHA-256"):
+        evaluate_main(["sweep", "--data", str(data), "--captioner", str(tiny_captioner),
+                       "--methods", "random", "--retentions", "0.5", "--max-clips", "2",
+                       "--transfer-split", "none", "--no-progress", "--out",
+                       str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()

@@ -32,6 +32,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+import avex
 from avex import _checks
 
 FORMAT_NAME = "avex-feature-cache"
@@ -40,6 +41,9 @@ SPLITS = ("train", "val", "test", "transfer")
 META_FILE = "meta.json"
 MANIFEST_FILE = "manifest.jsonl"
 SHARD_DIR = "shards"
+# which shards passed their SHA-256 check, under which avex version (FeatureCache.verify_shards)
+STAMP_FILE = ".avex-verified.json"
+STAMP_FORMAT = "avex-verified/1"
 
 CLIP_ID_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]{1,200}$")
 FLOAT_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
@@ -526,6 +530,34 @@ def _read_manifest(root: Path) -> list[dict]:
     return rows
 
 
+def _read_stamp(path: Path, version: str) -> dict:
+    """Shard -> the state it was verified in, from a stamp of this avex version (an absent,
+    unreadable or other-version stamp counts for nothing)."""
+    try:
+        stamp = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(stamp, dict) or stamp.get("format") != STAMP_FORMAT \
+            or stamp.get("avex_version") != version or not isinstance(stamp.get("shards"), dict):
+        return {}
+    return stamp["shards"]
+
+
+def _write_stamp(path: Path, version: str, shards: dict) -> bool:
+    """Write the stamp atomically (a temporary file, then a rename); False where the cache
+    can't be written."""
+    temporary = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    try:
+        temporary.write_text(json.dumps({"format": STAMP_FORMAT, "avex_version": version,
+                                         "shards": shards}, indent=1, sort_keys=True) + "\n",
+                             encoding="utf-8")
+        os.replace(temporary, path)
+    except OSError:
+        temporary.unlink(missing_ok=True)
+        return False
+    return True
+
+
 def _clip_index(index, count: int, what: str) -> int:
     """An int index in [-count, count) (a bool or a float is refused, not read as 0 or 1)."""
     if isinstance(index, bool) or not isinstance(index, numbers.Integral):
@@ -720,6 +752,55 @@ class FeatureCache:
             raise CacheError(f"{path}: corrupted shard, SHA-256 differs from meta.json (named by "
                              f"{self._row_where(row)})")
         self._hashed.add(row["shard"])
+
+    def verify_shards(self, indices: Sequence[int] | None = None) -> str:
+        """Check by SHA-256 the shards that hold the clips ``indices`` (default: every clip),
+        once per cache and avex version, and return a line saying what was done.
+
+        A shard passes once its hash matches meta.json; that is recorded in ``STAMP_FILE``
+        (written atomically) with the hash, the size and the modification time it had, under
+        this avex version, and later calls skip it while all of those still hold. A cache that
+        can't be written is verified in memory only (said in the line: the next command hashes
+        again). Shards meta.json records no hash for can't be verified (said in the line).
+        A mismatch is a :class:`CacheError` naming the shard."""
+        chosen = range(len(self.rows)) if indices is None else indices
+        rows = {}
+        for index in chosen:
+            row = self.rows[_clip_index(index, len(self.rows), "clip index")]
+            rows.setdefault(row["shard"], row)
+        if not rows:
+            return f"no shard of {self.root} to verify"
+        stamp_path = self.root / STAMP_FILE
+        stamp = _read_stamp(stamp_path, avex.__version__)
+        unrecorded, reused, hashed = [], 0, {}
+        for shard, row in sorted(rows.items()):
+            path = self._shard_path(row)
+            expected = self.meta.shards.get(shard, {}).get("sha256")
+            if expected is None:
+                unrecorded.append(shard)
+                continue
+            stat = path.stat()
+            state = {"sha256": expected, "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+            if stamp.get(shard) == state or shard in self._hashed:
+                reused += 1
+                self._hashed.add(shard)
+                continue
+            self._check_hash(path, row)
+            hashed[shard] = state
+        where = f"{len(rows) - len(unrecorded)} shard(s) of {self.root} verified by SHA-256"
+        if not hashed:
+            note = f"{where} (checked before under avex {avex.__version__})" if reused else ""
+        elif _write_stamp(stamp_path, avex.__version__, {**stamp, **hashed}):
+            note = f"{where} ({len(hashed)} hashed now, {reused} checked before; recorded in " \
+                   f"{STAMP_FILE})"
+        else:
+            note = f"{where} ({len(hashed)} hashed now, in memory only: the cache can't be " \
+                   "written, so the next command hashes them again)"
+        if unrecorded:
+            note += ("; " if note else "") + (
+                f"{len(unrecorded)} shard(s) NOT verified: meta.json records no sha256 for "
+                f"{', '.join(unrecorded[:3])}{' ...' if len(unrecorded) > 3 else ''}")
+        return note
 
     def verify_all(self) -> None:
         """Full check: every row against its shard header and every shard's SHA-256."""

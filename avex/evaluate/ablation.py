@@ -47,9 +47,9 @@ def run_ablation(args) -> dict:
     the same g and number of reward evaluations per step."""
     started = time.perf_counter()
     out = Path(args.out) if args.out else Path("runs") / time.strftime("ablation-%Y%m%d-%H%M%S")
-    out.mkdir(parents=True, exist_ok=True)
     cache, captioner = load_assets(args)
     clips = split_clips(cache, args.split, args.max_clips)
+    out.mkdir(parents=True, exist_ok=True)
     decode = dict(batch_size=args.batch_size, num_beams=args.num_beams,
                   max_new_tokens=args.max_new_tokens)
     base = base_train_config(args)

@@ -234,9 +234,12 @@ def run_gates(benchmark_path, captioner_path=None, *, seeds: int = 3,
     started = time.perf_counter()
     load_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     cache = FeatureCache(benchmark_path)
+    splits_present = {r["split"] for r in cache.rows}
+    read = cache.split("test").indices + (cache.split("transfer").indices
+                                          if "transfer" in splits_present else [])
+    print(f"benchmark: {cache.verify_shards(read)}")  # a flipped bit passes the header checks
     captioner = FrozenCaptioner.load(captioner_path, device=device)
     test = list(cache.split("test"))
-    splits_present = {r["split"] for r in cache.rows}
     transfer = list(cache.split("transfer")) if "transfer" in splits_present else []
     scorer = CiderD([c.refs_av for c in test])
     report: dict = {"benchmark": str(Path(benchmark_path).resolve()),

@@ -25,9 +25,9 @@ def run_motivation(args) -> dict:
     shared base set; the joint gain is plotted against the sum of the separate ones."""
     started = time.perf_counter()
     out = Path(args.out) if args.out else Path("runs") / time.strftime("motivation-%Y%m%d-%H%M%S")
-    out.mkdir(parents=True, exist_ok=True)
     cache, captioner = load_assets(args)
     clips = split_clips(cache, args.split, args.max_clips)[:args.clips]
+    out.mkdir(parents=True, exist_ok=True)
     scorer = CiderD([c.refs_av for c in clips])
     attention = captioner.text_to_av_attention(clips)
     ranks, gains, per_clip = [], [], []

@@ -137,10 +137,10 @@ def run_sweep(args) -> dict:
     cache, captioner = load_assets(args)
     if "fastv" in args.methods:  # --fastv-layer against the LLM's depth, before any captioning
         make_selector("fastv", captioner=captioner, layer=args.fastv_layer)
-    out.mkdir(parents=True, exist_ok=True)
     test = split_clips(cache, args.split, args.max_clips)
     transfer = [] if args.transfer_split == "none" else \
         split_clips(cache, args.transfer_split, args.max_clips)
+    out.mkdir(parents=True, exist_ok=True)
     splits = {"test": test, **({"transfer": transfer} if transfer else {})}
     policies = train_policies(args, captioner, out)  # training has its own progress bars
     jobs = [(m, s, r) for s in args.seeds for m in args.methods for r in args.retentions]
