@@ -44,8 +44,9 @@ from avex.data import FeatureCache
 from avex.kernels import build_exchanges, gumbel_topk
 from avex.losses import avex_objective, leave_one_out_loss, set_level_loss
 from avex.methods import METHODS, label, load_policy, make_selector, policy_selector
+from avex.methods.learned import RUN_POLICY_RECORD
 from avex.modality import AUDIO, VISUAL
-from avex.policy import AVEXPolicy
+from avex.policy import AVEXPolicy, TrainedOn, layout_of, policy_record, row_layouts
 from avex.progress import progress_bar
 from avex.reward import CiderD
 from avex.scoring import caption_split, keep_all, score_captions
@@ -188,6 +189,21 @@ def target_loss(scores: torch.Tensor, layout: AVLayout, targets: list[torch.Tens
         labels[row, :len(target)] = target.to(labels)
     present = layout.modality >= 0
     return F.binary_cross_entropy_with_logits(scores[present], labels[present])
+
+
+def training_layout(clips) -> str:
+    """The layout (:data:`avex.policy.LAYOUTS`) of the training clips as the captioner lays
+    them out: a clip exported from a model as its codes say, a plain clip as prefix text,
+    video, audio, suffix text."""
+    names = []
+    for clip in clips:
+        if clip.merged is not None:
+            names += row_layouts(clip.merged["modality"][None])
+        elif clip.n_visual and clip.n_audio:
+            names.append("visual-then-audio")
+        elif clip.n_visual or clip.n_audio:
+            names.append("visual" if clip.n_visual else "audio")
+    return layout_of(names)
 
 
 def training_retentions(cfg: TrainConfig) -> list[float]:
@@ -353,6 +369,15 @@ class Run:
             save_checkpoint(self.run_dir, self._global_step(phase, step), _unwrap(policy), state)
         self.procs.barrier()
 
+    def record_policy(self, policy, captioner, clips) -> None:
+        """What the policy is trained on (avex.policy.TrainedOn), on the policy and in
+        ``<run>/policy.json``: ``avex.load_policy`` reads it to rebuild and check the policy."""
+        policy.trained_on = TrainedOn.of_model(captioner.model, training_layout(clips),
+                                               training_retentions(self.cfg))
+        if self.procs.main:
+            text = json.dumps(policy_record(policy.config, policy.trained_on), indent=2)
+            (self.run_dir / RUN_POLICY_RECORD).write_text(text + "\n")
+
     def steps_bar(self, desc: str, start: int, total: int):
         return progress_bar(range(start, total), desc=desc, unit="step", initial=start, total=total,
                     disable=not (self.cfg.progress and self.procs.main))
@@ -379,6 +404,7 @@ class Run:
         n = len(clips_train)
         if n == 0:
             raise ValueError(f"{data_path}: the train split is empty")
+        self.record_policy(policy, captioner, clips_train)
         self.warmup_steps = 0 if cfg.warmup_from else \
             math.ceil(cfg.warmup_epochs * n / cfg.batch_size)
         self.rl_steps = 0 if cfg.warmup_only else math.ceil(cfg.epochs * n / cfg.batch_size)
@@ -516,6 +542,8 @@ class Run:
             if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < self.rl_steps:
                 self.save(model, "rl", step + 1, optimizer, scheduler)
         self.save(model, "done", self.rl_steps, optimizer, scheduler)
+        if self.procs.main:  # the artifact: AVEXPolicy.from_pretrained / avex.load_policy
+            _unwrap(model).save_pretrained(self.run_dir / SAVED_POLICY_DIR)
 
     def train_cacovid(self) -> Path:
         """CaCoVID-AV for the final table: the registry's settings, this run's seed and warmup
@@ -613,6 +641,8 @@ def _no_sync(model, last: bool):
 
 
 RUNS_ROOT = Path("runs")
+#: where a finished run saves its policy (AVEXPolicy.save_pretrained)
+SAVED_POLICY_DIR = "policy"
 
 
 def choose_run_dir(cfg: TrainConfig, resume: bool) -> str:
