@@ -623,8 +623,9 @@ def run_label(cfg: TrainConfig) -> str:
 def results_table(rows: list[dict], caption: str) -> str:
     table = markdown_table(
         ["method", "retention", "C_av", "C_v", "C_a", "BLEU-4", "METEOR"],
-        [[r["method"], f"{r['retention']:.0%}"] + [f"{r[k]:.1f}" for k in
-                                                   ("C_av", "C_v", "C_a", "BLEU-4", "METEOR")]
+        [[r["method"], f"{r['retention']:.0%}"] + ["n/a" if r[k] is None else f"{r[k]:.1f}"
+                                                   for k in ("C_av", "C_v", "C_a", "BLEU-4",
+                                                             "METEOR")]
          for r in rows])
     return f"Results on the {caption} (CIDEr points; {metrics.cider_source()}):\n\n{table}"
 
