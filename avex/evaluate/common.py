@@ -19,8 +19,12 @@ def load_assets(args):
         args.data, args.captioner, benchmark_preset=args.benchmark_preset,
         captioner_preset=args.captioner_preset, cache_dir=args.cache_dir,
         progress=args.progress)
+    from avex.train import reference_sample
+
     device = None if args.device == "auto" else args.device
-    return FeatureCache(data_path), FrozenCaptioner.load(captioner_path, device=device)
+    cache = FeatureCache(data_path)
+    return cache, FrozenCaptioner.load(captioner_path, device=device,
+                                       references=reference_sample(cache))
 
 
 def split_clips(cache, split: str, max_clips):
