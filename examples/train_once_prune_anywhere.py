@@ -120,6 +120,19 @@ def write_media(folder: Path, family: str, seed: int = 0) -> Path:
 # ----------------------------------------------------------------------------------------------
 
 def build_model(family: str):
+    """A tiny random model whose LM head can write only the captions' words (the other rows
+    are zeroed): random weights would rarely write a reference word, every reward would be 0,
+    and avex.train refuses to train on that."""
+    model = _random_model(family)
+    with torch.no_grad():
+        head = model.get_output_embeddings().weight
+        words = torch.zeros(head.shape[0], dtype=torch.bool)
+        words[3:3 + len(WORDS)] = True   # build_tokenizer's ids of WORDS
+        head[~words] = 0.0
+    return model
+
+
+def _random_model(family: str):
     torch.manual_seed(0)
     if family == "qwen2_5_omni":
         from transformers import (Qwen2_5OmniThinkerConfig,
