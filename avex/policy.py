@@ -32,8 +32,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from avex import _checks
+from avex import __version__, _checks
 from avex.backbones import BACKBONES, backbone_config
+from avex.checkpoint import load_weights
 from avex.modality import AUDIO, PAD, TEXT, VISUAL, check_code_values
 
 
@@ -318,7 +319,6 @@ class AVEXPolicy(nn.Module):
         if model is not None:
             trained_on.check_model(model)
         policy = cls(cfg)
-        from avex.checkpoint import load_weights
         load_weights(policy, path / POLICY_WEIGHTS)
         policy.trained_on = trained_on
         return policy.to(device or "cpu").eval()
@@ -487,9 +487,8 @@ class TrainedOn:
 
 def policy_record(cfg: PolicyConfig, trained_on: TrainedOn) -> dict:
     """The JSON of a saved policy's config.json."""
-    import avex
     return {"format": POLICY_FORMAT, "version": POLICY_FORMAT_VERSION,
-            "avex_version": avex.__version__, "policy": asdict(cfg),
+            "avex_version": __version__, "policy": asdict(cfg),
             "trained_on": trained_on.to_dict()}
 
 

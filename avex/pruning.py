@@ -32,6 +32,7 @@ from avex import _checks
 from avex.kernels.compact import compact
 from avex.kernels.gumbel_topk import gumbel_topk
 from avex.modality import AUDIO, PAD, TEXT, VISUAL, check_code_values, check_codes
+from avex.policy import AVEXPolicy
 from avex.selection import AVLayout, num_kept
 
 __all__ = ["PAD", "VISUAL", "AUDIO", "TEXT", "PrunedInputs", "prune_inputs", "generate",
@@ -120,7 +121,6 @@ def prune_inputs(inputs_embeds: torch.Tensor, modality: torch.Tensor, *, scores=
     is_av = (modality == VISUAL) | (modality == AUDIO)
     is_text = modality == TEXT
     if policy is not None:
-        from avex.policy import AVEXPolicy
         if not isinstance(policy, AVEXPolicy):
             raise TypeError(f"policy must be an avex.policy.AVEXPolicy (avex.load_policy), got "
                             f"{type(policy).__name__}")

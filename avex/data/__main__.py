@@ -17,7 +17,7 @@ from pathlib import Path
 
 from .. import _checks
 from .cache import CacheError, FeatureCache
-from .export import ExportSettings
+from .export import ExportError, ExportSettings, export_cache, load_model, read_captions
 from .embedded import (PRESETS, benchmark_name, build_benchmark, default_benchmark_path,
                        resolve_config)
 
@@ -59,14 +59,11 @@ def cmd_build(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from .export import ExportError, ExportSettings, export_cache
-
     settings = ExportSettings(prompt=args.prompt, fps=args.fps, max_frames=args.max_frames,
                               use_audio_in_video=args.use_audio_in_video, dtype=args.dtype)
     try:  # settings, captions, media and output path are checked before the model loads
         settings.validate()
         _checks.output_dir("out", args.out)
-        from .export import read_captions
         read_captions(args.captions, args.media)
         if not Path(args.model, "config.json").is_file():
             raise ExportError(f"--model: {args.model!r} is not a Hugging Face model directory "
@@ -74,14 +71,9 @@ def cmd_export(args) -> int:
     except (ValueError, TypeError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    import torch
     from transformers import AutoProcessor
 
-    from ..captioner.frozen import _load_model
-
-    model = _load_model(Path(args.model), torch.float32).eval()
-    if model.config.model_type == "qwen2_5_omni":
-        model = model.thinker
+    model = load_model(args.model)
     processor = AutoProcessor.from_pretrained(args.processor or args.model)
     started = time.perf_counter()
     out = export_cache(args.media, args.captions, args.out, model=model, processor=processor,

@@ -38,6 +38,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from avex import _checks
+from avex.adapters import adapt
 from avex.data.cache import CLIP_ID_PATTERN, SPLITS, CacheWriter
 from avex.data.media import MediaError, media_kind, probe, read_media
 from avex.modality import AUDIO, PAD, VISUAL
@@ -304,6 +305,21 @@ def family_inputs(model, processor, media, settings: ExportSettings) -> tuple[di
 # Export
 # ----------------------------------------------------------------------------------------------
 
+def load_model(path):
+    """The audio-visual model of a local Hugging Face directory, as the class its config.json
+    names (``architectures``), in eval mode (the frozen captioner loads it the same way); the
+    thinker of a full Qwen2.5-Omni."""
+    import transformers
+
+    config = transformers.AutoConfig.from_pretrained(str(path))
+    names = [n for n in (config.architectures or []) if hasattr(transformers, n)]
+    if not names:
+        raise ExportError(f"model: {path}/config.json (model_type {config.model_type!r}) names "
+                          "no model class this transformers has")
+    model = getattr(transformers, names[0]).from_pretrained(str(path), dtype=torch.float32)
+    return getattr(model, "thinker", model).eval()
+
+
 def _fingerprint(model, processor, rows, settings) -> dict:
     captions = hashlib.sha256(json.dumps([[r.clip_id, str(r.file), r.split, r.captions,
                                            r.visual_captions, r.audio_captions]
@@ -323,8 +339,6 @@ def _sampling_rate(model, processor) -> int | None:
 
 def _export_clip(model, processor, row: CaptionRow, settings: ExportSettings, rate) -> dict:
     """One clip through the processor and the adapter: the tensors ``add_merged`` takes."""
-    from avex.adapters import adapt
-
     media = read_media(row.file, fps=settings.fps, max_frames=settings.max_frames,
                        sampling_rate=rate)
     if media.kind == "video" and media.audio is not None and media.audio.size == 0:

@@ -11,6 +11,7 @@ from avex.assets import resolve_asset_paths
 from avex.captioner import FrozenCaptioner
 from avex.config import TrainConfig, build_parser, resolve_config
 from avex.data import FeatureCache
+from avex.train import reference_sample
 
 
 def load_assets(args):
@@ -19,8 +20,6 @@ def load_assets(args):
         args.data, args.captioner, benchmark_preset=args.benchmark_preset,
         captioner_preset=args.captioner_preset, cache_dir=args.cache_dir,
         progress=args.progress)
-    from avex.train import reference_sample
-
     device = None if args.device == "auto" else args.device
     cache = FeatureCache(data_path)
     return cache, FrozenCaptioner.load(captioner_path, device=device,

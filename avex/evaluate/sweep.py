@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from avex.methods import METHODS, SELECTORS, label, load_policy, make_selector
+from avex.methods.learned import run_progress
 from avex.metrics import cider_source
 from avex.progress import progress_bar
 from avex.scoring import caption_split, keep_all, score_captions
@@ -300,8 +301,6 @@ def decoding_note(args) -> str:
 
 def scored_checkpoints(policies: dict) -> dict:
     """method -> which checkpoint was scored, for runs that did not finish training."""
-    from avex.methods.learned import run_progress
-
     out = {}
     for method, by_seed in policies.items():
         for _, run_dir, _ in by_seed.values():
