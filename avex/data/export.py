@@ -25,7 +25,6 @@ is that table in code.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -320,14 +319,30 @@ def load_model(path):
     return getattr(model, "thinker", model).eval()
 
 
-def _fingerprint(model, processor, rows, settings) -> dict:
-    captions = hashlib.sha256(json.dumps([[r.clip_id, str(r.file), r.split, r.captions,
-                                           r.visual_captions, r.audio_captions]
-                                          for r in rows]).encode()).hexdigest()
+def _fingerprint(model, processor, settings) -> dict:
+    """What the exported tensors depend on besides the media file (the captions don't: they
+    are added when the cache is written, so a fixed caption doesn't void a partial export)."""
     return {"model_type": model.config.model_type,
             "model": str(getattr(model.config, "_name_or_path", "")),
-            "processor": type(processor).__name__, "captions_sha256": captions,
-            "settings": asdict(settings)}
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "processor": type(processor).__name__, "settings": asdict(settings)}
+
+
+def _source(row: CaptionRow) -> str:
+    """The media file as a done clip records it: a changed file is exported again."""
+    stat = row.file.stat()
+    return f"{row.file.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
+
+
+def _done(partial: Path, row: CaptionRow) -> bool:
+    path = partial / "clips" / f"{row.clip_id}.safetensors"
+    if not path.is_file():
+        return False
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            return (handle.metadata() or {}).get("source") == _source(row)
+    except Exception:  # a clip file cut short by a kill: exported again
+        return False
 
 
 def _sampling_rate(model, processor) -> int | None:
@@ -389,17 +404,19 @@ def export_cache(media_dir, captions, out, *, model, processor,
             raise ExportError(f"{row.file} (captions line {row.line}): "
                               f"{model.config.model_type} takes no audio")
     partial = out.parent / f".{out.name}.export"
-    fingerprint = _fingerprint(model, processor, rows, settings)
-    done = _open_partial(partial, fingerprint)
-    todo = [r for r in rows if r.clip_id not in done]
-    if done:
-        print(f"resuming the export in {partial}: {len(done)} of {len(rows)} clips done")
+    fingerprint = _fingerprint(model, processor, settings)
+    _open_partial(partial, fingerprint)
+    todo = [r for r in rows if not _done(partial, r)]
+    if len(todo) < len(rows):
+        print(f"resuming the export in {partial}: {len(rows) - len(todo)} of {len(rows)} "
+              "clips done")
     bar = progress_bar(todo, desc="export", unit="clip", disable=not progress)
     with torch.no_grad():
         for row in bar:
             tensors = _export_clip(model, processor, row, settings, rate)
             _write_atomically(partial / "clips" / f"{row.clip_id}.safetensors",
-                              {k: v.contiguous() for k, v in tensors.items()})
+                              {k: v.contiguous() for k, v in tensors.items()},
+                              {"source": _source(row)})
     dim = model.get_input_embeddings().embedding_dim
     source = {"exported_by": "python -m avex.data export", **fingerprint}
     with CacheWriter(out, dim=dim, dtype=DTYPES[settings.dtype], source=source,
@@ -416,9 +433,9 @@ def export_cache(media_dir, captions, out, *, model, processor,
     return out
 
 
-def _open_partial(partial: Path, fingerprint: dict) -> set:
-    """The clip ids an interrupted export with the same fingerprint already finished; a
-    partial export of other settings is refused (its clips would mix two exports)."""
+def _open_partial(partial: Path, fingerprint: dict) -> None:
+    """Open (or start) the partial export folder; one of another model or other settings is
+    refused (its clips would mix two exports)."""
     settings = partial / "export.json"
     if settings.is_file():
         saved = json.loads(settings.read_text(encoding="utf-8"))
@@ -428,14 +445,13 @@ def _open_partial(partial: Path, fingerprint: dict) -> set:
             raise ExportError(f"{partial} holds an unfinished export with other settings "
                               f"(they differ in {differ}); run that export again to finish it, "
                               "or delete the folder to start over")
-        return {p.name[:-len(".safetensors")] for p in (partial / "clips").glob("*.safetensors")}
+        return
     (partial / "clips").mkdir(parents=True, exist_ok=True)
     settings.write_text(json.dumps(fingerprint, indent=1) + "\n", encoding="utf-8")
-    return set()
 
 
-def _write_atomically(path: Path, tensors: dict) -> None:
+def _write_atomically(path: Path, tensors: dict, metadata: dict) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    save_file(tensors, str(tmp))
+    save_file(tensors, str(tmp), metadata=metadata)
     os.replace(tmp, path)
 
