@@ -229,8 +229,11 @@ class FramesVideoProcessor:
 def build_processor(family: str, tokenizer=None):
     """The family's processor, assembled from its parts without the hub or torchvision."""
     from transformers import Qwen2_5OmniProcessor, Qwen2_5_VLProcessor, WhisperFeatureExtractor
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import \
-        Qwen2VLImageProcessorPil
+    try:  # transformers 5.2x: the Pillow backend has its own class
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import \
+            Qwen2VLImageProcessorPil
+    except ImportError:  # before: the slow (NumPy / Pillow) processor is the plain class
+        from transformers import Qwen2VLImageProcessor as Qwen2VLImageProcessorPil
 
     tokenizer = tokenizer or build_tokenizer(family)
     images = Qwen2VLImageProcessorPil(patch_size=2, temporal_patch_size=2, merge_size=2,
