@@ -237,6 +237,30 @@ EVALUATE_CASES = [
 ]
 
 
+def data_main(argv):
+    from avex.data.__main__ import main
+    return main(argv)
+
+
+EXPORT_CLI_CASES = [
+    usage("export --model without a config.json", data_main, ["export", "--media", "{media}", "--captions", "{captions}", "--model", "{tmp}", "--out", "{tmp}/cache"], r"--model: '.*' is not a Hugging Face model directory \(no config.json\)"),
+    usage("export --captions naming missing media", data_main, ["export", "--media", "{media}", "--captions", "{missing}", "--model", "{tmp}", "--out", "{tmp}/cache"], r"names 1 file\(s\) missing from .*: line 1: gone.mp4"),
+    usage("export --fps 0", data_main, ["export", "--media", "{media}", "--captions", "{captions}", "--model", "{tmp}", "--out", "{tmp}/cache", "--fps", "0"], r"fps must be .*got 0"),
+]
+
+
+@pytest.mark.parametrize("main,argv,match", EXPORT_CLI_CASES)
+def test_export_cli_refusals(media, tmp_path, capsys, main, argv, match):
+    """Bad export flags and inputs: status 2 and a message before the model is loaded."""
+    media_dir, _ = media
+    (tmp_path / "captions.jsonl").write_text(json.dumps(TRAIN) + "\n")
+    (tmp_path / "missing.jsonl").write_text(json.dumps({**TRAIN, "file": "gone.mp4"}) + "\n")
+    paths = {"media": str(media_dir), "captions": str(tmp_path / "captions.jsonl"),
+             "missing": str(tmp_path / "missing.jsonl"), "tmp": str(tmp_path)}
+    exits_with_usage_error(main, [a.format(**paths) for a in argv], match, capsys)
+    assert not (tmp_path / "cache").exists()
+
+
 @pytest.mark.parametrize("main,argv,match", EVALUATE_CASES)
 def test_evaluate_refusals(tmp_path, capsys, main, argv, match):
     for name, phase, config in (("run", "rl", {}), ("done", "done", {}),
