@@ -46,7 +46,9 @@ setup(
         "matplotlib",
     ],
     extras_require={
-        "dev": ["pytest", "pytest-benchmark", "hypothesis"],
+        # python -m avex.data export: video and audio decoding (PyAV, soundfile)
+        "media": ["av", "soundfile"],
+        "dev": ["pytest", "pytest-benchmark", "hypothesis", "av", "soundfile"],
         "flash": ["flash-attn"],
     },
 )

@@ -24,6 +24,8 @@ _LAZY = {
     "CacheWriter": "avex.data",
     "FrozenCaptioner": "avex.captioner",
     "AVEXPolicy": "avex.policy",
+    "TrainedOn": "avex.policy",
+    "load_policy": "avex.methods.learned",
     "CiderD": "avex.reward",
     "caption_metrics": "avex.metrics",
     "caption_metrics_by_reference_type": "avex.metrics",

@@ -21,16 +21,21 @@ the LLM attends to depends strongly on position.
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import os
+import warnings
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from avex import _checks
+from avex import __version__, _checks
 from avex.backbones import BACKBONES, backbone_config
-from avex.modality import AUDIO, TEXT, VISUAL, check_code_values
+from avex.checkpoint import load_weights
+from avex.modality import AUDIO, PAD, TEXT, VISUAL, check_code_values
 
 
 @dataclass
@@ -133,6 +138,8 @@ class AVEXPolicy(nn.Module):
     def __init__(self, cfg: PolicyConfig):
         super().__init__()
         self.config = cfg
+        # what it was trained on (TrainedOn); set by training and from_pretrained
+        self.trained_on: TrainedOn | None = None
         width = cfg.hidden_size
         # identity when the policy is as wide as the LLM: the first block then sees LLM inputs
         self.av_in = nn.Identity() if cfg.input_size == width else nn.Linear(cfg.input_size, width)
@@ -185,7 +192,42 @@ class AVEXPolicy(nn.Module):
         return policy
 
     def forward(self, inputs_embeds: torch.Tensor, modality: torch.Tensor) -> torch.Tensor:
-        """Keep scores [B, L] (float32): finite at audio/visual positions, -inf elsewhere."""
+        """Keep scores [B, L] (float32): finite at audio/visual positions, -inf elsewhere.
+
+        Every position goes through the network (text and padding are scored, then
+        discarded): the training path, kept as it was so that trained policies reproduce.
+        Inference reads only what the scores depend on: :meth:`score`."""
+        self._check_inputs(inputs_embeds, modality)
+        is_av = (modality == VISUAL) | (modality == AUDIO)
+        scores = self._encode(inputs_embeds, modality, inputs_embeds, modality == TEXT)
+        return scores.masked_fill(~is_av, float("-inf"))
+
+    @torch.no_grad()
+    def score(self, inputs_embeds: torch.Tensor, modality: torch.Tensor) -> torch.Tensor:
+        """:meth:`forward`'s scores, computed on what they depend on only: each row's AV tokens
+        (the encoder's tokens) and its text (the cross-attention's keys) are gathered first,
+        packed to the left, so the network runs on [B, M] and [B, T] instead of [B, L]. The
+        inference path (serving, evaluation, profiling); it equals :meth:`forward` to float
+        rounding, with the same Top-K (tests/test_policy.py). Inputs of another layout than
+        the policy was trained on are refused (:meth:`check_inputs`)."""
+        self.check_inputs(inputs_embeds, modality)
+        is_av = (modality == VISUAL) | (modality == AUDIO)
+        is_text = modality == TEXT
+        if not bool(is_text.any(1).all()):  # forward lets a row without text read every position
+            return self.forward(inputs_embeds, modality)
+        av_at, av_valid = _packed(is_av)
+        text_at, text_valid = _packed(is_text)
+        rows = torch.arange(modality.shape[0], device=modality.device)[:, None]
+        av_codes = modality[rows, av_at].masked_fill(~av_valid, PAD)
+        av_scores = self._encode(inputs_embeds[rows, av_at], av_codes, inputs_embeds[rows, text_at],
+                                 text_valid)
+        out = torch.full(modality.shape, float("-inf"), dtype=torch.float32,
+                         device=modality.device)
+        row, col = torch.nonzero(av_valid, as_tuple=True)
+        out[row, av_at[row, col]] = av_scores[row, col]
+        return out
+
+    def _check_inputs(self, inputs_embeds, modality) -> None:
         _checks.tensor("inputs_embeds", inputs_embeds, ndim=3, floating=True)
         _checks.tensor("modality", modality, ndim=2, integer=True)
         if modality.shape != inputs_embeds.shape[:2]:
@@ -195,31 +237,286 @@ class AVEXPolicy(nn.Module):
         if inputs_embeds.shape[-1] != self.config.input_size:
             raise ValueError(f"inputs_embeds has width {inputs_embeds.shape[-1]}, the policy "
                              f"expects input_size={self.config.input_size}")
+        own = self.modality_embedding.weight.device
+        for name, value in (("inputs_embeds", inputs_embeds), ("modality", modality)):
+            if value.device != own:
+                raise ValueError(f"{name} is on {value.device} but the policy is on {own}; "
+                                 "move one to the other (policy.to(device))")
         check_code_values("modality", modality)
-        is_av = (modality == VISUAL) | (modality == AUDIO)
-        is_text = modality == TEXT
+
+    def _encode(self, tokens, codes, text, text_mask) -> torch.Tensor:
+        """float32 scores [B, N] of ``tokens`` [B, N, D] (modality ``codes`` [B, N]; only AV
+        tokens are encoded as keys, the others' scores are meaningless) conditioned on the
+        ``text`` [B, T, D] where ``text_mask`` [B, T]."""
+        is_av = (codes == VISUAL) | (codes == AUDIO)
         # rows without any key of a kind attend to everything: their outputs are discarded
         av_keys = is_av | ~is_av.any(dim=1, keepdim=True)
-        text_keys = is_text | ~is_text.any(dim=1, keepdim=True)
+        text_keys = text_mask | ~text_mask.any(dim=1, keepdim=True)
 
         # the policy trains in its own dtype (float32 by default), whatever the LLM runs in
-        inputs_embeds = inputs_embeds.to(self.modality_embedding.weight.dtype)
-        z = self.av_in(inputs_embeds) + self.modality_embedding((modality == AUDIO).long())
+        dtype = self.modality_embedding.weight.dtype
+        z = self.av_in(tokens.to(dtype)) + self.modality_embedding((codes == AUDIO).long())
         if self.config.positional:
-            features = position_features(modality).to(z.dtype)
-            is_audio = (modality == AUDIO)[..., None]
+            features = position_features(codes).to(z.dtype)
+            is_audio = (codes == AUDIO)[..., None]
             z = z + self.position_in(torch.cat([features.masked_fill(is_audio, 0.0),
                                                 features.masked_fill(~is_audio, 0.0)], -1))
         for block in self.encoder:
             z = block(z, av_keys)
         z = self.encoder_norm(z)
-        text = self.text_norm(self.text_in(inputs_embeds))
+        text = self.text_norm(self.text_in(text.to(dtype)))
         attended, _ = self.cross_attn(z, text, text, key_padding_mask=~text_keys,
                                       need_weights=False)
         z = self.cross_norm(z + attended)
         z = z + self.token_mlp(z)
-        scores = self.head(z).squeeze(-1).float()
-        return scores.masked_fill(~is_av, float("-inf"))
+        return self.head(z).squeeze(-1).float()
+
+    # -- what it was trained on -----------------------------------------------------------------
+    def check_inputs(self, inputs_embeds: torch.Tensor, modality: torch.Tensor) -> None:
+        """Refuse inputs the policy can't score: a width other than its input size, codes
+        outside :mod:`avex.modality`, and (when it records what it was trained on) a row laid
+        out otherwise than its training data (:func:`layout_of`)."""
+        self._check_inputs(inputs_embeds, modality)
+        if self.trained_on is not None:
+            self.trained_on.check_layout(modality)
+
+    def check_model(self, model) -> None:
+        """Refuse a model other than the one the policy was trained with (its model type and
+        hidden size, as recorded); a policy without a record is refused too."""
+        if self.trained_on is None:
+            raise ValueError("this policy records nothing of what it was trained on, so it "
+                             "can't be checked against model; load it with avex.load_policy "
+                             "or AVEXPolicy.from_pretrained")
+        self.trained_on.check_model(model)
+
+    def save_pretrained(self, path) -> Path:
+        """Write the policy to directory ``path``: ``config.json`` (its sizes and what it was
+        trained on) and ``model.safetensors``; :meth:`from_pretrained` reads it back."""
+        if self.trained_on is None:
+            raise ValueError("save_pretrained: the policy records nothing of what it was "
+                             "trained on (policy.trained_on is None); set it to a TrainedOn, "
+                             "or save the policy of a python -m avex.train run (avex.load_policy)")
+        path = Path(path)
+        if path.exists() and not path.is_dir():
+            raise ValueError(f"save_pretrained: path {str(path)!r} is a file, not a directory")
+        path.mkdir(parents=True, exist_ok=True)
+        from safetensors.torch import save_file
+        weights = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
+        _replace(path / POLICY_WEIGHTS, lambda tmp: save_file(weights, str(tmp),
+                                                             metadata={"format": "pt"}))
+        text = json.dumps(policy_record(self.config, self.trained_on), indent=2) + "\n"
+        _replace(path / POLICY_CONFIG, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+        return path
+
+    @classmethod
+    def from_pretrained(cls, path, *, model=None, device=None) -> "AVEXPolicy":
+        """The policy :meth:`save_pretrained` wrote to ``path``, in eval mode. With ``model``,
+        the model it will serve is checked against the record first (:meth:`check_model`)."""
+        path = Path(path)
+        cfg, trained_on = read_policy_record(path / POLICY_CONFIG)
+        if not (path / POLICY_WEIGHTS).is_file():
+            raise FileNotFoundError(f"{path}: no {POLICY_WEIGHTS} beside {POLICY_CONFIG}")
+        if model is not None:
+            trained_on.check_model(model)
+        policy = cls(cfg)
+        load_weights(policy, path / POLICY_WEIGHTS)
+        policy.trained_on = trained_on
+        return policy.to(device or "cpu").eval()
+
+
+def _packed(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(positions [B, W], valid [B, W]): each row's True positions in order, packed to the
+    left (W = the most any row has, at least 1); past a row's count the position is 0."""
+    counts = mask.sum(1)
+    width = max(int(counts.max()), 1) if mask.shape[0] else 1
+    order = torch.sort((~mask).to(torch.int8), dim=1, stable=True).indices[:, :width]
+    valid = torch.arange(width, device=mask.device) < counts[:, None]
+    return order.masked_fill(~valid, 0), valid
+
+
+def _replace(path: Path, write) -> None:
+    """``write(tmp)`` then an atomic rename onto ``path``."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# What a policy was trained on, and the layout rule
+# ----------------------------------------------------------------------------------------------
+
+POLICY_FORMAT = "avex-policy"
+POLICY_FORMAT_VERSION = 1
+POLICY_CONFIG = "config.json"
+POLICY_WEIGHTS = "model.safetensors"
+
+#: How a row's audio-visual tokens are laid out, from the order of its modality runs (text in
+#: between ignored). Serving must keep the layout training saw: the policy's position features
+#: count each token's place within its modality, and the frozen LLM reads the same sequence.
+LAYOUTS = {
+    "visual": "visual tokens only",
+    "audio": "audio tokens only",
+    "visual-then-audio": "all visual tokens, then all audio tokens (VideoLLaMA 2, the "
+                         "embedded benchmark)",
+    "audio-then-visual": "all audio tokens, then all visual tokens",
+    "interleaved": "visual and audio tokens alternating in chunks (Qwen2.5-Omni with "
+                   "use_audio_in_video)",
+}
+#: layout a policy was trained on -> the row layouts it scores (a row may lack a modality)
+ACCEPTED_LAYOUTS = {
+    "visual": {"visual"},
+    "audio": {"audio"},
+    "visual-then-audio": {"visual", "audio", "visual-then-audio"},
+    "audio-then-visual": {"visual", "audio", "audio-then-visual"},
+    "interleaved": set(LAYOUTS),
+}
+
+
+def row_layouts(modality: torch.Tensor) -> list:
+    """The layout (a key of :data:`LAYOUTS`) of each row of modality codes [B, L]; None for a
+    row without audio-visual tokens."""
+    _checks.tensor("modality", modality, ndim=2, integer=True)
+    is_av = (modality == VISUAL) | (modality == AUDIO)
+    at, valid = _packed(is_av)
+    codes = modality.gather(1, at)
+    changes = ((codes[:, 1:] != codes[:, :-1]) & valid[:, 1:]).sum(1)
+    names = []
+    for first, runs, any_av in zip(codes[:, 0].tolist(), (changes + 1).tolist(),
+                                   valid[:, 0].tolist()):
+        if not any_av:
+            names.append(None)
+        elif runs == 1:
+            names.append("visual" if first == VISUAL else "audio")
+        elif runs == 2:
+            names.append("visual-then-audio" if first == VISUAL else "audio-then-visual")
+        else:
+            names.append("interleaved")
+    return names
+
+
+def layout_of(rows) -> str:
+    """The narrowest layout of :data:`LAYOUTS` that accepts every one of ``rows`` (row layouts
+    from :func:`row_layouts`; None entries are ignored)."""
+    seen = {name for name in rows if name is not None}
+    if not seen:
+        raise ValueError("no row has an audio-visual token, so there is no layout to record")
+    for name in LAYOUTS:
+        if seen <= ACCEPTED_LAYOUTS[name]:
+            return name
+    raise AssertionError(seen)  # "interleaved" accepts every layout
+
+
+@dataclass(frozen=True)
+class TrainedOn:
+    """What a policy was trained on, recorded in its artifact: the frozen LLM's model type and
+    hidden size, the layout of its training sequences (:data:`LAYOUTS`) and the retention range
+    of its training."""
+    model_type: str
+    hidden_size: int
+    layout: str
+    retention_range: tuple
+
+    def __post_init__(self):
+        _checks.text("model_type", self.model_type)
+        _checks.int_at_least("hidden_size", self.hidden_size, 1)
+        _checks.choice("layout", self.layout, tuple(LAYOUTS))
+        span = self.retention_range
+        if not isinstance(span, (list, tuple)) or len(span) != 2:
+            raise ValueError(f"retention_range must be [low, high], got {span!r}")
+        low = _checks.ratio("retention_range[0]", span[0])
+        high = _checks.ratio("retention_range[1]", span[1])
+        if low > high:
+            raise ValueError(f"retention_range must be [low, high] with low <= high, got "
+                             f"{list(self.retention_range)}")
+        object.__setattr__(self, "retention_range", (float(low), float(high)))
+
+    @classmethod
+    def of_model(cls, model, layout: str, retentions) -> "TrainedOn":
+        """The record for a policy trained with the frozen LLM ``model`` on ``layout``, at
+        ``retentions`` (the retention(s) training drew from)."""
+        retentions = list(retentions)
+        return cls(model.config.model_type, model.config.get_text_config().hidden_size, layout,
+                   (min(retentions), max(retentions)))
+
+    def to_dict(self) -> dict:
+        return {"model_type": self.model_type, "hidden_size": self.hidden_size,
+                "layout": self.layout, "retention_range": list(self.retention_range)}
+
+    def check_model(self, model) -> None:
+        config = getattr(model, "config", None)
+        kind = getattr(config, "model_type", None)
+        if kind is None or not hasattr(config, "get_text_config"):
+            raise TypeError(f"model must be a Hugging Face model (with a config), got "
+                            f"{type(model).__name__}")
+        differ = []
+        if kind != self.model_type:
+            hint = (" (pass model.thinker, the part that reads the prompt)"
+                    if kind == "qwen2_5_omni" and self.model_type == "qwen2_5_omni_thinker"
+                    else "")
+            differ.append(f"model type {kind!r}, the policy was trained with "
+                          f"{self.model_type!r}{hint}")
+        hidden = config.get_text_config().hidden_size
+        if hidden != self.hidden_size:
+            differ.append(f"hidden size {hidden}, the policy was trained with {self.hidden_size}")
+        if differ:
+            raise ValueError(f"the policy was trained with another model: {type(model).__name__} "
+                             f"has {'; '.join(differ)}")
+
+    def check_layout(self, modality: torch.Tensor) -> None:
+        accepted = ACCEPTED_LAYOUTS[self.layout]
+        for row, name in enumerate(row_layouts(modality)):
+            if name is not None and name not in accepted:
+                raise ValueError(
+                    f"modality row {row} is laid out as {name!r} ({LAYOUTS[name]}), but the "
+                    f"policy was trained on {self.layout!r} ({LAYOUTS[self.layout]}); serve "
+                    "with the layout of the training data (the same processor settings, e.g. "
+                    "use_audio_in_video)")
+
+    def check_retention(self, retention: float) -> None:
+        """Warn (once per call site) when ``retention`` lies outside the trained range: the
+        scores don't depend on it, but the policy was never rewarded there."""
+        low, high = self.retention_range
+        if not low - 1e-9 <= retention <= high + 1e-9:
+            warnings.warn(f"retention={retention:g} lies outside the range the policy was "
+                          f"trained at ({low:g}-{high:g}); its Top-K there is untested",
+                          stacklevel=3)
+
+
+def policy_record(cfg: PolicyConfig, trained_on: TrainedOn) -> dict:
+    """The JSON of a saved policy's config.json."""
+    return {"format": POLICY_FORMAT, "version": POLICY_FORMAT_VERSION,
+            "avex_version": __version__, "policy": asdict(cfg),
+            "trained_on": trained_on.to_dict()}
+
+
+def read_policy_record(path) -> tuple[PolicyConfig, TrainedOn]:
+    """(PolicyConfig, TrainedOn) of a policy's config.json; refused, naming the file, when it
+    isn't one."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path.parent}: not a saved AVEX policy (no {path.name}); "
+                                "save one with AVEXPolicy.save_pretrained or pass a "
+                                "python -m avex.train run directory to avex.load_policy")
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as err:
+        raise ValueError(f"{path}: corrupt or truncated ({err})") from None
+    if not isinstance(raw, dict) or raw.get("format") != POLICY_FORMAT:
+        got = raw.get("format") if isinstance(raw, dict) else type(raw).__name__
+        raise ValueError(f"{path}: 'format' must be {POLICY_FORMAT!r} (a saved AVEX policy), "
+                         f"got {got!r}")
+    if raw.get("version") != POLICY_FORMAT_VERSION:
+        raise ValueError(f"{path}: policy format version {raw.get('version')!r} is not "
+                         f"supported (this avex reads version {POLICY_FORMAT_VERSION})")
+    try:
+        cfg = PolicyConfig(**raw["policy"])
+        trained_on = TrainedOn(**raw["trained_on"])
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(f"{path}: bad policy record ({type(err).__name__}: {err})") from None
+    return cfg, trained_on
 
 
 INDEX_PERIODS = (2, 4, 8, 16, 32, 64, 128)   # sinusoids of the raw index (patch slot, frame)

@@ -32,6 +32,7 @@ from avex import _checks
 from avex.kernels.compact import compact
 from avex.kernels.gumbel_topk import gumbel_topk
 from avex.modality import AUDIO, PAD, TEXT, VISUAL, check_code_values, check_codes
+from avex.policy import AVEXPolicy
 from avex.selection import AVLayout, num_kept
 
 __all__ = ["PAD", "VISUAL", "AUDIO", "TEXT", "PrunedInputs", "prune_inputs", "generate",
@@ -84,7 +85,7 @@ class PrunedInputs(NamedTuple):
 
 def prune_inputs(inputs_embeds: torch.Tensor, modality: torch.Tensor, *, scores=None,
                  keep=None, retention=None, positions: str = "original", position_ids=None,
-                 per_token: dict | None = None) -> PrunedInputs:
+                 per_token: dict | None = None, policy=None) -> PrunedInputs:
     """Keep the text and the chosen audio-visual tokens; compact them for prefill.
 
     Args:
@@ -99,7 +100,10 @@ def prune_inputs(inputs_embeds: torch.Tensor, modality: torch.Tensor, *, scores=
             every text token; padding is dropped whatever it says. S > 1 gives S pruned
             variants of each sample (e.g. an anchor and its counterfactuals), read from the one
             copy of ``inputs_embeds``.
-        retention: rho in (0, 1], used with ``scores``.
+        retention: rho in (0, 1], used with ``scores`` or ``policy``.
+        policy: a trained :class:`avex.policy.AVEXPolicy` (``avex.load_policy``) that scores
+            the AV tokens instead of ``scores`` (:meth:`~avex.policy.AVEXPolicy.score`); inputs
+            of another width or layout than it was trained on are refused.
         positions: ``"original"`` (each token keeps its position in the unpruned sequence) or
             ``"contiguous"`` (0..n-1).
         position_ids: int [B, L] or [..., B, L] (M-RoPE / TMRoPE: [3, B, L]), the model's own
@@ -116,6 +120,19 @@ def prune_inputs(inputs_embeds: torch.Tensor, modality: torch.Tensor, *, scores=
     _check_native(position_ids, per_token, modality, positions)
     is_av = (modality == VISUAL) | (modality == AUDIO)
     is_text = modality == TEXT
+    if policy is not None:
+        if not isinstance(policy, AVEXPolicy):
+            raise TypeError(f"policy must be an avex.policy.AVEXPolicy (avex.load_policy), got "
+                            f"{type(policy).__name__}")
+        if scores is not None or keep is not None:
+            raise ValueError("pass policy or scores or keep, not several; got policy together "
+                             f"with {'scores' if scores is not None else 'keep'}")
+        if retention is None:
+            raise ValueError("retention is required with policy")
+        _checks.ratio("retention", retention)
+        if policy.trained_on is not None:
+            policy.trained_on.check_retention(retention)
+        scores = policy.score(inputs_embeds, modality)
     if keep is not None:
         if scores is not None or retention is not None:
             raise ValueError("pass either keep, or scores with retention; got keep together "

@@ -57,10 +57,23 @@ def caption_split(captioner, clips, selector: Selector, retention: float, *,
 
 
 def score_captions(captions: list[str], clips) -> dict[str, float]:
-    """{"C_av", "C_v", "C_a"} in CIDEr points, plus BLEU-4 and METEOR against the AV refs."""
+    """{"C_av", "C_v", "C_a"} in CIDEr points, plus BLEU-4 and METEOR against the AV refs.
+    C_v / C_a are None when no clip has visual-only / audio-only references (a cache exported
+    from captions without them); a split where only some clips have them is refused."""
     refs = {"AV": [c.refs_av for c in clips], "V": [c.refs_v for c in clips],
             "A": [c.refs_a for c in clips]}
+    for kind in ("V", "A"):
+        have = sum(bool(r) for r in refs[kind])
+        if have == 0:
+            del refs[kind]
+        elif have < len(clips):
+            missing = next(c.clip_id for c, r in zip(clips, refs[kind]) if not r)
+            raise ValueError(f"{have} of {len(clips)} clips have {kind}-only references but "
+                             f"clip {missing!r} has none; C_{kind.lower()} needs them for every "
+                             "clip or none")
     metrics = caption_metrics_by_reference_type(captions, refs)
-    return {"C_av": 100 * metrics["AV"]["CIDEr"], "C_v": 100 * metrics["V"]["CIDEr"],
-            "C_a": 100 * metrics["A"]["CIDEr"], "BLEU-4": 100 * metrics["AV"]["BLEU-4"],
-            "METEOR": 100 * metrics["AV"]["METEOR"]}
+
+    def cider(kind):
+        return 100 * metrics[kind]["CIDEr"] if kind in metrics else None
+    return {"C_av": cider("AV"), "C_v": cider("V"), "C_a": cider("A"),
+            "BLEU-4": 100 * metrics["AV"]["BLEU-4"], "METEOR": 100 * metrics["AV"]["METEOR"]}

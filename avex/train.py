@@ -22,7 +22,10 @@ import dataclasses
 import json
 import math
 import os
+import shlex
+import signal
 import sys
+import threading
 import time
 import zlib
 from contextlib import nullcontext
@@ -44,8 +47,9 @@ from avex.data import FeatureCache
 from avex.kernels import build_exchanges, gumbel_topk
 from avex.losses import avex_objective, leave_one_out_loss, set_level_loss
 from avex.methods import METHODS, label, load_policy, make_selector, policy_selector
+from avex.methods.learned import RUN_POLICY_RECORD
 from avex.modality import AUDIO, VISUAL
-from avex.policy import AVEXPolicy
+from avex.policy import AVEXPolicy, TrainedOn, layout_of, policy_record, row_layouts
 from avex.progress import progress_bar
 from avex.reward import CiderD
 from avex.scoring import caption_split, keep_all, score_captions
@@ -115,11 +119,19 @@ def prepare_assets(cfg: TrainConfig, procs: Processes):
 
 def load_assets(cfg: TrainConfig, data_path, captioner_path, device):
     cache = FeatureCache(data_path)
-    captioner = FrozenCaptioner.load(captioner_path, device=device)
+    captioner = FrozenCaptioner.load(captioner_path, device=device,
+                                     references=reference_sample(cache))
     torch.manual_seed(cfg.seed)  # the policy's random init is part of the run's identity
     policy = AVEXPolicy.from_llm(captioner.model, hidden_size=cfg.policy_hidden,
                                  positional=cfg.policy_positional).to(device)
     return cache, captioner, policy
+
+
+def reference_sample(cache, count: int = 32) -> list[str]:
+    """Reference captions spread over the cache (the manifest's; no tensor is read), for the
+    captioner's tokenizer round-trip check."""
+    rows = cache.rows[::max(1, len(cache.rows) // count)]
+    return [row["refs_av"][0] for row in rows][:count]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -188,6 +200,21 @@ def target_loss(scores: torch.Tensor, layout: AVLayout, targets: list[torch.Tens
         labels[row, :len(target)] = target.to(labels)
     present = layout.modality >= 0
     return F.binary_cross_entropy_with_logits(scores[present], labels[present])
+
+
+def training_layout(clips) -> str:
+    """The layout (:data:`avex.policy.LAYOUTS`) of the training clips as the captioner lays
+    them out: a clip exported from a model as its codes say, a plain clip as prefix text,
+    video, audio, suffix text."""
+    names = []
+    for clip in clips:
+        if clip.merged is not None:
+            names += row_layouts(clip.merged["modality"][None])
+        elif clip.n_visual and clip.n_audio:
+            names.append("visual-then-audio")
+        elif clip.n_visual or clip.n_audio:
+            names.append("visual" if clip.n_visual else "audio")
+    return layout_of(names)
 
 
 def training_retentions(cfg: TrainConfig) -> list[float]:
@@ -306,6 +333,94 @@ def cosine_with_warmup(total_steps: int, warmup_fraction: float):
 
 
 # ----------------------------------------------------------------------------------------------
+# Stopping: SIGINT / SIGTERM, and a run that learns nothing
+# ----------------------------------------------------------------------------------------------
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM stopped training at a step boundary, after a checkpoint was written;
+    ``resume`` is the command that continues the run. ``python -m avex.train`` prints it and
+    exits with status 130."""
+
+    def __init__(self, checkpoint: Path, resume: str):
+        super().__init__(f"training stopped; checkpoint {checkpoint}; resume with: {resume}")
+        self.checkpoint, self.resume = checkpoint, resume
+
+
+class StopSignals:
+    """While active, SIGINT and SIGTERM only ask the loop to stop at its next step boundary
+    (:attr:`requested`); a second signal stops at once, as without it. Handlers can only be
+    set from the main thread: elsewhere this does nothing."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self):
+        self.requested = False
+        self._previous = {}
+
+    def _handle(self, signum, frame):
+        if self.requested:   # asked twice: stop now
+            self.__exit__(None, None, None)
+            raise KeyboardInterrupt
+        self.requested = True
+        print(f"\n{signal.Signals(signum).name}: stopping after this step (a checkpoint is "
+              "written first; send it again to stop at once)", file=sys.stderr, flush=True)
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
+        return False
+
+
+#: RL steps at the start of a run whose rewards must not all be 0
+ZERO_REWARD_STEPS = 3
+
+
+def zero_reward_error(steps: int, clips: int) -> RuntimeError:
+    return RuntimeError(
+        f"every reward of the first {steps} RL step(s) was 0 (CIDEr-D of the captions of "
+        f"{clips} clips against their references): the frozen captioner writes nothing the "
+        "references share, so there is no gradient to learn from. That usually means its "
+        "tokenizer is not the one it was trained with (a custom tokenizer saved beside a "
+        "config.json is loaded as that model type's tokenizer; save it in the tokenizer/ "
+        "sub-folder), that --max-new-tokens is too small to write a caption, or that the "
+        "captioner was never trained to caption these clips (check the full-token CIDEr with "
+        "python -m avex.evaluate --methods random). The run stopped; nothing was learned")
+
+
+def truncate_metrics(path: Path, phase: str, step: int) -> int:
+    """Drop the records of ``metrics.jsonl`` at or after the checkpoint a run resumes from
+    (``phase``, ``step``): they are done again, and a step must appear once. Returns the
+    number of records dropped."""
+    if not path.is_file():
+        return 0
+    order = {"warmup": 0, "rl": 1, "done": 2}
+    kept, dropped = [], 0
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+            position = (order[record["phase"]], int(record["step"]))
+        except (ValueError, KeyError, TypeError):
+            kept.append(line)   # not a step record: kept as it is
+            continue
+        if position >= (order[phase], step):
+            dropped += 1
+        else:
+            kept.append(line)
+    if dropped:
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+        os.replace(tmp, path)
+    return dropped
+
+
+# ----------------------------------------------------------------------------------------------
 # The run
 # ----------------------------------------------------------------------------------------------
 
@@ -353,6 +468,35 @@ class Run:
             save_checkpoint(self.run_dir, self._global_step(phase, step), _unwrap(policy), state)
         self.procs.barrier()
 
+    def any_rank(self, flag: bool) -> bool:
+        """``flag`` or'ed over every process (so that all of them take the same branch)."""
+        if self.procs.world == 1:
+            return flag
+        value = torch.tensor([1.0 if flag else 0.0], device=self.device)
+        torch_dist.all_reduce(value, op=torch_dist.ReduceOp.MAX)
+        return bool(value.item())
+
+    def stop_requested(self) -> bool:
+        stop = getattr(self, "stop", None)
+        return self.any_rank(stop is not None and stop.requested)
+
+    def resume_command(self) -> str:
+        return f"python -m avex.train --resume --run-dir {shlex.quote(str(self.run_dir))}"
+
+    def interrupt(self, model, phase, step, optimizer, scheduler):
+        """A stop was asked for: checkpoint this step boundary, then stop."""
+        self.save(model, phase, step, optimizer, scheduler)
+        raise TrainingInterrupted(latest_checkpoint(self.run_dir), self.resume_command())
+
+    def record_policy(self, policy, captioner, clips) -> None:
+        """What the policy is trained on (avex.policy.TrainedOn), on the policy and in
+        ``<run>/policy.json``: ``avex.load_policy`` reads it to rebuild and check the policy."""
+        policy.trained_on = TrainedOn.of_model(captioner.model, training_layout(clips),
+                                               training_retentions(self.cfg))
+        if self.procs.main:
+            text = json.dumps(policy_record(policy.config, policy.trained_on), indent=2)
+            (self.run_dir / RUN_POLICY_RECORD).write_text(text + "\n")
+
     def steps_bar(self, desc: str, start: int, total: int):
         return progress_bar(range(start, total), desc=desc, unit="step", initial=start, total=total,
                     disable=not (self.cfg.progress and self.procs.main))
@@ -383,6 +527,7 @@ class Run:
         n = len(clips_train)
         if n == 0:
             raise ValueError(f"{data_path}: the train split is empty")
+        self.record_policy(policy, captioner, clips_train)
         self.warmup_steps = 0 if cfg.warmup_from else \
             math.ceil(cfg.warmup_epochs * n / cfg.batch_size)
         self.rl_steps = 0 if cfg.warmup_only else math.ceil(cfg.epochs * n / cfg.batch_size)
@@ -392,19 +537,23 @@ class Run:
             saved = load_checkpoint(self.checkpoint, policy)
             start_phase, start_step = saved["phase"], saved["step"]
             if self.procs.main:
-                print(f"resuming {self.run_dir} at {start_phase} step {start_step}")
+                dropped = truncate_metrics(self.log_file, start_phase, start_step)
+                print(f"resuming {self.run_dir} at {start_phase} step {start_step}"
+                      + (f" ({dropped} metrics records after it dropped: they are redone)"
+                         if dropped else ""))
 
         model = policy
         if self.procs.world > 1:
             model = torch.nn.parallel.DistributedDataParallel(
                 policy, device_ids=[self.device.index] if self.device.type == "cuda" else None)
 
-        if start_phase == "warmup":
-            self.run_warmup(model, captioner, clips_train, start_step, saved)
-            saved, start_step = None, 0
+        with StopSignals() as self.stop:
+            if start_phase == "warmup":
+                self.run_warmup(model, captioner, clips_train, start_step, saved)
+                saved, start_step = None, 0
+            if start_phase != "done":
+                self.run_rl(model, captioner, clips_train, cache, start_step, saved)
         warmup_policy_path = self.run_dir / "warmup_policy.safetensors"
-        if start_phase != "done":
-            self.run_rl(model, captioner, clips_train, cache, start_step, saved)
         results = {}
         if self.procs.main and cfg.evaluate:
             results = self.evaluate(policy, captioner, cache, warmup_policy_path)
@@ -446,6 +595,8 @@ class Run:
             scheduler.step()
             bar.set_postfix(bce=f"{total:.3f}")
             self.log({"phase": "warmup", "step": step, "bce": total, "time": time.time()})
+            if self.stop_requested():
+                self.interrupt(model, "warmup", step + 1, optimizer, scheduler)
             if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < self.warmup_steps:
                 self.save(model, "warmup", step + 1, optimizer, scheduler)
         if self.procs.main:
@@ -517,9 +668,25 @@ class Run:
             self.log(record)
             bar.set_postfix(reward=f"{float(sums['reward']):.1f}",
                             loss=f"{float(sums['loss']):.3f}")
+            if start_step == 0 and step < ZERO_REWARD_STEPS:
+                # the mean anchor reward and its spread over anchors: both 0 only if every
+                # anchor's CIDEr-D was 0 (it is never negative)
+                rewarded = self.any_rank(float(sums["reward"]) > 0
+                                         or float(sums.get("reward_spread", 0.0)) > 0)
+                rewarded_so_far = rewarded or getattr(self, "_rewarded", False)
+                self._rewarded = rewarded_so_far
+                if not rewarded_so_far and step + 1 == min(ZERO_REWARD_STEPS, self.rl_steps):
+                    raise zero_reward_error(step + 1, min(len(clips), cfg.batch_size
+                                                          * (step + 1)))
+            if self.stop_requested() and step + 1 < self.rl_steps:
+                self.interrupt(model, "rl", step + 1, optimizer, scheduler)
             if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < self.rl_steps:
                 self.save(model, "rl", step + 1, optimizer, scheduler)
         self.save(model, "done", self.rl_steps, optimizer, scheduler)
+        if self.procs.main:  # the artifact: AVEXPolicy.from_pretrained / avex.load_policy
+            _unwrap(model).save_pretrained(self.run_dir / SAVED_POLICY_DIR)
+        if self.stop_requested():   # asked during the last step: done, but no evaluation
+            raise TrainingInterrupted(latest_checkpoint(self.run_dir), self.resume_command())
 
     def train_cacovid(self) -> Path:
         """CaCoVID-AV for the final table: the registry's settings, this run's seed and warmup
@@ -599,8 +766,9 @@ def run_label(cfg: TrainConfig) -> str:
 def results_table(rows: list[dict], caption: str) -> str:
     table = markdown_table(
         ["method", "retention", "C_av", "C_v", "C_a", "BLEU-4", "METEOR"],
-        [[r["method"], f"{r['retention']:.0%}"] + [f"{r[k]:.1f}" for k in
-                                                   ("C_av", "C_v", "C_a", "BLEU-4", "METEOR")]
+        [[r["method"], f"{r['retention']:.0%}"] + ["n/a" if r[k] is None else f"{r[k]:.1f}"
+                                                   for k in ("C_av", "C_v", "C_a", "BLEU-4",
+                                                             "METEOR")]
          for r in rows])
     return f"Results on the {caption} (CIDEr points; {metrics.cider_source()}):\n\n{table}"
 
@@ -617,6 +785,8 @@ def _no_sync(model, last: bool):
 
 
 RUNS_ROOT = Path("runs")
+#: where a finished run saves its policy (AVEXPolicy.save_pretrained)
+SAVED_POLICY_DIR = "policy"
 
 
 def choose_run_dir(cfg: TrainConfig, resume: bool) -> str:
@@ -725,7 +895,12 @@ def main(argv=None) -> dict:
                           explicit=explicit_settings(args) if args.resume else None)
     except (ValueError, TypeError, OSError) as err:
         parser.error(str(err))
-    return {"run_dir": run.cfg.run_dir, **run.execute()}
+    try:
+        return {"run_dir": run.cfg.run_dir, **run.execute()}
+    except TrainingInterrupted as stop:
+        print(f"training stopped at a step boundary; checkpoint: {stop.checkpoint}\n"
+              f"resume with:\n  {stop.resume}", file=sys.stderr, flush=True)
+        sys.exit(130)
 
 
 if __name__ == "__main__":

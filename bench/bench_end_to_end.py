@@ -14,7 +14,8 @@ Three sizes, on CUDA in bf16, on a CPU in float32 on ``OMP_NUM_THREADS`` threads
   (L = 344), batch 1, 16 decoded tokens;
 * qwen2-7b as the profiling suite scales it for a CPU: width 512, 4 layers, the real vocabulary
   (152064); the same tokens, batch 1, 32 decoded tokens;
-* the small Qwen2 at batch 8 with ragged lengths (232 to 344 tokens, left-padded), 16 decoded.
+* the small Qwen2 at batch 8 with ragged lengths (232 to 344 tokens, left-padded), 16 decoded;
+* the CPU-scaled qwen2-7b at batch 8 with the same ragged lengths, 32 decoded tokens.
 
 pytest-benchmark's own time for an entry is the whole measurement; the figures are in its
 ``extra_info["paired"]``, which ``bench/summarize.py`` turns into a table.
@@ -50,7 +51,8 @@ def small_qwen2(batch):
 
 
 def qwen2_7b_cpu_scaled(batch):
-    return scaled_config(backbone_config("qwen2-7b")), 128, token_layout(ProfileSettings())
+    return scaled_config(backbone_config("qwen2-7b")), 128, token_layout(ProfileSettings()) \
+        if batch == 1 else ragged_layout(batch)
 
 
 # id: (description, set-up, batch, decoded tokens, rounds)
@@ -60,6 +62,9 @@ SIZES = {
                             "batch 1", qwen2_7b_cpu_scaled, 1, 32, 10),
     "small-qwen2-batch8-ragged": ("small Qwen2 (4 layers, width 256) batch 8 ragged "
                                   "L=232..344", small_qwen2, 8, 16, 10),
+    "qwen2-7b-cpu-scaled-batch8-ragged": ("qwen2-7b CPU-scaled (4 layers, width 512, vocab "
+                                          "152064) batch 8 ragged L=232..344",
+                                          qwen2_7b_cpu_scaled, 8, 32, 10),
 }
 
 

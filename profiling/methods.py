@@ -95,7 +95,7 @@ def selection(method: str, model, policy, inputs_embeds, modality, retention: fl
         return lambda mark=None: prune_inputs(inputs_embeds, modality, keep=keep)
     if method == "avex":
         def select(mark=None):
-            scores = policy(inputs_embeds, modality)
+            scores = policy.score(inputs_embeds, modality)   # what serving runs
             if mark is not None:
                 mark("policy")
             return prune_inputs(inputs_embeds, modality, scores=scores, retention=retention)

@@ -112,6 +112,28 @@ def test_failed_write_leaves_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_writer_owns_what_it_is_given(tmp_path):
+    """The same prompt tensor for every clip, features sliced from one tensor, and a tensor the
+    caller changes after add: the writer keeps its own copies (safetensors refuses entries that
+    share memory, which used to fail at close and write nothing)."""
+    prompt, suffix = torch.tensor([1, 2, 3]), torch.tensor([4])
+    features = torch.randn(10, 4)
+    with CacheWriter(tmp_path / "c", dim=4, clips_per_shard=8) as writer:
+        for i in range(3):
+            writer.add(f"clip-{i}", "train", features[i:i + 2], features[5:8],
+                       refs_av=["a"], prompt_prefix_ids=prompt, prompt_suffix_ids=suffix)
+        writer.add_merged("merged", "train", features[:4], torch.tensor([2, 0, 1, 2]),
+                          refs_av=["a"])
+        expected = features.clone()
+        features.zero_()   # after add: what was added is what is written
+    cache = FeatureCache(tmp_path / "c", verify="hash")
+    for i in range(3):
+        clip = cache.get(f"clip-{i}")
+        assert torch.equal(clip.visual, expected[i:i + 2])
+        assert torch.equal(clip.prompt_prefix_ids, prompt)
+    assert torch.equal(cache.get("merged").merged["inputs_embeds"], expected[:4])
+
+
 # ------------------------------------------------------------------------------------------------
 # corruption: every case names the file and, where a row is at fault, the row
 # ------------------------------------------------------------------------------------------------

@@ -153,7 +153,7 @@ def test_bad_arguments_name_themselves(tiny):
     for name in SELECTORS:
         with pytest.raises(ValueError, match=r"retention must be in \(0, 1\], got 1.5"):
             make_selector(name, captioner=captioner, policy=policy)(batch, layout, 1.5)
-    with pytest.raises(FileNotFoundError, match="run_dir: no run directory"):
+    with pytest.raises(FileNotFoundError, match="path: no run directory"):
         from avex.methods import load_policy
         load_policy("/no/such/run", captioner)
 

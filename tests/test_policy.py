@@ -116,3 +116,129 @@ def test_positional_policy_tells_identical_tokens_apart():
         with torch.no_grad():
             scores = policy(embeds, modality)[0][visual]
         assert bool((scores.max() - scores.min()).abs() > 1e-5) == differ, positional
+
+
+# ------------------------------------------------------------------------------------------------
+# The inference path (score: AV tokens and text gathered first) against forward
+# ------------------------------------------------------------------------------------------------
+
+def ragged(seed: int, rows: int, width: int):
+    """A ragged batch: per row a random prompt, video and audio (some rows one modality only,
+    some interleaved, one left- and one right-padded), of random lengths."""
+    gen = torch.Generator().manual_seed(seed)
+    layouts = []
+    for row in range(rows):
+        nv, na = (int(x) for x in torch.randint(0, 40, (2,), generator=gen))
+        nv, na = (nv or 1, na) if row % 3 else (nv, na or 1)
+        prefix, suffix = [TEXT] * int(torch.randint(1, 6, (1,), generator=gen)), \
+            [TEXT] * int(torch.randint(0, 9, (1,), generator=gen))
+        if row % 4 == 3:   # interleaved chunks, as Qwen2.5-Omni lays out video with audio
+            av = sum(([VISUAL] * 4 + [AUDIO] * 2 for _ in range(nv // 4 + 1)), [])
+        else:
+            av = [VISUAL] * nv + [AUDIO] * na
+        layouts.append(prefix + av + suffix)
+    length = max(map(len, layouts)) + 2
+    modality = torch.full((rows, length), PAD)
+    for row, layout in enumerate(layouts):
+        start = 0 if row == 1 else length - len(layout)   # row 1 right-padded, others left
+        modality[row, start:start + len(layout)] = torch.tensor(layout)
+    return torch.randn(rows, length, width, generator=gen), modality
+
+
+@pytest.mark.parametrize("hidden,positional", [(32, True), (16, True), (32, False)])
+@pytest.mark.parametrize("seed", range(4))
+def test_gathered_scores_equal_the_full_sequence_scores(hidden, positional, seed):
+    """score() reads only the AV tokens and the text: it equals forward() over every position
+    (today's scoring) to float32 rounding, and keeps the same Top-K at every retention, so no
+    trained policy's selections change."""
+    from avex.kernels import gumbel_topk
+    from avex.selection import AVLayout
+
+    torch.manual_seed(seed)
+    policy = AVEXPolicy(PolicyConfig(input_size=32, hidden_size=hidden, num_heads=4,
+                                     positional=positional)).eval()
+    embeds, modality = ragged(seed, rows=6, width=32)
+    with torch.no_grad():
+        full = policy(embeds, modality)
+    gathered = policy.score(embeds, modality)
+    is_av = (modality == VISUAL) | (modality == AUDIO)
+    assert (gathered[~is_av] == float("-inf")).all()
+    torch.testing.assert_close(gathered[is_av], full[is_av], rtol=0, atol=1e-5)
+    layout = AVLayout.of(modality)
+    for retention in (0.5, 0.4, 0.3, 0.2, 0.1, 1.0):
+        budget = layout.budget(retention)
+        assert torch.equal(gumbel_topk(layout.gather(gathered), budget, sample=False)[0],
+                           gumbel_topk(layout.gather(full), budget, sample=False)[0])
+
+
+def test_gathered_scores_do_not_depend_on_the_other_rows():
+    """A row scores the same alone and in a ragged batch (what serving one request and
+    evaluating a batch of clips must agree on)."""
+    policy = AVEXPolicy(PolicyConfig(input_size=32, hidden_size=32, num_heads=4)).eval()
+    embeds, modality = ragged(7, rows=5, width=32)
+    together = policy.score(embeds, modality)
+    for row in range(5):
+        present = modality[row] != PAD
+        alone = policy.score(embeds[row, present][None], modality[row, present][None])
+        torch.testing.assert_close(alone[0], together[row, present], rtol=0, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------------
+# The artifact: save_pretrained / from_pretrained / load_policy
+# ------------------------------------------------------------------------------------------------
+
+def trained_policy(llm, layout="visual-then-audio"):
+    from avex.policy import TrainedOn
+    policy = AVEXPolicy.from_llm(llm, hidden_size=16).eval()
+    policy.trained_on = TrainedOn.of_model(llm, layout, [0.5, 0.1])
+    return policy
+
+
+def test_save_pretrained_round_trip(tmp_path):
+    import json
+    import avex
+
+    llm = tiny_llm()
+    policy = trained_policy(llm)
+    policy.save_pretrained(tmp_path / "p")
+    record = json.loads((tmp_path / "p" / "config.json").read_text())
+    assert record["format"] == "avex-policy"
+    assert record["trained_on"] == {"model_type": "qwen2", "hidden_size": 32,
+                                    "layout": "visual-then-audio",
+                                    "retention_range": [0.1, 0.5]}
+    loaded = avex.load_policy(tmp_path / "p", model=llm)
+    assert isinstance(loaded, avex.AVEXPolicy) and not loaded.training
+    assert loaded.trained_on == policy.trained_on
+    embeds, modality = batch()
+    assert torch.equal(loaded.score(embeds, modality), policy.score(embeds, modality))
+    assert torch.equal(AVEXPolicy.from_pretrained(tmp_path / "p").score(embeds, modality),
+                       policy.score(embeds, modality))
+
+
+def test_policy_prunes_like_its_scores():
+    """prune_inputs(policy=) keeps what prune_inputs(scores=policy.score(...)) keeps."""
+    from avex.pruning import prune_inputs
+
+    policy = trained_policy(tiny_llm())
+    embeds, modality = batch()
+    served = prune_inputs(embeds, modality, policy=policy, retention=0.4)
+    by_scores = prune_inputs(embeds, modality, scores=policy.score(embeds, modality),
+                             retention=0.4)
+    assert torch.equal(served.keep, by_scores.keep)
+    with pytest.warns(UserWarning, match=r"retention=0.9 lies outside the range the policy was "
+                                         r"trained at \(0.1-0.5\)"):
+        prune_inputs(embeds, modality, policy=policy, retention=0.9)
+
+
+def test_row_layouts():
+    from avex.policy import layout_of, row_layouts
+
+    V, A, T = VISUAL, AUDIO, TEXT
+    modality = torch.tensor([[T, V, V, A, T, PAD], [T, V, A, V, A, T], [T, A, A, T, T, T],
+                             [T, A, V, V, T, PAD], [PAD, T, V, T, V, T], [T, T, T, T, T, T]])
+    names = row_layouts(modality)
+    assert names == ["visual-then-audio", "interleaved", "audio", "audio-then-visual",
+                     "visual", None]
+    assert layout_of(names[:1] + names[2:3] + names[4:]) == "visual-then-audio"
+    assert layout_of(["visual", "visual"]) == "visual"
+    assert layout_of(names) == "interleaved"

@@ -157,6 +157,54 @@ def test_killed_run_resumes_to_the_same_policy(cache_dir, tmp_path):
         assert torch.equal(whole[name], resumed[name]), name
 
 
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_signal_checkpoints_at_the_step_boundary_and_resume_logs_each_step_once(
+        cache_dir, tmp_path, signum):
+    """SIGINT / SIGTERM mid-RL: a checkpoint at the next step boundary, exit 130, the exact
+    resume command on stderr; the resumed run logs every step once and ends where an
+    uninterrupted run ends."""
+    run_dir = tmp_path / "run"
+    command = _command(cache_dir, run_dir, "--checkpoint-every", "1000")  # no periodic saves
+    victim = subprocess.Popen(command, cwd=REPO, env=_env(), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True)
+    log = run_dir / "metrics.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline and victim.poll() is None:   # the second RL step has run
+        if log.exists() and sum('"phase": "rl"' in line for line in log.open()) >= 2:
+            break
+        time.sleep(0.05)
+    assert victim.poll() is None, "the run finished before it could be stopped"
+    victim.send_signal(signum)
+    _, err = victim.communicate(timeout=300)
+    assert victim.returncode == 130, err[-2000:]
+    resume = f"python -m avex.train --resume --run-dir {run_dir}"
+    assert resume in err and "Traceback" not in err, err[-2000:]
+    stopped_at = int((run_dir / "checkpoints" / "latest").read_text().strip().split("-")[1])
+    rl_logged = [json.loads(line)["step"] for line in log.open()
+                 if json.loads(line)["phase"] == "rl"]
+    warmup = sum(json.loads(line)["phase"] == "warmup" for line in log.open())
+    assert stopped_at == warmup + max(rl_logged) + 1   # the boundary after the last step run
+
+    # a step logged after the checkpoint (as a kill between the two would leave) is redone
+    # once on resume, not logged twice
+    with log.open("a") as handle:
+        handle.write(json.dumps({"phase": "rl", "step": max(rl_logged) + 1, "reward": 0.0})
+                     + "\n")
+    subprocess.run([*command, "--resume"], check=True, cwd=REPO, env=_env(),
+                   capture_output=True)
+    records = [json.loads(line) for line in log.open()]
+    for phase in ("warmup", "rl"):
+        steps = [r["step"] for r in records if r["phase"] == phase]
+        assert steps == list(range(len(steps))), (phase, steps)
+    whole = tmp_path / "whole"
+    subprocess.run(_command(cache_dir, whole, "--checkpoint-every", "1000"), check=True,
+                   cwd=REPO, env=_env(), capture_output=True)
+    assert len(records) == sum(1 for _ in (whole / "metrics.jsonl").open())
+    reference, resumed = final_weights(whole), final_weights(run_dir)
+    for name in reference:
+        assert torch.equal(reference[name], resumed[name]), name
+
+
 def test_two_gloo_processes_match_one(cache_dir, tmp_path):
     extra = ["--epochs", "0.5"]
     subprocess.run(_command(cache_dir, tmp_path / "single", *extra), check=True, cwd=REPO,

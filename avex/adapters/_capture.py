@@ -49,6 +49,7 @@ class AdaptedInputs(NamedTuple):
             ``per_layer_inputs``); empty for most models.
         attention_mask: int64 [B, L], the processor's mask.
         input_ids: [B, L], the processor's ids.
+        model_type: the model's ``config.model_type`` (a policy checks it against its own).
     """
     inputs_embeds: torch.Tensor
     modality: torch.Tensor
@@ -56,12 +57,21 @@ class AdaptedInputs(NamedTuple):
     per_token: dict
     attention_mask: torch.Tensor
     input_ids: torch.Tensor
+    model_type: str | None = None
 
-    def prune(self, *, scores=None, keep=None, retention=None) -> PrunedInputs:
-        """:func:`avex.pruning.prune_inputs` with these positions and per-token inputs."""
+    def prune(self, *, scores=None, keep=None, retention=None, policy=None) -> PrunedInputs:
+        """:func:`avex.pruning.prune_inputs` with these positions and per-token inputs.
+        ``policy`` (a trained :class:`~avex.policy.AVEXPolicy`, ``avex.load_policy``) scores
+        the AV tokens instead of ``scores``; the model these inputs came from must be the one
+        it was trained with (model type, hidden size), and their layout the one it saw."""
+        if policy is not None and policy.trained_on is not None and self.model_type is not None \
+                and self.model_type != policy.trained_on.model_type:
+            raise ValueError(f"the policy was trained with another model: these inputs come "
+                             f"from model type {self.model_type!r}, the policy was trained with "
+                             f"{policy.trained_on.model_type!r}")
         return prune_inputs(self.inputs_embeds, self.modality, scores=scores, keep=keep,
                             retention=retention, position_ids=self.position_ids,
-                            per_token=self.per_token)
+                            per_token=self.per_token, policy=policy)
 
 
 class _Captured(Exception):
@@ -280,4 +290,4 @@ def adapted(model, inputs: dict, *, visual_ids: Iterable[int], audio_ids: Iterab
             raise RuntimeError(f"{type(model).__name__} passed no {name} to its decoder")
         extras[name] = seen[name]
     return AdaptedInputs(embeds, modality, positions, extras, attention_mask.to(embeds.device),
-                         input_ids.to(embeds.device))
+                         input_ids.to(embeds.device), getattr(model.config, "model_type", None))

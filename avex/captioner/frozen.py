@@ -26,6 +26,7 @@ from ..data.cache import Clip
 from ..modality import AUDIO, PAD, TEXT, VISUAL
 from ..paths import attention_dir, default_captioner_path
 from ..progress import progress_bar
+from ..ptb_tokenizer import tokenize
 from ..pruning import expand_av_keep, generate, prune_inputs
 
 CAPTIONER_FILE = "avex_captioner.json"
@@ -138,6 +139,30 @@ def _load_model(path: Path, dtype):
     return model
 
 
+#: how many reference captions FrozenCaptioner.load(references=...) round-trips
+ROUND_TRIP_SAMPLE = 32
+
+
+def check_round_trip(tokenizer, references, path) -> None:
+    """Refuse a tokenizer that can't write the references' words: a sample of them, encoded
+    and decoded, must give the same words as the reward reads them (PTB tokens). Otherwise
+    every caption comes out wrong (e.g. glued sub-words), every reward is 0 and nothing is
+    learned."""
+    sample = [r for r in references if isinstance(r, str) and r.strip()][:ROUND_TRIP_SAMPLE]
+    for reference in sample:
+        ids = tokenizer(reference, add_special_tokens=False)["input_ids"]
+        decoded = tokenizer.decode(ids, skip_special_tokens=True)
+        if tokenize(decoded) != tokenize(reference):
+            where = tokenizer_dir(path)
+            raise ValueError(
+                f"captioner {path}: its tokenizer ({type(tokenizer).__name__}, loaded from "
+                f"{where}) does not round-trip the cache's reference captions: "
+                f"{reference!r} encodes and decodes to {decoded!r}, so no caption it writes "
+                "could match a reference. A tokenizer saved beside a config.json is loaded as "
+                "that model type's tokenizer (e.g. Qwen2Tokenizer for qwen2); save a custom one "
+                f"in the tokenizer/ sub-folder ({Path(path) / 'tokenizer'}), which is read first")
+
+
 class FrozenCaptioner:
     """A frozen causal LM that captions audio-visual token sets.
 
@@ -145,6 +170,8 @@ class FrozenCaptioner:
     ``python -m avex.captioner train``), or any local Hugging Face causal-LM directory that
     takes ``inputs_embeds`` (its features must then already be in the LM's hidden size, or a
     projector file must sit beside it). ``path=None`` loads the default embedded captioner.
+    ``references`` (reference captions of the cache it will caption) are round-tripped
+    through its tokenizer first (:func:`check_round_trip`).
     """
 
     def __init__(self, model, tokenizer, projector: AVProjector, *, path=None,
@@ -167,7 +194,7 @@ class FrozenCaptioner:
     # -- loading --------------------------------------------------------------------------------
     @classmethod
     def load(cls, path=None, *, device=None, dtype: torch.dtype = torch.float32,
-             feature_dim: int | None = None) -> "FrozenCaptioner":
+             feature_dim: int | None = None, references=None) -> "FrozenCaptioner":
         from transformers import AutoTokenizer
 
         if path is None or path == "embedded":
@@ -198,8 +225,10 @@ class FrozenCaptioner:
         if device is not None and not isinstance(device, torch.device):
             device = None if _checks.device("device", device) == "auto" else device
         device = torch.device(device) if device is not None else default_device()
-        model = _load_model(path, dtype).to(device)
         tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir(path)))
+        if references is not None:  # before the weights are loaded: a bad tokenizer fails fast
+            check_round_trip(tokenizer, references, path)
+        model = _load_model(path, dtype).to(device)
         hidden = model.get_input_embeddings().embedding_dim
         if info:
             projector = AVProjector(info["feature_dim"], hidden, info.get("projector", "mlp"))

@@ -1,6 +1,8 @@
-"""python -m avex.data {build, verify, info}
+"""python -m avex.data {build, export, verify, info}
 
   build   generate the embedded benchmark (default: preset "default", seed 0) into the cache
+  export  a folder of media files + reference captions (JSONL) -> a feature cache, through a
+          model's own processor and avex.adapters (python -m avex.train --data reads it)
   verify  check a feature cache completely (every row against its shard, every shard's SHA-256,
           the tokenizer meta.json names)
   info    print a cache's splits, sizes and one clip
@@ -16,6 +18,7 @@ from pathlib import Path
 
 from .. import _checks
 from .cache import CacheError, FeatureCache
+from .export import ExportError, ExportSettings, export_cache, load_model, read_captions
 from .embedded import (PRESETS, benchmark_name, build_benchmark, default_benchmark_path,
                        resolve_config)
 
@@ -53,6 +56,35 @@ def cmd_build(args) -> int:
     print(f"built {benchmark_name(cfg, args.preset)}: {cfg.train}/{cfg.val}/{cfg.test}/"
           f"{cfg.transfer} train/val/test/transfer clips, Nv={cfg.n_visual}, Na={cfg.n_audio}, "
           f"d={cfg.dim} -> {out} in {time.perf_counter() - started:.1f} s")
+    return 0
+
+
+def cmd_export(args) -> int:
+    settings = ExportSettings(prompt=args.prompt, fps=args.fps, max_frames=args.max_frames,
+                              use_audio_in_video=args.use_audio_in_video, dtype=args.dtype)
+    try:  # settings, captions, media and output path are checked before the model loads
+        settings.validate()
+        _checks.output_dir("out", args.out)
+        read_captions(args.captions, args.media)
+        if not Path(args.model, "config.json").is_file():
+            raise ExportError(f"--model: {args.model!r} is not a Hugging Face model directory "
+                              "(no config.json)")
+    except (ValueError, TypeError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    from transformers import AutoProcessor
+
+    model = load_model(args.model)
+    processor = AutoProcessor.from_pretrained(args.processor or args.model)
+    started = time.perf_counter()
+    out = export_cache(args.media, args.captions, args.out, model=model, processor=processor,
+                       settings=settings, overwrite=args.overwrite,
+                       progress=not args.no_progress)
+    cache = FeatureCache(out, verify="hash")
+    cache.verify_all()
+    print(f"exported {len(cache)} clips ({', '.join(f'{k} {v}' for k, v in cache.meta.splits.items())}) "
+          f"-> {out} in {time.perf_counter() - started:.1f} s; train with python -m avex.train "
+          f"--data {out} --captioner {args.model}")
     return 0
 
 
@@ -94,6 +126,28 @@ def main(argv=None) -> int:
     build.add_argument("--no-progress", action="store_true")
     build.set_defaults(run=cmd_build)
 
+    export = sub.add_parser("export", help="media files + captions -> a feature cache, "
+                            "through a model's processor")
+    export.add_argument("--media", required=True, help="the folder of media files")
+    export.add_argument("--captions", required=True,
+                        help='JSON lines: {"file": ..., "captions": [...], "split": "train"}')
+    export.add_argument("--model", required=True,
+                        help="a local Hugging Face model directory (the captioner to train with)")
+    export.add_argument("--processor", default=None,
+                        help="its processor's directory (default: --model)")
+    export.add_argument("--out", required=True, help="the cache directory to write")
+    export.add_argument("--prompt", default=ExportSettings.prompt)
+    export.add_argument("--fps", type=float, default=ExportSettings.fps,
+                        help="video frames sampled per second")
+    export.add_argument("--max-frames", type=int, default=ExportSettings.max_frames)
+    export.add_argument("--use-audio-in-video", action=argparse.BooleanOptionalAction,
+                        default=True, help="a video's audio track goes in with it (Omni)")
+    export.add_argument("--dtype", default="float32", choices=("float32", "float16",
+                                                               "bfloat16"))
+    export.add_argument("--overwrite", action="store_true")
+    export.add_argument("--no-progress", action="store_true")
+    export.set_defaults(run=cmd_export)
+
     verify = sub.add_parser("verify", help="check a feature cache completely")
     verify.add_argument("path")
     verify.set_defaults(run=cmd_verify)
@@ -105,7 +159,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.run(args)
-    except (CacheError, FileNotFoundError, FileExistsError, ValueError) as err:
+    except (CacheError, FileNotFoundError, FileExistsError, ValueError, ImportError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
 

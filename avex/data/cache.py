@@ -127,6 +127,17 @@ def _sha256(path: Path, chunk: int = 1 << 22) -> str:
     return digest.hexdigest()
 
 
+def _owned(value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``value`` as a contiguous CPU tensor of ``dtype`` that the writer alone holds. A
+    conversion that copied nothing is cloned: safetensors refuses two entries that share memory
+    (the same prompt tensor handed to every clip, or slices of one tensor), and a caller may
+    change its tensor after ``add`` returns."""
+    stored = value.detach().to("cpu", dtype).contiguous()
+    if stored.untyped_storage().data_ptr() == value.untyped_storage().data_ptr():
+        stored = stored.clone()
+    return stored
+
+
 def _check_refs(name: str, refs, clip_id: str, *, required: bool) -> list[str]:
     if not isinstance(refs, (list, tuple)) or not all(isinstance(r, str) and r.strip()
                                                       for r in refs):
@@ -164,7 +175,7 @@ def _annotation(name: str, value, clip_id: str, length: int) -> torch.Tensor:
         bad = int(value.max()) if int(value.max()) > 127 else int(value.min())
         raise ValueError(f"annotation {name} for clip {clip_id!r} is stored as int8 and must "
                          f"lie in [-128, 127], got {bad}")
-    return value.to(torch.int8).contiguous()
+    return _owned(value, torch.int8)
 
 
 class CacheWriter:
@@ -235,7 +246,7 @@ class CacheWriter:
                 shape = list(value.shape) if isinstance(value, torch.Tensor) else type(value)
                 raise ValueError(f"{name} for clip {clip_id!r} must be a float tensor "
                                  f"[N, {self.dim}], got {shape}")
-            stored = value.detach().to("cpu", self.dtype).contiguous()
+            stored = _owned(value, self.dtype)
             _check_finite(stored, f"{name} for clip {clip_id!r}", stored_as=self.dtype)
             tensors[f"{clip_id}/{name}"] = stored
         for side, ids, embeds in (("prefix", prompt_prefix_ids, prompt_prefix_embeds),
@@ -252,13 +263,13 @@ class CacheWriter:
                 if ids.numel() and int(ids.min()) < 0:
                     raise ValueError(f"prompt_{side}_ids for clip {clip_id!r} must be token ids "
                                      f">= 0, got {int(ids.min())}")
-                tensors[f"{clip_id}/prompt_{side}_ids"] = ids.to(torch.int64).contiguous()
+                tensors[f"{clip_id}/prompt_{side}_ids"] = _owned(ids, torch.int64)
             else:
                 if not isinstance(embeds, torch.Tensor) or embeds.dim() != 2 \
                         or not embeds.is_floating_point():
                     raise ValueError(f"prompt_{side}_embeds for clip {clip_id!r} must be a "
                                      "float tensor [L, D]")
-                stored = embeds.detach().to("cpu", self.dtype).contiguous()
+                stored = _owned(embeds, self.dtype)
                 _check_finite(stored, f"prompt_{side}_embeds for clip {clip_id!r}",
                               stored_as=self.dtype)
                 tensors[f"{clip_id}/prompt_{side}_embeds"] = stored
@@ -319,8 +330,8 @@ class CacheWriter:
                              f"or 2 (text) (no padding), got {sorted(set(modality.tolist()))}")
         if not bool((modality == 2).any()):
             raise ValueError(f"modality for clip {clip_id!r} has no text token (code 2)")
-        tensors = {"merged_embeds": inputs_embeds.detach().to("cpu", self.dtype).contiguous(),
-                   "merged_modality": modality.detach().to("cpu", torch.int8).contiguous()}
+        tensors = {"merged_embeds": _owned(inputs_embeds, self.dtype),
+                   "merged_modality": _owned(modality, torch.int8)}
         rank = None
         if position_ids is not None:
             if not isinstance(position_ids, torch.Tensor) or position_ids.is_floating_point() \
@@ -329,8 +340,7 @@ class CacheWriter:
                     else position_ids
                 raise ValueError(f"position_ids for clip {clip_id!r} must be an int tensor "
                                  f"[..., {length}], got {shape}")
-            tensors["merged_position_ids"] = position_ids.detach().to("cpu", torch.int64) \
-                .contiguous()
+            tensors["merged_position_ids"] = _owned(position_ids, torch.int64)
             rank = position_ids.dim()
         embeds, codes = tensors["merged_embeds"], modality.cpu()
         av = torch.nonzero(codes != 2).flatten()

@@ -37,7 +37,7 @@ from avex.config import build_parser as build_train_parser
 from avex.config import resolve_config
 from avex.data import SPLITS
 from avex.methods import SELECTORS
-from avex.methods.learned import run_policy_weights
+from avex.methods.learned import check_finished, run_policy_weights
 
 from avex.data.embedded import PRESETS as BENCHMARK_PRESETS
 from avex.data.embedded import default_benchmark_path
@@ -49,6 +49,8 @@ from .motivation import run_motivation
 from .sweep import RETENTIONS, run_sweep
 
 DEFAULT_METHODS = SELECTORS
+#: decoding when no run is given and no flag sets it
+DECODING = {"num_beams": 1, "max_new_tokens": 24}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -112,8 +114,11 @@ def _common(parser):
     parser.add_argument("--out", default=None, help="output directory (default: runs/eval-<time>)")
     parser.add_argument("--max-clips", type=int, default=None, help="first N clips of each split")
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--num-beams", type=int, default=1)
-    parser.add_argument("--max-new-tokens", type=int, default=24)
+    parser.add_argument("--num-beams", type=int, default=None,
+                        help=f"default: a given run's (--avex-run, --cacovid-run), else "
+                             f"{DECODING['num_beams']}")
+    parser.add_argument("--max-new-tokens", type=int, default=None,
+                        help=f"default: a given run's, else {DECODING['max_new_tokens']}")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--train-args", default="",
                         help="extra flags for python -m avex.train when a policy is trained "
@@ -136,6 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--avex-run", default=None, help="a python -m avex.train run directory")
     sweep.add_argument("--cacovid-run", default=None,
                        help="a python -m avex.train --no-exchanges run directory")
+    sweep.add_argument("--allow-unfinished", action="store_true",
+                       help="score the latest checkpoint of a run that did not finish training "
+                            "(the table names the checkpoint)")
     sweep.add_argument("--fastv-layer", type=int, default=None)
     sweep.add_argument("--qualitative", type=int, default=3, help="clips shown at 40%%")
     abl = sub.add_parser("ablation", help="the paper's Table 3 (training signal, group size)")
@@ -237,20 +245,45 @@ def _check_seeds(seeds) -> None:
         raise ValueError(f"seeds has duplicates: {seeds}")
 
 
-def _given_run(path, checkpoint: str, name: str) -> None:
-    """A finished run's settings and a readable weights file (its header read, not the
-    tensors), checked before --out is made or anything is trained."""
-    weights, _ = run_policy_weights(path, checkpoint, name=name)
+def _given_run(path, checkpoint: str, name: str) -> dict:
+    """A run's settings, checked with a readable weights file (its header read, not the
+    tensors) before --out is made or anything is trained."""
+    weights, settings = run_policy_weights(path, checkpoint, name=name)
     try:
         check_weights(weights)
     except ValueError as err:
         raise ValueError(f"{name}: {err}") from None
+    return settings
 
 
 def _not_a_cache(path) -> str:
     what = "a file" if Path(path).is_file() else "a directory without meta.json"
     return "" if not Path(path).exists() else f" ({what}; a feature cache is a directory " \
         "holding meta.json)"
+
+
+def resolve_decoding(args, runs: dict) -> None:
+    """Set ``args.num_beams`` / ``args.max_new_tokens``: a flag's value, else the given runs'
+    own decoding (their reward and results table used it), else :data:`DECODING`. Runs that
+    decode differently from each other are refused unless flags settle it.
+    ``args.decoding_source`` says where the values came from (sweep.md states it)."""
+    sources = {}
+    for key in DECODING:
+        if getattr(args, key) is not None:
+            sources[key] = "flag"
+            continue
+        values = {flag: cfg.get(key, DECODING[key]) for flag, cfg in runs.items()}
+        if len(set(values.values())) > 1:
+            listed = ", ".join(f"{flag} has {key}={value}" for flag, value in values.items())
+            raise ValueError(f"the runs decode differently ({listed}); pass --"
+                             f"{key.replace('_', '-')} to score both with one setting")
+        if values:
+            setattr(args, key, next(iter(values.values())))
+            sources[key] = "run " + " and ".join(values)
+        else:
+            setattr(args, key, DECODING[key])
+            sources[key] = "default"
+    args.decoding_source = sources
 
 
 def check_args(args) -> None:
@@ -275,15 +308,20 @@ def check_args(args) -> None:
     if args.out is not None:
         _checks.output_dir("out", args.out)
     _checks.int_at_least("batch_size", args.batch_size, 1)
-    _checks.int_at_least("num_beams", args.num_beams, 1)
-    _checks.int_at_least("max_new_tokens", args.max_new_tokens, 1)
+    _checks.optional_int_at_least("num_beams", args.num_beams, 1)
+    _checks.optional_int_at_least("max_new_tokens", args.max_new_tokens, 1)
     if args.max_clips is not None:
         _checks.int_at_least("max_clips", args.max_clips, 1)
     _split("split", args.split)
+    runs = {}
     for name in ("avex_run", "cacovid_run"):
         path = getattr(args, name, None)
         if path is not None:  # a finished run, checked now, not after the other methods ran
-            _given_run(path, "latest", "--" + name.replace("_", "-"))
+            flag = "--" + name.replace("_", "-")
+            runs[flag] = _given_run(path, "latest", flag)
+            if not getattr(args, "allow_unfinished", False):
+                check_finished(path, name=flag)
+    resolve_decoding(args, runs)
     if args.data != "embedded" and not Path(args.data).exists():
         raise FileNotFoundError(f"--data: no feature cache at {args.data!r}")
     if args.captioner != "embedded" and not Path(args.captioner).exists():

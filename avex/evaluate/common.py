@@ -11,6 +11,7 @@ from avex.assets import resolve_asset_paths
 from avex.captioner import FrozenCaptioner
 from avex.config import TrainConfig, build_parser, resolve_config
 from avex.data import FeatureCache
+from avex.train import reference_sample
 
 
 def load_assets(args):
@@ -20,7 +21,9 @@ def load_assets(args):
         captioner_preset=args.captioner_preset, cache_dir=args.cache_dir,
         progress=args.progress)
     device = None if args.device == "auto" else args.device
-    return FeatureCache(data_path), FrozenCaptioner.load(captioner_path, device=device)
+    cache = FeatureCache(data_path)
+    return cache, FrozenCaptioner.load(captioner_path, device=device,
+                                       references=reference_sample(cache))
 
 
 def split_clips(cache, split: str, max_clips):

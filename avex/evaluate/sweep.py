@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from avex.methods import METHODS, SELECTORS, label, load_policy, make_selector
+from avex.methods.learned import run_progress
 from avex.metrics import cider_source
 from avex.progress import progress_bar
 from avex.scoring import caption_split, keep_all, score_captions
@@ -45,15 +46,31 @@ def policy_for(args, method: str, seed: int, captioner, out: Path, warmup_from=N
                                   **METHODS[method].train)
         run_dir = ensure_trained(cfg)
     run_seed = json.loads((run_dir / "config.json").read_text()).get("seed")
-    return load_policy(run_dir, captioner), run_dir, run_seed
+    policy = load_policy(run_dir, captioner,
+                         allow_unfinished=getattr(args, "allow_unfinished", False))
+    return policy, run_dir, run_seed
 
 
-def relative_performance(row: dict, full: dict) -> float:
+def relative_performance(row: dict, full: dict) -> float | None:
     """The paper's Rel.: 100 x the mean of C_av, C_v, C_a and transfer CIDEr, each divided by
-    its full-token value (``full``). Without a transfer column, the mean of the other three."""
-    keys = ["C_av", "C_v", "C_a"] + (["C_T"] if "C_T" in row and "C_T" in full else [])
-    ratios = [row[k] / full[k] if full[k] else float("nan") for k in keys]
-    return 100.0 * sum(ratios) / len(ratios)
+    its full-token value (``full``). Without a transfer column, the mean of the other three;
+    a column without references (None) is left out. None ("n/a" in the table) when a
+    full-token value is 0: the ratio is undefined (:func:`rel_note` says which)."""
+    keys = [k for k in ("C_av", "C_v", "C_a", "C_T")
+            if row.get(k) is not None and full.get(k) is not None]
+    if not keys or any(full[k] == 0 for k in keys):
+        return None
+    return 100.0 * sum(row[k] / full[k] for k in keys) / len(keys)
+
+
+def rel_note(full: dict) -> str | None:
+    """Why Rel. is n/a, when it is: the full-token metrics that are 0."""
+    zero = [k for k in ("C_av", "C_v", "C_a", "C_T") if full.get(k) == 0]
+    if not zero:
+        return None
+    return (f"Rel. is n/a: full tokens score 0 on {', '.join(zero)}, so a ratio to it is "
+            "undefined (the captioner captions nothing the references share, even with every "
+            "token; check the captioner and its tokenizer)")
 
 
 def aggregate(rows: list[dict]) -> list[dict]:
@@ -104,8 +121,8 @@ def sweep_figure(agg: list[dict], path: Path, bar_retention: float) -> Path:
     colour = {"full": "gray", **{m: palette[i % 10] for i, m in enumerate(SELECTORS)}}
     labels = {r["method"]: r["label"] for r in agg}
     for m in methods:
-        pts = sorted((r["retention"], r["Rel"], r.get("Rel_std", 0.0)) for r in agg
-                     if r["method"] == m)
+        pts = sorted((r["retention"], r.get("Rel", float("nan")), r.get("Rel_std", 0.0))
+                     for r in agg if r["method"] == m)
         xs = [100 * p[0] for p in pts]
         left.errorbar(xs, [p[1] for p in pts], yerr=[p[2] for p in pts], marker="o",
                       capsize=3, label=labels[m], color=colour[m])
@@ -120,7 +137,8 @@ def sweep_figure(agg: list[dict], path: Path, bar_retention: float) -> Path:
     width = 0.8 / max(1, len(at))
     for i, r in enumerate(at):
         xs = np.arange(len(keys)) + (i - (len(at) - 1) / 2) * width
-        right.bar(xs, [r[k] for k in keys], width, yerr=[r.get(k + "_std", 0.0) for k in keys],
+        right.bar(xs, [r.get(k, float("nan")) for k in keys], width,
+                  yerr=[r.get(k + "_std", 0.0) for k in keys],
                   label=r["label"], capsize=2, color=colour[r["method"]])
     right.set_xticks(np.arange(len(keys)), ["$C_{av}$", "$C_v$", "$C_a$"])
     right.set_ylabel("CIDEr")
@@ -143,6 +161,7 @@ def run_sweep(args) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     splits = {"test": test, **({"transfer": transfer} if transfer else {})}
     policies = train_policies(args, captioner, out)  # training has its own progress bars
+    checkpoints = scored_checkpoints(policies)
     jobs = [(m, s, r) for s in args.seeds for m in args.methods for r in args.retentions]
     captions, scores = caption_jobs(args, captioner, splits, policies, jobs)
     rows = score_rows(scores, policies, jobs, has_transfer=bool(transfer))
@@ -156,7 +175,9 @@ def run_sweep(args) -> dict:
               "settings": {"methods": list(args.methods), "retentions": list(args.retentions),
                            "seeds": list(args.seeds), "test_clips": len(test),
                            "transfer_clips": len(transfer), "num_beams": args.num_beams,
-                           "max_new_tokens": args.max_new_tokens, "data": str(cache.root),
+                           "max_new_tokens": args.max_new_tokens,
+                           "decoding_source": getattr(args, "decoding_source", None),
+                           "checkpoints": checkpoints, "data": str(cache.root),
                            "captioner": str(captioner.path),
                            "runs": {m: {str(s): str(v[1]) for s, v in p.items()}
                                     for m, p in policies.items()}},
@@ -166,8 +187,10 @@ def run_sweep(args) -> dict:
     table = sweep_table(agg, bool(transfer))
     header = (f"# Pruning comparison ({args.split} split, {len(test)} clips"
               + (f"; transfer split, {len(transfer)} clips" if transfer else "") + ")")
+    notes = [decoding_note(args)] + [n for n in [rel_note(rows[0])] if n] + [
+        f"{label(m)}: {text}." for m, text in checkpoints.items()]
     (out / "sweep.md").write_text(sweep_markdown(header, table, qualitative, args.methods,
-                                                 bar_retention, seconds))
+                                                 bar_retention, seconds, notes))
     (out / "sweep.json").write_text(json.dumps(result, indent=1, default=float) + "\n")
     sweep_figure(agg, out / "sweep.png", bar_retention)
     result["table"], result["out"] = table, str(out)
@@ -243,7 +266,7 @@ def score_rows(scores: dict, policies: dict, jobs: list, *, has_transfer: bool) 
     if has_transfer:
         full.update(scores[("transfer", "full", None, 1.0)])
     rows = [{"method": "full", "label": label("full"), "retention": 1.0, "seed": None,
-             **full, "Rel": 100.0}]
+             **full, "Rel": None if rel_note(full) else 100.0}]
     for method, seed, retention in jobs:
         row = {"method": method, "label": label(method), "retention": retention,
                "seed": seed, **scores[("test", method, seed, retention)]}
@@ -268,15 +291,37 @@ def qualitative_examples(clips, captions: dict, methods, seed: int, retention: f
     return examples
 
 
+def decoding_note(args) -> str:
+    """The decoding every caption of the sweep used, and where the setting came from."""
+    source = getattr(args, "decoding_source", None) or {}
+    where = "; ".join(f"{k} from {v}" for k, v in source.items())
+    return (f"Decoding: {args.num_beams} beam(s), at most {args.max_new_tokens} new tokens"
+            + (f" ({where})" if where else "") + ".")
+
+
+def scored_checkpoints(policies: dict) -> dict:
+    """method -> which checkpoint was scored, for runs that did not finish training."""
+    out = {}
+    for method, by_seed in policies.items():
+        for _, run_dir, _ in by_seed.values():
+            progress = run_progress(run_dir)
+            if not progress["finished"]:
+                out[method] = (f"{run_dir} did not finish training; scored its latest "
+                               f"checkpoint, {progress['checkpoint']} ({progress['phase']} "
+                               f"step {progress['step']}), under --allow-unfinished")
+    return out
+
+
 def sweep_markdown(header: str, table: str, qualitative: list, methods, bar_retention: float,
-                   seconds: float) -> str:
+                   seconds: float, notes=()) -> str:
     md = [header, "",
           f"CIDEr points ({cider_source()}, x100). C_av / C_v / C_a: the same captions against the "
           "AV, visual-only and audio-only references. transfer C: CIDEr against the AV "
           "references of the transfer split (the paper's MSRVTT column). Rel. = 100 x mean of "
           "the four, each over its full-token value in this run. Seeds: Random's seed; for a "
           "policy, the seed of its training run; FastV/ToMe/FastAV are deterministic. With "
-          "several seeds: mean ± std.", "", table, "",
+          "several seeds: mean ± std.", "", *[x for note in notes for x in (note, "")],
+          table, "",
           f"Figure: `sweep.png` (left: Rel. against retention; right: C_av, C_v, C_a at "
           f"{bar_retention:.0%}). The sweep took {seconds:.0f} s.", "",
           f"## Qualitative examples at {bar_retention:.0%} retention", ""]
