@@ -1,6 +1,7 @@
 """``python -m avex.profiling``: the paper's Table 4 for a backbone on this machine: FLOPs at
-real size (fvcore, 1 multiply-add = 1 flop), then prefill / end-to-end latency, selection
-overhead and peak memory per method (on a CPU, of a scaled-down model)."""
+real size (fvcore, 1 multiply-add = 1 flop; the hand count where fvcore is missing), then
+prefill / end-to-end latency, selection overhead and peak memory per method (on a CPU, of a
+scaled-down model)."""
 from __future__ import annotations
 
 import argparse
