@@ -7,6 +7,7 @@ import json
 import os
 import platform
 import subprocess
+import time
 import types
 from dataclasses import asdict, dataclass, field
 
@@ -25,6 +26,7 @@ from .latency import measure, ratio_text, stage_table
 from .methods import FASTV_LAYER, METHODS, NAMES as METHOD_NAMES
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+FLOPS_COUNTERS = ("auto", "fvcore", "hand")
 PAPER_POLICY_WIDTH = 768
 CPU_WIDTH, CPU_LAYERS = 512, 4
 
@@ -49,6 +51,12 @@ class ProfileSettings:
     warmup: int | None = None
     latency: bool = True
     full_size_latency: bool | None = None   # None: real size on CUDA, scaled on CPU
+    # "auto": fvcore where installed, else the hand count; "fvcore": fvcore or an error up
+    # front; "hand": the hand count (no tracing: instant at any size)
+    flops: str = "auto"
+    # stop starting timing rounds once this many seconds have passed since the run began (at
+    # least one round; the table says how many ran): one bounded call on a lent GPU
+    max_seconds: float | None = None
     out_dir: str = "results"
     name: str | None = None
     progress: bool = True
@@ -70,6 +78,11 @@ class ProfileSettings:
         _checks.flag("progress", self.progress)
         if self.full_size_latency is not None:
             _checks.flag("full_size_latency", self.full_size_latency)
+        _checks.choice("flops", self.flops, FLOPS_COUNTERS)
+        if self.max_seconds is not None:
+            _checks.positive_float("max_seconds", self.max_seconds)
+        if self.flops == "fvcore" and F.fvcore_missing():
+            raise ValueError(f"flops='fvcore' but {F.fvcore_missing()}; or pass flops='hand'")
         _checks.output_dir("out_dir", self.out_dir)
         if _checks.text("name", self.name, optional=True) is not None and (
                 os.sep in self.name or self.name in (".", "..")):
@@ -181,8 +194,9 @@ def _selection_flops(method, models, config, modality, retention, pol,
 def flops_table(settings: ProfileSettings, config, policy_width: int, bar=None) -> dict:
     """FLOPs per method for ``config``: fvcore's count of the traced code, cross-checked against
     the hand count; where fvcore is not installed, the hand count alone (``counted_by``)."""
-    missing = F.fvcore_missing()
-    traced = missing is None
+    by_hand_because = ("the hand count was asked for (flops='hand')" if settings.flops == "hand"
+                       else F.fvcore_missing())
+    traced = by_hand_because is None
     modality = token_layout(settings)
     n_av = settings.visual_tokens + settings.audio_tokens
     n_text = settings.text_before + settings.text_after
@@ -229,7 +243,8 @@ def flops_table(settings: ProfileSettings, config, policy_width: int, bar=None) 
         if abs(c["relative_difference"]) > 0.02:
             raise RuntimeError(f"fvcore count for {method} differs from the analytic count by "
                                f"{c['relative_difference']:.2%} (> 2%): {c}")
-    return dict(unit=F.UNIT, counted_by="fvcore" if traced else "hand", fvcore_missing=missing,
+    return dict(unit=F.UNIT, counted_by="fvcore" if traced else "hand",
+                by_hand_because=by_hand_because,
                 rows=rows, cross_check=checks, kept_av_tokens=k,
                 policy_parameters=sum(p.numel() for p in policy.parameters()),
                 policy_width=policy_width, policy_unsupported_ops=pol["policy_unsupported"],
@@ -259,6 +274,7 @@ def profile(settings: ProfileSettings | None = None, **overrides) -> dict:
         settings.methods = settings.methods.split(",")
     settings.methods = tuple(m.strip() for m in settings.methods)
     settings.validate()
+    started = time.monotonic()
     config = backbone_config(settings.backbone)
     device = _device(settings)
     real_latency = (settings.full_size_latency if settings.full_size_latency is not None
@@ -300,10 +316,13 @@ def profile(settings: ProfileSettings | None = None, **overrides) -> dict:
         bar.update(2)
         lat = measure(model, policy, embeds, modality, retention=settings.retention,
                       decode_tokens=settings.decode_tokens, runs=runs, warmup=warmup,
-                      methods=settings.methods, progress=bar)
+                      methods=settings.methods, progress=bar,
+                      deadline=None if settings.max_seconds is None
+                      else started + settings.max_seconds)
+        rounds = next(iter(lat.values()))["rounds"]
         results["latency"] = dict(
-            label=label, device=_device_name(device), dtype=dtype_name, runs=runs,
-            warmup=warmup, backbone_config=_describe(latency_config), policy_width=pw,
+            label=label, device=_device_name(device), dtype=dtype_name, runs=rounds,
+            runs_asked=runs, max_seconds=settings.max_seconds, warmup=warmup, backbone_config=_describe(latency_config), policy_width=pw,
             weights_bytes=dict(model=_bytes(model), policy=_bytes(policy)),
             rows=lat, flops=lat_flops)
     bar.close()
@@ -438,7 +457,7 @@ def markdown(results: dict) -> str:
             "and compaction through this suite's handles); decoder layers traced at depth 1 and "
             "2 and extrapolated exactly; LM head on the last prefill position and every decode "
             "step." if by_fvcore else
-            f"**Counted by hand, not by fvcore**: {fl['fvcore_missing']}. The hand count "
+            f"**Counted by hand, not by fvcore**: {fl['by_hand_because']}. The hand count "
             "(matmul weights x tokens + attention pairs, the policy's layers, the baselines' "
             "matmuls and sorts; LM head on the last prefill position and every decode step) "
             "equals fvcore's count of the traced code exactly where fvcore runs "
@@ -490,7 +509,10 @@ def _latency_markdown(lat: dict) -> list[str]:
         f"## Latency and memory ({lat['label']})",
         "",
         f"Device: {lat['device']}, {first['threads']} timing thread(s), clock: "
-        f"{first['clock']}; {lat['dtype']}, random weights; {lat['runs']} alternating rounds after {lat['warmup']} warm-up (each round "
+        f"{first['clock']}; {lat['dtype']}, random weights; {lat['runs']} alternating rounds"
+        + (f" (of {lat['runs_asked']} asked: the {lat['max_seconds']:g} s time budget ran out)"
+           if lat.get("runs_asked", lat["runs"]) > lat["runs"] else "")
+        + f" after {lat['warmup']} warm-up (each round "
         "runs every method once, the order reversed every other round); times are medians over "
         "the rounds, ratios to full tokens the median of the per-round ratios with their "
         f"interquartile range. Configuration: {lc['num_hidden_layers']} "

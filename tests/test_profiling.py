@@ -247,13 +247,13 @@ def test_table_on_cpu_at_a_tiny_configuration(tmp_path, monkeypatch):
     assert (out / "profiling-tiny.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def _flops_only(tmp_path, name):
+def _flops_only(tmp_path, name, **settings):
     cfg_dir = tmp_path / "tiny"
     if not cfg_dir.exists():
         tiny_config().save_pretrained(cfg_dir)
     return profile(backbone=str(cfg_dir), retention=0.5, visual_tokens=16, audio_tokens=8,
                    text_before=2, text_after=4, decode_tokens=4, latency=False,
-                   out_dir=str(tmp_path / "out"), name=name, progress=False)
+                   out_dir=str(tmp_path / "out"), name=name, progress=False, **settings)
 
 
 def test_flops_table_by_hand_without_fvcore(tmp_path, monkeypatch):
@@ -264,7 +264,7 @@ def test_flops_table_by_hand_without_fvcore(tmp_path, monkeypatch):
         F.count(nn.Linear(2, 2), (torch.zeros(1, 2),))
     res = _flops_only(tmp_path, "hand")
     fl = res["flops"]
-    assert fl["counted_by"] == "hand" and fl["fvcore_missing"] == reason
+    assert fl["counted_by"] == "hand" and fl["by_hand_because"] == reason
     assert fl["cross_check"] == {}
     cfg = tiny_config()
     for m, row in fl["rows"].items():
@@ -278,12 +278,53 @@ def test_flops_table_by_hand_without_fvcore(tmp_path, monkeypatch):
     assert "fvcore vs the analytic count" not in md and "| AVEX-Prune | 18 |" in md
 
 
-def test_hand_table_equals_the_fvcore_table(tmp_path, monkeypatch):
+def test_hand_table_equals_the_fvcore_table(tmp_path):
+    """flops='hand' (the GPU stage's latency call) gives the numbers fvcore gives."""
+    by_hand = _flops_only(tmp_path, "hand", flops="hand")["flops"]
+    assert by_hand["counted_by"] == "hand" and by_hand["cross_check"] == {}
+    assert "flops='hand'" in by_hand["by_hand_because"]
     fvcore_part()
-    counted = _flops_only(tmp_path, "fvcore")["flops"]
-    monkeypatch.setattr(F, "fvcore_missing", lambda: "simulated")
-    by_hand = _flops_only(tmp_path, "hand")["flops"]
+    counted = _flops_only(tmp_path, "fvcore", flops="fvcore")["flops"]
+    assert counted["counted_by"] == "fvcore"
     assert by_hand["rows"] == counted["rows"]
+
+
+def test_flops_fvcore_without_fvcore_is_refused_up_front(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(F, "fvcore_missing", lambda: "fvcore is not installed (simulated)")
+    with pytest.raises(ValueError, match=r"flops='fvcore' but fvcore is not installed "
+                                         r"\(simulated\); or pass flops='hand'"):
+        profile(flops="fvcore", out_dir=str(tmp_path / "out"), progress=False)
+    exits_with_usage_error(main, ["--flops", "fvcore", "--out-dir", str(tmp_path / "out")],
+                           "fvcore is not installed", capsys)
+    with pytest.raises(ValueError, match=r"flops must be one of \['auto', 'fvcore', 'hand'\], "
+                                         r"got 'fv'"):
+        profile(flops="fv", out_dir=str(tmp_path / "out"), progress=False)
+    with pytest.raises(ValueError, match=r"max_seconds must be a finite number > 0, got 0.0"):
+        profile(max_seconds=0, out_dir=str(tmp_path / "out"), progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_max_seconds_bounds_the_timed_rounds(tmp_path):
+    """A spent time budget stops the rounds after the first (the GPU stage's bound); the table
+    says how many ran of how many asked."""
+    cfg_dir = tmp_path / "tiny"
+    tiny_config().save_pretrained(cfg_dir)
+    res = profile(backbone=str(cfg_dir), retention=0.5, visual_tokens=16, audio_tokens=8,
+                  text_before=2, text_after=4, decode_tokens=2, device="cpu", runs=50,
+                  warmup=0, methods=("full", "avex"), flops="hand", max_seconds=1e-6,
+                  out_dir=str(tmp_path / "out"), name="bounded", progress=False)
+    lat = res["latency"]
+    assert lat["runs"] == 1 and lat["runs_asked"] == 50
+    assert all(r["rounds"] == 1 for r in lat["rows"].values())
+    assert "1 alternating rounds (of 50 asked: the 1e-06 s time budget ran out)" in \
+        res["markdown"]
+
+
+def test_alternate_stops_at_its_deadline():
+    calls = []
+    runs = {name: (lambda name=name: calls.append(name) or {"ms": 1.0}) for name in "AB"}
+    out = alternate(runs, rounds=5, warmup=1, deadline=0.0)   # long past
+    assert "".join(calls) == "ABBA" and [len(v) for v in out.values()] == [1, 1]
 
 
 def test_alternate_reverses_the_order_every_other_round():
