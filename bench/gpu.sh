@@ -182,8 +182,9 @@ profile|flops)
     backbone=${AVEX_PROFILE_BACKBONE:-qwen2-7b}
     name=()
     if [[ $STAGE == profile ]]; then
+        rounds_until=$(( $(seconds_left) - 60 ))
         sizes=(--runs "${AVEX_PROFILE_RUNS:-20}" --flops hand
-               --max-seconds $(( $(seconds_left) - 60 )))
+               --max-seconds $(( rounds_until < 30 ? 30 : rounds_until )))
     else
         sizes=(--no-latency --flops "${AVEX_PROFILE_FLOPS:-fvcore}")
     fi

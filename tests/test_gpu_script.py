@@ -116,7 +116,7 @@ def test_profile_stage_writes_the_profiling_table(tmp_path):
     assert "**Counted by hand, not by fvcore**: the hand count was asked for" in md
     data = json.loads((out / "profiling-tiny-qwen2-r0.4-cpu.json").read_text())
     # the budget (480 s) less set-up, less 60 s for what follows the rounds
-    assert 300 < data["settings"]["max_seconds"] <= 420
+    assert 30 <= data["settings"]["max_seconds"] <= 420
     assert data["latency"]["runs"] == 2
 
 
