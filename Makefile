@@ -5,7 +5,7 @@ STAMP  := $(VENV)/.avex-installed
 PYTEST_ARGS ?=
 TRAIN_ARGS ?=
 
-.PHONY: test train bench install cuda-lib clean wheel-check
+.PHONY: test train bench install cuda-lib clean wheel-check test-gpu-image
 
 $(STAMP): setup.py pyproject.toml kernels/gumbel_topk_host.c
 	@# A machine that already has torch (a GPU image with its CUDA build) keeps it: the venv
@@ -38,6 +38,11 @@ test: $(STAMP) cuda-lib
 wheel-check: $(STAMP)
 	.ci/wheel_check.sh $(PY)
 
+# The GPU image's stack (Python 3.12, torch 2.11, triton 3.6, transformers 5.17; no fvcore,
+# pycocoevalcap, flash-attn or Java) in .venv-gpu-image (~5 GB), and the whole suite on it.
+test-gpu-image: cuda-lib
+	.ci/test_gpu_image.sh $(PYTEST_ARGS)
+
 train: $(STAMP)
 	$(PY) -m avex.train $(TRAIN_ARGS)
 
@@ -45,4 +50,4 @@ bench: $(STAMP)
 	$(PY) -m pytest bench --benchmark-only $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) .venv-gpu-image build *.egg-info

@@ -37,7 +37,7 @@ from avex import _checks, ptb_tokenizer
 from avex.reward import CiderD
 
 __all__ = ["caption_metrics", "caption_metrics_by_reference_type", "METRIC_NAMES",
-           "unavailable_metrics"]
+           "java_tools_missing", "unavailable_metrics"]
 
 METRIC_NAMES = ("BLEU-4", "METEOR", "CIDEr")
 
@@ -66,23 +66,29 @@ def _check_references(name: str, value, count: int) -> list[list[str]]:
     return out
 
 
+def java_tools_missing() -> str | None:
+    """Why pycocoevalcap's scorers can't run here (None where they can): pycocoevalcap not
+    installed, Java not on PATH, or both, each named."""
+    try:
+        installed = importlib.util.find_spec("pycocoevalcap.bleu.bleu") is not None
+    except (ImportError, ValueError):
+        installed = False
+    why = []
+    if not installed:
+        why.append("pycocoevalcap is not installed (pip install pycocoevalcap)")
+    if shutil.which("java") is None:
+        why.append("Java is not on PATH (pycocoevalcap's PTBTokenizer and METEOR are Java "
+                   "programs); install a JRE, e.g. openjdk-17-jre")
+    return "; ".join(why) or None
+
+
 def unavailable_metrics() -> dict[str, str]:
     """Metric name -> why this machine can't compute it ({} when every metric is there).
 
     BLEU-4 and METEOR need pycocoevalcap and Java; CIDEr is always there (without them, from
     :class:`avex.reward.CiderD`, which equals pycocoevalcap's ``Cider``)."""
-    try:
-        installed = importlib.util.find_spec("pycocoevalcap.bleu.bleu") is not None
-    except (ImportError, ValueError):
-        installed = False
-    if not installed:
-        why = "pycocoevalcap is not installed (pip install pycocoevalcap)"
-    elif shutil.which("java") is None:
-        why = ("Java is not on PATH (pycocoevalcap's PTBTokenizer and METEOR are Java "
-               "programs); install a JRE, e.g. openjdk-17-jre")
-    else:
-        return {}
-    return {"BLEU-4": why, "METEOR": why}
+    why = java_tools_missing()
+    return {"BLEU-4": why, "METEOR": why} if why else {}
 
 
 def cider_source() -> str:

@@ -4,7 +4,9 @@
 #   bash bench/gpu.sh tests     # CUDA C++ library build + example; the CUDA test suites (xdist)
 #   bash bench/gpu.sh bench     # every bench/bench_*.py (pytest-benchmark) -> bench-gpu.md
 #   bash bench/gpu.sh train     # short python -m avex.train + evaluation on the embedded benchmark
-#   bash bench/gpu.sh profile   # python -m avex.profiling at real size (qwen2-7b, bf16)
+#   bash bench/gpu.sh profile   # python -m avex.profiling at real size (qwen2-7b, bf16): the
+#                               # timed table, FLOPs by hand, rounds bounded by the budget
+#   bash bench/gpu.sh flops     # the same backbone's FLOPs counted by fvcore (carry .whl)
 #   bash bench/gpu.sh STAGE --dry-run   # the same logic on a CPU, small sizes; skips only what
 #                                       # needs CUDA (tests/test_gpu_script.py runs it)
 #
@@ -21,8 +23,8 @@ DRY_RUN=${AVEX_GPU_DRY_RUN:-0}
 [[ ${2:-} == "--dry-run" || ${1:-} == "--dry-run" ]] && DRY_RUN=1
 [[ ${1:-} == "--dry-run" ]] && STAGE=${2:-${AVEX_GPU_STAGE:-}}
 case "$STAGE" in
-    tests|bench|train|profile) ;;
-    *) echo "usage: bash bench/gpu.sh {tests|bench|train|profile} [--dry-run]; got '$STAGE'" >&2
+    tests|bench|train|profile|flops) ;;
+    *) echo "usage: bash bench/gpu.sh {tests|bench|train|profile|flops} [--dry-run]; got '$STAGE'" >&2
        exit 2 ;;
 esac
 
@@ -82,10 +84,15 @@ transformers.__version__)"
 cat "$OUT/machine.txt"
 TITLE_TAIL="on $GPU_NAME (commit ${commit:0:12})"
 
+seconds_left() {  # of $BUDGET, after what ran so far (at least 30)
+    local left=$(( BUDGET - ($(date +%s) - started) ))
+    echo $(( left < 30 ? 30 : left ))
+}
+
 run_budgeted() {  # run "$@" for at most $BUDGET seconds, minus what set-up took, output to a log
     local log=$1; shift
-    local left=$(( BUDGET - ($(date +%s) - started) ))
-    (( left < 30 )) && left=30
+    local left
+    left=$(seconds_left)
     timeout --signal=INT --kill-after=20 "$left" "$@" 2>&1 | tee "$log"
     local rc=${PIPESTATUS[0]}
     (( rc == 124 )) && note "stopped after its time budget ($left s); the tables show what ran"
@@ -115,8 +122,10 @@ tests)
         note "pytest-xdist is not installed: one process"
     fi
     # On a CPU the kernel suites take minutes under the interpreter (CI runs them); the dry run
-    # runs their argument-check tests, enough to exercise the stage and its table.
-    [[ $DRY_RUN == 1 ]] && args+=(-k "bad_input or dispatch")
+    # runs their argument-check tests, and the profiling and on-device-baseline suites whole
+    # (seconds on a CPU), enough to exercise the stage, its table and every file's imports.
+    dry_run_tests="bad_input or dispatch or test_profiling.py or test_methods_on_device.py"
+    [[ $DRY_RUN == 1 ]] && args+=(-k "$dry_run_tests")
     run_budgeted "$OUT/tests.log" "$PY" -m pytest $files "${args[@]}" || status=1
     "$PY" bench/gpu_tables.py tests "$OUT/tests.xml" --title "CUDA tests $TITLE_TAIL" \
         > "$OUT/tests-gpu.md" || status=1
@@ -165,20 +174,34 @@ train)
         note "the run logged no step"; status=1
     fi
     ;;
-profile)
-    # One backbone a call: qwen2-7b at real size took 5-8 minutes in review estimates.
+profile|flops)
+    # One backbone a call, split so that each call ends inside its limit: `profile` times the
+    # real size (FLOPs by hand, equal to fvcore's count: tests/test_profiling.py) and starts no
+    # timing round once its budget, less 60 s for the memory runs and the files, is spent;
+    # `flops` counts with fvcore (CPU work: about 2 minutes for qwen2-7b on 2 busy cores).
     backbone=${AVEX_PROFILE_BACKBONE:-qwen2-7b}
-    sizes=(--runs "${AVEX_PROFILE_RUNS:-20}")
+    name=()
+    if [[ $STAGE == profile ]]; then
+        rounds_until=$(( $(seconds_left) - 60 ))
+        sizes=(--runs "${AVEX_PROFILE_RUNS:-20}" --flops hand
+               --max-seconds $(( rounds_until < 30 ? 30 : rounds_until )))
+    else
+        sizes=(--no-latency --flops "${AVEX_PROFILE_FLOPS:-fvcore}")
+    fi
     if [[ $DRY_RUN == 1 && -z ${AVEX_PROFILE_BACKBONE:-} ]]; then
         backbone=$SCRATCH/tiny-qwen2  # a 2-layer Qwen2 config: the suite's logic, CPU-sized
         "$PY" -c "from transformers import Qwen2Config; Qwen2Config(vocab_size=256, \
 hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, \
 num_key_value_heads=2).save_pretrained('$backbone')" || exit 1
-        sizes=(--runs 2 --warmup 0 --visual-tokens 16 --audio-tokens 8 --decode-tokens 4)
+        sizes+=(--runs 2 --warmup 0 --visual-tokens 16 --audio-tokens 8 --decode-tokens 4)
+        # fvcore where it is installed; the GPU image's stack without the wheels: by hand
+        [[ $STAGE == flops ]] && sizes+=(--flops "${AVEX_PROFILE_FLOPS:-auto}")
     fi
-    run_budgeted "$OUT/profile.log" "$PY" -m avex.profiling --backbone "$backbone" \
-        --retention 0.4 --device "$DEVICE" "${sizes[@]}" --out-dir "$OUT" --no-progress \
-        || status=1
+    # profiling-<backbone>-r0.4-cuda.* from `profile`, profiling-<backbone>-r0.4-flops.* here
+    [[ $STAGE == flops ]] && name=(--name "$(basename "$backbone")-r0.4-flops")
+    run_budgeted "$OUT/$STAGE.log" "$PY" -m avex.profiling --backbone "$backbone" \
+        --retention 0.4 --device "$DEVICE" "${sizes[@]}" "${name[@]}" --out-dir "$OUT" \
+        --no-progress || status=1
     ;;
 esac
 

@@ -112,3 +112,12 @@ def first_true(mask: torch.Tensor) -> tuple[int, ...]:
     """The index of the first True of ``mask`` (row-major), for an error message that names
     the row and the position; only called once a check has failed."""
     return tuple(torch.nonzero(mask)[0].tolist())
+
+
+def ranked_row_launch_config(block: int) -> dict:
+    """num_warps for the kernels that rank a row in registers (Gumbel-Top-K, exchanges): as
+    :func:`row_launch_config`, but 16 warps above 2048. At 4096 with 8 warps, the ptxas of
+    Triton 3.6 (the GPU image's) caps them at 128 registers a thread and spills 12-36 bytes;
+    with 16 warps they need 55-130 registers and spill on neither Triton 3.6 nor 3.9
+    (tests/test_triton_compile.py checks)."""
+    return {"num_warps": 16} if block > 2048 else row_launch_config(block)

@@ -27,8 +27,8 @@ import torch
 
 from avex import _checks
 
-from ._utils import (ROW_KERNEL_MAX_WIDTH, first_true, next_power_of_2, resolve_row_backend,
-                     row_launch_config)
+from ._utils import (ROW_KERNEL_MAX_WIDTH, first_true, next_power_of_2,
+                     ranked_row_launch_config, resolve_row_backend)
 from .cuda_lib import TOPK_MAX_WIDTH as CUDA_TOPK_MAX_WIDTH
 from .cuda_lib import load as load_cuda_library
 from .gumbel_topk_ref import (compute_dtype, gumbel_topk_indices_ref, gumbel_topk_ref,
@@ -524,7 +524,7 @@ def _launch_gumbel_topk_fwd(scores, k_rows, kmax, lengths, tau, seed, sample):
     if batch:
         _gumbel_topk_fwd_kernel[(batch,)](
             scores, k_rows, lengths, indices, anchor, offset, logp, width, kmax, tau, seed,
-            SAMPLE=sample, BLOCK_M=block_m, **row_launch_config(block_m))
+            SAMPLE=sample, BLOCK_M=block_m, **ranked_row_launch_config(block_m))
     return indices, (anchor, offset), logp
 
 
@@ -539,7 +539,7 @@ def _launch_pl_fwd(scores, indices, k_rows, lengths, tau):
         _pl_log_prob_fwd_kernel[(batch,)](
             scores, k_rows, lengths, indices, anchor, offset, logp, width, kmax, tau,
             BLOCK_M=block_m, BLOCK_K=block_k, CHUNK_K=min(block_k, 16),
-            **row_launch_config(block_m))
+            **ranked_row_launch_config(block_m))
     return (anchor, offset), logp
 
 
@@ -552,7 +552,7 @@ def _launch_pl_bwd(scores, indices, k_rows, lengths, denominators, tau, grad_log
     if batch:
         _pl_log_prob_bwd_kernel[(batch,)](
             scores, k_rows, lengths, indices, anchor, offset, grad_logp.contiguous(), grad,
-            width, kmax, tau, BLOCK_M=block_m, BLOCK_K=block_k, **row_launch_config(block_m))
+            width, kmax, tau, BLOCK_M=block_m, BLOCK_K=block_k, **ranked_row_launch_config(block_m))
     return grad.to(scores.dtype)
 
 

@@ -1,12 +1,13 @@
 """``python -m avex.profiling``: the paper's Table 4 for a backbone on this machine: FLOPs at
-real size (fvcore, 1 multiply-add = 1 flop), then prefill / end-to-end latency, selection
-overhead and peak memory per method (on a CPU, of a scaled-down model)."""
+real size (fvcore, 1 multiply-add = 1 flop; the hand count where fvcore is missing), then
+prefill / end-to-end latency, selection overhead and peak memory per method (on a CPU, of a
+scaled-down model)."""
 from __future__ import annotations
 
 import argparse
 import sys
 
-from .suite import METHODS, ProfileSettings, profile
+from .suite import FLOPS_COUNTERS, METHODS, ProfileSettings, profile
 
 
 def main(argv=None) -> int:
@@ -36,6 +37,12 @@ def main(argv=None) -> int:
     p.add_argument("--runs", type=int, default=None, help="timed runs (default 50 CUDA, 5 CPU)")
     p.add_argument("--warmup", type=int, default=None)
     p.add_argument("--no-latency", action="store_true", help="FLOPs only")
+    p.add_argument("--flops", default=d.flops, choices=FLOPS_COUNTERS,
+                   help="auto: fvcore where installed, else the hand count (the table says "
+                        "which); fvcore: fail up front without it; hand: no tracing (instant)")
+    p.add_argument("--max-seconds", type=float, default=d.max_seconds,
+                   help="start no timing round after this many seconds from the start (at "
+                        "least one runs; the table says how many did)")
     p.add_argument("--full-size-latency", action="store_true",
                    help="time the real-size model even on a CPU")
     p.add_argument("--out-dir", default=d.out_dir)
@@ -48,7 +55,8 @@ def main(argv=None) -> int:
         visual_tokens=a.visual_tokens, audio_tokens=a.audio_tokens, text_before=a.text_before,
         text_after=a.text_after, decode_tokens=a.decode_tokens, device=a.device, dtype=a.dtype,
         policy_hidden_size=a.policy_hidden_size, runs=a.runs, warmup=a.warmup,
-        latency=not a.no_latency, full_size_latency=True if a.full_size_latency else None,
+        latency=not a.no_latency, flops=a.flops, max_seconds=a.max_seconds,
+        full_size_latency=True if a.full_size_latency else None,
         out_dir=a.out_dir, name=a.name, progress=not a.no_progress)
     try:  # every flag is checked before any model is built; a bad one is a usage error
         settings.validate()

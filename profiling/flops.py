@@ -1,4 +1,5 @@
-"""FLOP counting with fvcore, plus the analytic cross-check.
+"""FLOP counting with fvcore, plus the analytic cross-check (the hand count), which stands in
+where fvcore is not installed (:func:`fvcore_missing`; the GPU image lacks it).
 
 Convention: fvcore's, **one multiply-add = one flop** (so 2 * params * tokens "FLOPs" in the
 other convention is params * tokens here). Every number this module returns is in that unit
@@ -44,12 +45,23 @@ from avex.kernels import gumbel_topk as _gumbel_topk
 from avex.methods import attention_selector, fastav_selector, fastv_selector, tome_selector
 from avex.methods.fastav import attention_rollout
 from avex.modality import AUDIO, VISUAL
+from avex.policy import POSITION_FEATURES
 from avex.pruning import cache_keyword
 from avex.selection import AVLayout, num_kept, split_budget
 
 from .methods import FASTAV_STAGE1_DROP, AttentionSource, av_batch
 
 UNIT = "fvcore flops (1 multiply-add = 1 flop, i.e. MACs)"
+
+
+def fvcore_missing() -> str | None:
+    """Why fvcore can't count here (None where it can); the hand counts then stand in."""
+    try:
+        import fvcore.nn  # noqa: F401
+    except ImportError as e:
+        return (f"fvcore is not installed ({e}): pip install fvcore, or on the GPU image "
+                "carry the wheels that bench/fetch_gpu_wheels.sh puts in .whl/")
+    return None
 
 # ----------------------------------------------------------------------------------------------
 # The project's kernels as custom ops
@@ -164,6 +176,10 @@ class Count:
 
 def count(module: nn.Module, inputs: tuple) -> Count:
     """fvcore count of ``module(*inputs)`` with this module's handles (unit: :data:`UNIT`)."""
+    missing = fvcore_missing()
+    if missing:
+        raise ModuleNotFoundError(f"{missing}; analytic_llm_flops and the other analytic_* "
+                                  "counts need no fvcore")
     from fvcore.nn import FlopCountAnalysis
 
     analysis = FlopCountAnalysis(module, inputs).set_op_handle(**HANDLES)
@@ -350,14 +366,46 @@ def analytic_llm_flops(config, prefill_tokens: int, decode_tokens: int) -> LLMFl
     return LLMFlops(prefill, decode, prefill_tokens, decode_tokens)
 
 
-def policy_flops(policy, hidden_size: int, modality: torch.Tensor, retention: float) -> dict:
-    """fvcore count of the policy pass, the Top-K selection and the compaction (custom ops)."""
+def analytic_policy_flops(config, tokens: int) -> int:
+    """The hand count of one :class:`avex.policy.AVEXPolicy` pass (``config``: its
+    ``PolicyConfig``) over ``tokens`` positions, batch 1, in fvcore's convention.
 
+    The policy runs over every position (text too). Per token: the input projections (none when
+    it is as wide as the LLM), the position projection, each encoder block's q, k, v, o and
+    SwiGLU matrices, the cross-attention's four projections, the token MLP and the head's two
+    matrices. Attention is dense, 2 * width per (query, key) pair: each encoder block attends
+    under a key mask, the cross-attention over every position. fvcore also counts LayerNorm (5
+    per element: the cross-attention's and the head's); RMSNorm, activations and the position
+    features are elementwise and not counted.
+    """
+    c = config
+    w, i = c.hidden_size, c.intermediate_size
+    kv = c.num_kv_heads * (w // c.num_heads)
+    per_token = (0 if c.input_size == w else 2 * c.input_size * w)   # av_in, text_in
+    per_token += 2 * POSITION_FEATURES * w if c.positional else 0
+    per_token += c.num_layers * (2 * w * w + 2 * w * kv + 3 * w * i)   # encoder blocks
+    per_token += 4 * w * w + 2 * w * i + w * w + w   # cross-attention, token MLP, head
+    attention = (c.num_layers + 1) * tokens * tokens * 2 * w
+    layer_norms = 2 * 5 * w * tokens
+    return per_token * tokens + attention + layer_norms
+
+
+def policy_flops(policy, hidden_size: int, modality: torch.Tensor, retention: float, *,
+                 traced: bool = True) -> dict:
+    """The policy pass, the Top-K selection and the compaction (custom ops): fvcore's count of
+    the traced code ("policy", "selection"; ``traced=False``: the hand counts) and the hand
+    counts ("policy_analytic", "selection_analytic")."""
+
+    is_av = (modality == VISUAL) | (modality == AUDIO)
+    hand = dict(policy_analytic=analytic_policy_flops(policy.config, modality.shape[1]),
+                selection_analytic=selection_flops(int(is_av.sum())))   # compaction: 0
+    if not traced:
+        return dict(policy=hand["policy_analytic"], selection=hand["selection_analytic"],
+                    policy_unsupported={}, selection_by_operator={}, **hand)
     dtype = next(policy.parameters()).dtype
     embeds = torch.randn(1, modality.shape[1], hidden_size, dtype=dtype)
     with torch.no_grad():
         scores_count = count(policy, (embeds, modality))
-    is_av = (modality == VISUAL) | (modality == AUDIO)
     k = int(num_kept(retention, is_av.sum(1))[0])
     scores = torch.randn(1, int(is_av.sum()))
 
@@ -369,7 +417,7 @@ def policy_flops(policy, hidden_size: int, modality: torch.Tensor, retention: fl
     select_count = count(Select(), (scores, embeds.float(), keep))
     return {"policy": scores_count.total, "selection": select_count.total,
             "policy_unsupported": scores_count.unsupported,
-            "selection_by_operator": select_count.by_operator}
+            "selection_by_operator": select_count.by_operator, **hand}
 
 
 def selection_flops(num_av: int) -> int:
@@ -433,7 +481,7 @@ class _Rollout(nn.Module):
 
 @dataclass
 class SelectionFlops:
-    fvcore: int
+    fvcore: int | None   # None: not traced (``traced=False``, where fvcore is missing)
     analytic: int
     detail: dict
 
@@ -444,24 +492,27 @@ def _av_counts(modality) -> tuple[int, int, int]:
     return nv, na, modality.shape[1] - nv - na
 
 
-def fastv_flops(models: tuple, config, modality, retention: float,
-                layer: int = 2) -> SelectionFlops:
+def fastv_flops(models: tuple | None, config, modality, retention: float,
+                layer: int = 2, *, traced: bool = True) -> SelectionFlops:
     """FastV-AV's selection (``avex.methods.fastv`` on the first K = ``layer`` layers): K
     layers over every token with eager attention (the dense Q K^T and A V), then a sort of the
     AV scores. Traced on the 1- and 2-layer ``models`` and extrapolated to K layers."""
 
     k = min(layer, _layers(config))
-    counts = [selector_count(fastv_selector(types.SimpleNamespace(model=m), layer=n), modality,
-                             retention, config.hidden_size, m).total
-              for n, m in enumerate(models, 1)]
-    fv = counts[0] + (k - 1) * (counts[1] - counts[0])
+    fv = None
+    if traced:
+        counts = [selector_count(fastv_selector(types.SimpleNamespace(model=m), layer=n),
+                                 modality, retention, config.hidden_size, m).total
+                  for n, m in enumerate(models, 1)]
+        fv = counts[0] + (k - 1) * (counts[1] - counts[0])
     nv, na, _ = _av_counts(modality)
     length = modality.shape[1]
     analytic = k * analytic_layer_flops(config, length, causal=False) + selection_flops(nv + na)
     return SelectionFlops(fv, analytic, dict(layers=k))
 
 
-def fastav_flops(models: tuple, config, modality, retention: float) -> SelectionFlops:
+def fastav_flops(models: tuple | None, config, modality, retention: float, *,
+                 traced: bool = True) -> SelectionFlops:
     """FastAV's selection as ``avex.methods.fastav`` runs it (rollout over E = depth // 2
     layers, the fine prune at the last layer): stage 1, the whole decoder over every token
     (eager); the rollout products of E attention maps; stage 2, the whole decoder over the text
@@ -470,16 +521,18 @@ def fastav_flops(models: tuple, config, modality, retention: float) -> Selection
 
     n = _layers(config)
     rollout_layers = max(1, n // 2)
-    counts = [selector_count(
-        fastav_selector(types.SimpleNamespace(model=m), rollout_layers=1, late_layer=depth,
-                        stage1_drop=FASTAV_STAGE1_DROP),
-        modality, retention, config.hidden_size, m).total
-        for depth, m in enumerate(models, 1)]
     length = modality.shape[1]
-    maps = tuple(torch.rand(1, length, length) for _ in range(rollout_layers))
-    with torch.no_grad():
-        rollout = count(_Rollout(), maps).total
-    fv = counts[0] + (n - 1) * (counts[1] - counts[0]) + rollout
+    fv = None
+    if traced:
+        counts = [selector_count(
+            fastav_selector(types.SimpleNamespace(model=m), rollout_layers=1, late_layer=depth,
+                            stage1_drop=FASTAV_STAGE1_DROP),
+            modality, retention, config.hidden_size, m).total
+            for depth, m in enumerate(models, 1)]
+        maps = tuple(torch.rand(1, length, length) for _ in range(rollout_layers))
+        with torch.no_grad():
+            rollout = count(_Rollout(), maps).total
+        fv = counts[0] + (n - 1) * (counts[1] - counts[0]) + rollout
 
     nv, na, text = _av_counts(modality)
     k = int(num_kept(retention, torch.tensor([nv + na]))[0])
@@ -495,13 +548,14 @@ def fastav_flops(models: tuple, config, modality, retention: float) -> Selection
                                              stage1_unread_layers=unread))
 
 
-def tome_flops(config, modality, retention: float) -> SelectionFlops:
+def tome_flops(config, modality, retention: float, *, traced: bool = True) -> SelectionFlops:
     """ToMe-AV's matching (``avex.methods.tome`` on the input embeddings): per merge round
     the cosine similarities of the source and destination halves, |A| x |B| x D, and a sort of
     the |A| best matches. The size-weighted averages of the merges are elementwise (not
     counted, fvcore's convention)."""
 
-    fv = selector_count(tome_selector(), modality, retention, config.hidden_size).total
+    fv = (selector_count(tome_selector(), modality, retention, config.hidden_size).total
+          if traced else None)
     nv, na, _ = _av_counts(modality)
     k = int(num_kept(retention, torch.tensor([nv + na]))[0])
     analytic, rounds = 0, 0
@@ -514,16 +568,19 @@ def tome_flops(config, modality, retention: float) -> SelectionFlops:
     return SelectionFlops(fv, analytic, dict(rounds=rounds))
 
 
-def attention_flops(models: tuple, config, modality, retention: float) -> SelectionFlops:
+def attention_flops(models: tuple | None, config, modality, retention: float, *,
+                    traced: bool = True) -> SelectionFlops:
     """Attention-AV's selection (``avex.methods.attention``): a full-token prefill of the whole
     model with eager attention (dense Q K^T and A V in every layer; the LM head at the last
     position only, as the captioner's ``text_to_av_attention`` asks), then a sort within each
     modality. Traced on the 1- and 2-layer ``models`` and extrapolated."""
 
     n = _layers(config)
-    counts = [selector_count(attention_selector(AttentionSource(m)), modality, retention,
-                             config.hidden_size, m).total for m in models]
-    fv = counts[0] + (n - 1) * (counts[1] - counts[0])
+    fv = None
+    if traced:
+        counts = [selector_count(attention_selector(AttentionSource(m)), modality, retention,
+                                 config.hidden_size, m).total for m in models]
+        fv = counts[0] + (n - 1) * (counts[1] - counts[0])
     nv, na, _ = _av_counts(modality)
     length = modality.shape[1]
     analytic = n * analytic_layer_flops(config, length, causal=False) \

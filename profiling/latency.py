@@ -138,15 +138,20 @@ def timed(fn, device: torch.device, repeat: int = 1):
     return run
 
 
-def alternate(runs: dict, rounds: int, warmup: int = 1, progress=None) -> dict:
+def alternate(runs: dict, rounds: int, warmup: int = 1, progress=None,
+              deadline: float | None = None) -> dict:
     """Call every run once per round, in turn, the order reversed every other round (A B, B A,
     ...), after ``warmup`` untimed rounds. Each run returns a dict of its own timings; the
-    result maps each run's name to its ``rounds`` dicts, round by round."""
+    result maps each run's name to its ``rounds`` dicts, round by round. With ``deadline`` (a
+    ``time.monotonic()`` value), no timed round starts after it (one always runs), so fewer
+    than ``rounds`` may come back."""
     _checks.int_at_least("rounds", rounds, 1)  # a median of no rounds is undefined
     _checks.int_at_least("warmup", warmup, 0)
     names = list(runs)
     out = {name: [] for name in names}
     for r in range(warmup + rounds):
+        if r > warmup and deadline is not None and time.monotonic() >= deadline:
+            break
         for name in (names if r % 2 == 0 else names[::-1]):
             result = runs[name]()
             if r >= warmup:
@@ -271,9 +276,11 @@ def _staged_run(model, select, inputs_embeds, modality, decode_tokens, device):
 
 def measure(model, policy, inputs_embeds, modality, *, retention: float, decode_tokens: int,
             runs: int, warmup: int, methods=("full", "avex"), progress=None,
-            memory: bool = True, threads: int | None = None) -> dict:
+            memory: bool = True, threads: int | None = None,
+            deadline: float | None = None) -> dict:
     """Latency (ms) by stage, ratios to full tokens, and peak memory, per method; see the module
-    docstring. ``runs``: alternating rounds (each runs every method once).
+    docstring. ``runs``: alternating rounds (each runs every method once); ``deadline``: no
+    round starts after this ``time.monotonic()`` value (:func:`alternate`).
 
     Keys per method: ``e2e_ms`` (median end to end), ``prefill_ms``, ``decode_step_ms`` (median
     per decode step), ``selection_ms`` (everything before ``generate``: policy, selection and
@@ -292,7 +299,7 @@ def measure(model, policy, inputs_embeds, modality, *, retention: float, decode_
         tokens_in = {m: int(select().inputs_embeds.shape[1]) for m, select in selects.items()}
         rows = alternate({m: _staged_run(model, selects[m], inputs_embeds, modality,
                                          decode_tokens, device) for m in methods},
-                         rounds=runs, warmup=warmup, progress=progress)
+                         rounds=runs, warmup=warmup, progress=progress, deadline=deadline)
         out = {}
         for method in methods:
             done = rows[method]
@@ -315,7 +322,7 @@ def measure(model, policy, inputs_embeds, modality, *, retention: float, decode_
                        stages_ms=stages, shares={n: v / total for n, v in stages.items()},
                        prefill_tokens=tokens_in[method], generated_tokens=decode_tokens,
                        e2e_wall_ms=statistics.median(r["wall_ms"] for r in done),
-                       rounds=runs, threads=used_threads, clock=clock_name(device),
+                       rounds=len(done), threads=used_threads, clock=clock_name(device),
                        memory_bytes=None, memory_counts=None)
             if method != BASELINE and BASELINE in rows:
                 base = rows[BASELINE]

@@ -7,6 +7,7 @@ import json
 import os
 import platform
 import subprocess
+import time
 import types
 from dataclasses import asdict, dataclass, field
 
@@ -25,6 +26,7 @@ from .latency import measure, ratio_text, stage_table
 from .methods import FASTV_LAYER, METHODS, NAMES as METHOD_NAMES
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+FLOPS_COUNTERS = ("auto", "fvcore", "hand")
 PAPER_POLICY_WIDTH = 768
 CPU_WIDTH, CPU_LAYERS = 512, 4
 
@@ -49,6 +51,12 @@ class ProfileSettings:
     warmup: int | None = None
     latency: bool = True
     full_size_latency: bool | None = None   # None: real size on CUDA, scaled on CPU
+    # "auto": fvcore where installed, else the hand count; "fvcore": fvcore or an error up
+    # front; "hand": the hand count (no tracing: instant at any size)
+    flops: str = "auto"
+    # stop starting timing rounds once this many seconds have passed since the run began (at
+    # least one round; the table says how many ran): one bounded call on a lent GPU
+    max_seconds: float | None = None
     out_dir: str = "results"
     name: str | None = None
     progress: bool = True
@@ -70,6 +78,11 @@ class ProfileSettings:
         _checks.flag("progress", self.progress)
         if self.full_size_latency is not None:
             _checks.flag("full_size_latency", self.full_size_latency)
+        _checks.choice("flops", self.flops, FLOPS_COUNTERS)
+        if self.max_seconds is not None:
+            _checks.positive_float("max_seconds", self.max_seconds)
+        if self.flops == "fvcore" and F.fvcore_missing():
+            raise ValueError(f"flops='fvcore' but {F.fvcore_missing()}; or pass flops='hand'")
         _checks.output_dir("out_dir", self.out_dir)
         if _checks.text("name", self.name, optional=True) is not None and (
                 os.sep in self.name or self.name in (".", "..")):
@@ -159,58 +172,70 @@ EXTRA_NAMES = {"full": "none", "avex": "policy + Top-K + compaction",
                "attention": "full-token prefill (eager) + sorts"}
 
 
-def _selection_flops(method, models, config, modality, retention, pol) -> F.SelectionFlops:
-    """A method's work before its pruned prefill; ``analytic`` None where there is no hand
-    count (the policy network)."""
+def _selection_flops(method, models, config, modality, retention, pol,
+                     traced: bool) -> F.SelectionFlops:
+    """A method's work before its pruned prefill: fvcore's count (None where not ``traced``)
+    and the hand count."""
     if method == "full":
         return F.SelectionFlops(0, 0, {})
     if method == "avex":
-        return F.SelectionFlops(pol["policy"] + pol["selection"], None,
+        return F.SelectionFlops(pol["policy"] + pol["selection"] if traced else None,
+                                pol["policy_analytic"] + pol["selection_analytic"],
                                 dict(policy=pol["policy"], selection=pol["selection"]))
     if method == "fastv":
-        return F.fastv_flops(models, config, modality, retention, FASTV_LAYER)
+        return F.fastv_flops(models, config, modality, retention, FASTV_LAYER, traced=traced)
     if method == "fastav":
-        return F.fastav_flops(models, config, modality, retention)
+        return F.fastav_flops(models, config, modality, retention, traced=traced)
     if method == "attention":
-        return F.attention_flops(models, config, modality, retention)
-    return F.tome_flops(config, modality, retention)
+        return F.attention_flops(models, config, modality, retention, traced=traced)
+    return F.tome_flops(config, modality, retention, traced=traced)
 
 
 def flops_table(settings: ProfileSettings, config, policy_width: int, bar=None) -> dict:
-    """FLOPs per method for ``config`` (fvcore, cross-checked against the analytic count)."""
+    """FLOPs per method for ``config``: fvcore's count of the traced code, cross-checked against
+    the hand count; where fvcore is not installed, the hand count alone (``counted_by``)."""
+    by_hand_because = ("the hand count was asked for (flops='hand')" if settings.flops == "hand"
+                       else F.fvcore_missing())
+    traced = by_hand_because is None
     modality = token_layout(settings)
     n_av = settings.visual_tokens + settings.audio_tokens
     n_text = settings.text_before + settings.text_after
     k = int(num_kept(settings.retention, torch.tensor([n_av]))[0])
     models = tuple(F.build_model(config, n, dtype=torch.float32 if config.hidden_size <= 1024
-                                 else torch.bfloat16, random_weights=False) for n in (1, 2))
+                                 else torch.bfloat16, random_weights=False)
+                   for n in (1, 2)) if traced else None
     if bar:
         bar.update(1)
     policy = _policy(config, policy_width)
-    pol = F.policy_flops(policy, config.hidden_size, modality, settings.retention)
+    pol = F.policy_flops(policy, config.hidden_size, modality, settings.retention, traced=traced)
     if bar:
         bar.update(1)
     rows, checks = {}, {}
     for method in settings.methods:
         tokens = n_text + n_av if method == "full" else n_text + k
-        llm = F.llm_flops(models, config, tokens, settings.decode_tokens)
         ref = F.analytic_llm_flops(config, tokens, settings.decode_tokens)
-        sel = _selection_flops(method, models, config, modality, settings.retention, pol)
+        llm = F.llm_flops(models, config, tokens, settings.decode_tokens) if traced else ref
+        sel = _selection_flops(method, models, config, modality, settings.retention, pol,
+                               traced)
+        cost = sel.fvcore if traced else sel.analytic
         # "policy" holds any method's selection cost (AVEX's policy, the baselines' own work)
         rows[method] = dict(prefill_tokens=tokens, extra_name=EXTRA_NAMES[method],
-                            llm_prefill=llm.prefill, policy=sel.fvcore, decode=llm.decode,
-                            prefill_plus_policy=llm.prefill + sel.fvcore,
-                            total=llm.prefill + sel.fvcore + llm.decode,
+                            llm_prefill=llm.prefill, policy=cost, decode=llm.decode,
+                            prefill_plus_policy=llm.prefill + cost,
+                            total=llm.prefill + cost + llm.decode,
                             selection_detail=sel.detail)
-        checked = sel.analytic is not None and method != "full"
-        fv = llm.prefill + llm.decode + (sel.fvcore if checked else 0)
-        an = ref.prefill + ref.decode + (sel.analytic if checked else 0)
-        checks[method] = dict(fvcore_total=fv, analytic_total=an, relative_difference=fv / an - 1,
-                              covers="LLM prefill + decode" + (" + selection" if checked else ""))
+        if traced:
+            fv = llm.prefill + llm.decode + sel.fvcore
+            an = ref.prefill + ref.decode + sel.analytic
+            checks[method] = dict(fvcore_total=fv, analytic_total=an,
+                                  relative_difference=fv / an - 1,
+                                  covers="LLM prefill + decode"
+                                  + (" + selection" if method != "full" else ""))
         if bar:
             bar.update(1)
-    full_prefill = rows["full"]["llm_prefill"] if "full" in rows else \
-        F.llm_flops(models, config, n_text + n_av, 1).prefill
+    full_prefill = rows["full"]["llm_prefill"] if "full" in rows else (
+        F.llm_flops(models, config, n_text + n_av, 1) if traced
+        else F.analytic_llm_flops(config, n_text + n_av, 1)).prefill
     for row in rows.values():
         row["vs_full_prefill"] = row["prefill_plus_policy"] / full_prefill
         row["policy_vs_full_prefill"] = row["policy"] / full_prefill
@@ -218,7 +243,9 @@ def flops_table(settings: ProfileSettings, config, policy_width: int, bar=None) 
         if abs(c["relative_difference"]) > 0.02:
             raise RuntimeError(f"fvcore count for {method} differs from the analytic count by "
                                f"{c['relative_difference']:.2%} (> 2%): {c}")
-    return dict(unit=F.UNIT, rows=rows, cross_check=checks, kept_av_tokens=k,
+    return dict(unit=F.UNIT, counted_by="fvcore" if traced else "hand",
+                by_hand_because=by_hand_because,
+                rows=rows, cross_check=checks, kept_av_tokens=k,
                 policy_parameters=sum(p.numel() for p in policy.parameters()),
                 policy_width=policy_width, policy_unsupported_ops=pol["policy_unsupported"],
                 full_prefill=full_prefill)
@@ -247,6 +274,7 @@ def profile(settings: ProfileSettings | None = None, **overrides) -> dict:
         settings.methods = settings.methods.split(",")
     settings.methods = tuple(m.strip() for m in settings.methods)
     settings.validate()
+    started = time.monotonic()
     config = backbone_config(settings.backbone)
     device = _device(settings)
     real_latency = (settings.full_size_latency if settings.full_size_latency is not None
@@ -288,10 +316,13 @@ def profile(settings: ProfileSettings | None = None, **overrides) -> dict:
         bar.update(2)
         lat = measure(model, policy, embeds, modality, retention=settings.retention,
                       decode_tokens=settings.decode_tokens, runs=runs, warmup=warmup,
-                      methods=settings.methods, progress=bar)
+                      methods=settings.methods, progress=bar,
+                      deadline=None if settings.max_seconds is None
+                      else started + settings.max_seconds)
+        rounds = next(iter(lat.values()))["rounds"]
         results["latency"] = dict(
-            label=label, device=_device_name(device), dtype=dtype_name, runs=runs,
-            warmup=warmup, backbone_config=_describe(latency_config), policy_width=pw,
+            label=label, device=_device_name(device), dtype=dtype_name, runs=rounds,
+            runs_asked=runs, max_seconds=settings.max_seconds, warmup=warmup, backbone_config=_describe(latency_config), policy_width=pw,
             weights_bytes=dict(model=_bytes(model), policy=_bytes(policy)),
             rows=lat, flops=lat_flops)
     bar.close()
@@ -406,6 +437,7 @@ def markdown(results: dict) -> str:
     s = results["settings"]
     fl = results["flops"]
     cfg = results["backbone_config"]
+    by_fvcore = fl.get("counted_by", "fvcore") == "fvcore"
     lines = [
         f"# Efficiency: {s['backbone']} at {s['retention']:.0%} retention, batch 1",
         "",
@@ -420,10 +452,16 @@ def markdown(results: dict) -> str:
         f"## FLOPs, {s['backbone']} at real size ({cfg['num_hidden_layers']} layers, width "
         f"{cfg['hidden_size']})",
         "",
-        f"Unit: {fl['unit']}; T = 1e12, G = 1e9. Counted with fvcore by tracing the project's "
-        "code (SDPA, sorts, Top-K selection and compaction through this suite's handles); "
-        "decoder layers traced at depth 1 and 2 and extrapolated exactly; LM head on the last "
-        "prefill position and every decode step.",
+        f"Unit: {fl['unit']}; T = 1e12, G = 1e9. " + (
+            "Counted with fvcore by tracing the project's code (SDPA, sorts, Top-K selection "
+            "and compaction through this suite's handles); decoder layers traced at depth 1 and "
+            "2 and extrapolated exactly; LM head on the last prefill position and every decode "
+            "step." if by_fvcore else
+            f"**Counted by hand, not by fvcore**: {fl['by_hand_because']}. The hand count "
+            "(matmul weights x tokens + attention pairs, the policy's layers, the baselines' "
+            "matmuls and sorts; LM head on the last prefill position and every decode step) "
+            "equals fvcore's count of the traced code exactly where fvcore runs "
+            "(tests/test_profiling.py); this run has no cross-check."),
         "",
         markdown_table(["Method", "prefill tokens", "LLM prefill (T)", "selection cost (G)",
                         "prefill + selection (T)", "vs full prefill", "decode (T)", "total (T)"],
@@ -433,11 +471,11 @@ def markdown(results: dict) -> str:
                         for m, r in fl["rows"].items()]),
         "",
     ]
-    checks = ", ".join(f"{METHOD_NAMES[m]} {c['relative_difference']:+.4%} ({c['covers']})"
-                       for m, c in fl["cross_check"].items())
-    lines.append(f"fvcore vs the analytic count (params x tokens + attention pairs; the "
-                 f"baselines' matmuls and sorts by hand): {checks}. AVEX's policy has no hand "
-                 "count.")
+    if by_fvcore:
+        checks = ", ".join(f"{METHOD_NAMES[m]} {c['relative_difference']:+.4%} ({c['covers']})"
+                           for m, c in fl["cross_check"].items())
+        lines.append(f"fvcore vs the analytic count (params x tokens + attention pairs; the "
+                     f"policy's layers and the baselines' matmuls and sorts by hand): {checks}.")
     lines += ["", "Selection cost, the work before the pruned prefill:"] + _selection_notes(fl)
     if {"fastv", "fastav"} & set(fl["rows"]):
         lines.append("- FastV and FastAV prune inside the LLM in their papers; "
@@ -471,7 +509,10 @@ def _latency_markdown(lat: dict) -> list[str]:
         f"## Latency and memory ({lat['label']})",
         "",
         f"Device: {lat['device']}, {first['threads']} timing thread(s), clock: "
-        f"{first['clock']}; {lat['dtype']}, random weights; {lat['runs']} alternating rounds after {lat['warmup']} warm-up (each round "
+        f"{first['clock']}; {lat['dtype']}, random weights; {lat['runs']} alternating rounds"
+        + (f" (of {lat['runs_asked']} asked: the {lat['max_seconds']:g} s time budget ran out)"
+           if lat.get("runs_asked", lat["runs"]) > lat["runs"] else "")
+        + f" after {lat['warmup']} warm-up (each round "
         "runs every method once, the order reversed every other round); times are medians over "
         "the rounds, ratios to full tokens the median of the per-round ratios with their "
         f"interquartile range. Configuration: {lc['num_hidden_layers']} "

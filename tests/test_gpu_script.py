@@ -2,7 +2,9 @@
 file count that comes back) runs on a CPU, so a typo can't waste a lent GPU's minutes.
 
 The dry run skips only what needs CUDA and runs small sizes: the argument-check tests of the CUDA
-suites, the CPU reward benchmark with one round, a tiny training run, a 2-layer profile."""
+suites and the profiling and on-device-baseline suites whole, the CPU reward benchmark with one
+round, a tiny training run, a 2-layer profile and its FLOPs."""
+import json
 import os
 import subprocess
 import sys
@@ -10,6 +12,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
+from avex.profiling.flops import fvcore_missing
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "bench" / "gpu.sh"
@@ -40,8 +44,8 @@ def make_wheel(folder: Path) -> Path:
 
 def test_usage_and_a_machine_without_cuda_are_refused(tmp_path):
     bad = run_stage("benchmarks", tmp_path / "out")
-    assert bad.returncode == 2 and "usage: bash bench/gpu.sh {tests|bench|train|profile}" in \
-        bad.stderr
+    assert bad.returncode == 2 and \
+        "usage: bash bench/gpu.sh {tests|bench|train|profile|flops}" in bad.stderr
     no_gpu = run_stage("bench", tmp_path / "out")
     assert no_gpu.returncode == 1 and "no CUDA device here" in no_gpu.stdout
 
@@ -72,8 +76,17 @@ def test_tests_stage_runs_the_cuda_suites_argument_checks(tmp_path):
     done = run_stage("tests", out, "--dry-run")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     table = (out / "tests-gpu.md").read_text()
-    for module in ("test_gumbel_topk", "test_exchange", "test_pruning"):
-        assert f"| {module} |" in table
+    rows = {cells[0]: [int(c) for c in cells[1:]] for cells in
+            ([c.strip() for c in line.strip("|").split("|")] for line in table.splitlines()
+             if line.startswith("| test_"))}
+    # every suite of the stage has tests that ran (passed), not only skips; the profiling and
+    # on-device-baseline suites run whole (their fvcore parts skip, saying why, without fvcore)
+    for module in ("test_gumbel_topk", "test_exchange", "test_pruning", "test_profiling",
+                   "test_methods_on_device"):
+        passed, failed, _ = rows[module]
+        assert passed > 0 and failed == 0, (module, rows[module])
+    assert rows["test_methods_on_device"][2] == 0
+    assert rows["test_profiling"][0] >= 15
     assert "| **total** |" in table and "Failures" not in table
     assert "skipped (needs CUDA): CUDA C++ library build" in (out / "machine.txt").read_text()
 
@@ -91,16 +104,38 @@ def test_train_stage_trains_evaluates_and_tabulates(tmp_path, tiny_cache_dir, ex
 
 
 def test_profile_stage_writes_the_profiling_table(tmp_path):
+    """The timed table with FLOPs by hand, its rounds bounded by the stage's budget."""
     out = tmp_path / "out"
     done = run_stage("profile", out, "--dry-run")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     names = sorted(p.name for p in out.iterdir())
     assert names == ["machine.txt", "profile.log", "profiling-tiny-qwen2-r0.4-cpu.json",
                      "profiling-tiny-qwen2-r0.4-cpu.md", "profiling-tiny-qwen2-r0.4-cpu.png"]
-    assert "| AVEX-Prune |" in (out / "profiling-tiny-qwen2-r0.4-cpu.md").read_text()
+    md = (out / "profiling-tiny-qwen2-r0.4-cpu.md").read_text()
+    assert "| AVEX-Prune |" in md and "Prefill (ms)" in md
+    assert "**Counted by hand, not by fvcore**: the hand count was asked for" in md
+    data = json.loads((out / "profiling-tiny-qwen2-r0.4-cpu.json").read_text())
+    # the budget (480 s) less set-up, less 60 s for what follows the rounds
+    assert 30 <= data["settings"]["max_seconds"] <= 420
+    assert data["latency"]["runs"] == 2
 
 
-@pytest.mark.parametrize("stage", ["tests", "bench", "train", "profile"])
+def test_flops_stage_counts_with_fvcore_where_installed(tmp_path):
+    out = tmp_path / "out"
+    done = run_stage("flops", out, "--dry-run")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["flops.log", "machine.txt", "profiling-tiny-qwen2-r0.4-flops.json",
+                     "profiling-tiny-qwen2-r0.4-flops.md", "profiling-tiny-qwen2-r0.4-flops.png"]
+    md = (out / "profiling-tiny-qwen2-r0.4-flops.md").read_text()
+    assert "| AVEX-Prune |" in md and "Prefill (ms)" not in md   # FLOPs only
+    if fvcore_missing():   # the GPU image's stack without the carried wheels
+        assert "**Counted by hand, not by fvcore**: fvcore is not installed" in md
+    else:
+        assert "fvcore vs the analytic count" in md
+
+
+@pytest.mark.parametrize("stage", ["tests", "bench", "train", "profile|flops"])
 def test_every_stage_has_a_time_budget(stage):
     """Each stage ends inside a device call's 10 minutes: a budget below 600 s, enforced by
     timeout around the stage's main command."""

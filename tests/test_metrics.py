@@ -1,5 +1,6 @@
 """Caption metrics come from pycocoevalcap itself; these tests check the plumbing (per-set
 scoring, tokenisation in the COCO way) and that its CIDEr is the reward's CIDEr-D."""
+import importlib.util
 import math
 import sys
 
@@ -60,19 +61,28 @@ def per_set():
 
 
 def test_every_set_gets_the_three_metrics(per_set):
+    missing = metrics.unavailable_metrics()   # {} here and in CI; BLEU-4, METEOR on the GPU image
     assert list(per_set) == ["AV", "V", "A", "self"]
     for name, set_metrics in per_set.items():
         assert tuple(set_metrics) == METRIC_NAMES
-        assert all(isinstance(v, float) and math.isfinite(v) and v >= 0
-                   for v in set_metrics.values())
-        assert set_metrics["BLEU-4"] <= 1 and set_metrics["METEOR"] <= 1
+        assert all(isinstance(v, float) for v in set_metrics.values())
+        available = {k: v for k, v in set_metrics.items() if k not in missing}
+        assert all(math.isfinite(v) and v >= 0 for v in available.values())
+        assert all(math.isnan(set_metrics[k]) for k in missing)   # degraded: NaN, not a guess
+        assert all(available.get(k, 0) <= 1 for k in ("BLEU-4", "METEOR"))
 
 
 def test_sets_are_scored_separately(per_set):
     # the candidates describe sound and image together: AV references fit best
     assert per_set["AV"]["CIDEr"] > per_set["V"]["CIDEr"]
-    assert per_set["AV"]["METEOR"] > per_set["A"]["METEOR"]
     assert len({m["CIDEr"] for m in per_set.values()}) == 4
+
+
+def test_bleu_and_meteor_rank_the_sets(per_set):
+    missing = metrics.java_tools_missing()
+    if missing:
+        pytest.skip(f"BLEU-4 and METEOR are NaN here: {missing}")
+    assert per_set["AV"]["METEOR"] > per_set["A"]["METEOR"]
     assert per_set["self"]["BLEU-4"] > 0.99 and per_set["self"]["METEOR"] > 0.9
 
 
@@ -133,6 +143,7 @@ def without_java_tools(request, monkeypatch, tmp_path):
 def test_metrics_degrade_without_java_or_pycocoevalcap(without_java_tools, per_set):
     missing = metrics.unavailable_metrics()
     assert set(missing) == {"BLEU-4", "METEOR"}
+    # each missing tool is named (on the GPU image both are)
     assert ("pycocoevalcap is not installed" if without_java_tools == "no pycocoevalcap"
             else "Java is not on PATH") in missing["BLEU-4"]
     with pytest.warns(UserWarning, match="BLEU-4 and METEOR are reported as NaN"):
@@ -146,6 +157,9 @@ def test_metrics_degrade_without_java_or_pycocoevalcap(without_java_tools, per_s
 
 
 def test_every_metric_is_available_here():
-    """This machine has Java and pycocoevalcap (CI too); the tests above simulate their
-    absence."""
+    """pycocoevalcap is a dependency of the package, so where it is installed (here, CI) Java
+    must be too; the tests above simulate their absence. The GPU image's stack
+    (``make test-gpu-image``) has neither."""
+    if importlib.util.find_spec("pycocoevalcap") is None:
+        pytest.skip(f"the metrics degrade here (tested above): {metrics.java_tools_missing()}")
     assert metrics.unavailable_metrics() == {}

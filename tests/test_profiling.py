@@ -27,11 +27,18 @@ def tiny_config():
     return Qwen2Config(**TINY)
 
 
+FVCORE_MISSING = F.fvcore_missing()   # the GPU image: the hand counts stand in
+
+
+def fvcore_part():
+    """Called where a test's hand-count checks are done and its fvcore comparison begins."""
+    if FVCORE_MISSING:
+        pytest.skip(f"the hand counts were checked; no fvcore count to compare: {FVCORE_MISSING}")
+
+
 def test_tiny_llm_flops_equal_the_hand_count():
     cfg = tiny_config()
-    models = (F.build_model(cfg, 1), F.build_model(cfg, 2))
     p, n = 20, 5
-    got = F.llm_flops(models, cfg, p, n)
     # per layer and token: q 64x64, k 64x32, v 64x32, o 64x64, MLP 3 x 64x128 = 36864 MACs
     per_token = 64 * 64 + 64 * 32 + 64 * 32 + 64 * 64 + 3 * 64 * 128
     assert per_token == 36864
@@ -39,13 +46,41 @@ def test_tiny_llm_flops_equal_the_hand_count():
     prefill = 3 * (per_token * p + 128 * (p * (p + 1) // 2)) + 64 * 128   # + LM head, 1 token
     # 4 decode steps (the 1st token comes from the prefill), step t sees p + t keys
     decode = 4 * (3 * per_token + 64 * 128) + 3 * 128 * sum(p + t for t in range(1, 5))
-    assert got.prefill == prefill == 2300672
-    assert got.decode == decode
     ref = F.analytic_llm_flops(cfg, p, n)
-    assert (ref.prefill, ref.decode) == (prefill, decode)
+    assert (ref.prefill, ref.decode) == (prefill, decode) and prefill == 2300672
     # one decoder layer alone: causal, or dense as eager attention computes it
     assert F.analytic_layer_flops(cfg, p) == per_token * p + 128 * (p * (p + 1) // 2)
     assert F.analytic_layer_flops(cfg, p, causal=False) == per_token * p + 128 * p * p
+    fvcore_part()
+    models = (F.build_model(cfg, 1), F.build_model(cfg, 2))
+    got = F.llm_flops(models, cfg, p, n)
+    assert got.prefill == prefill
+    assert got.decode == decode
+
+
+@pytest.mark.parametrize("width", [0, 128])   # as wide as the LLM (64), or wider: projections
+def test_policy_flops_equal_the_hand_count(width):
+    cfg = tiny_config()
+    policy = suite._policy(cfg, width)
+    modality = token_layout(ProfileSettings(visual_tokens=16, audio_tokens=8, text_before=2,
+                                            text_after=4))
+    L = 30   # the policy reads every position
+    w, heads = (64, 4) if width == 0 else (128, 2)
+    assert (policy.config.hidden_size, policy.config.num_heads) == (w, heads)
+    kv = 32 if width == 0 else 128   # matched: the LLM's 2 KV heads of 16; else no grouping
+    mlp = 128 if width == 0 else 3 * w   # SwiGLU width: the LLM's when matched, else 3 x width
+    per_token = ((0 if width == 0 else 2 * 64 * w)                 # av_in, text_in
+                 + 46 * w                                         # 2 x 23 position features
+                 + 2 * (2 * w * w + 2 * w * kv + 3 * w * mlp)     # 2 encoder blocks
+                 + 4 * w * w + 2 * w * mlp + w * w + w)           # cross-attn, token MLP, head
+    hand = per_token * L + 3 * L * L * 2 * w + 2 * 5 * w * L      # 3 dense attentions, 2 LNs
+    assert hand == (3772800 if width == 0 else 19587840)
+    got = F.policy_flops(policy, 64, modality, 0.5, traced=False)
+    assert got["policy"] == got["policy_analytic"] == hand
+    assert got["selection"] == got["selection_analytic"] == 24 * 5   # 24 scores, 5 stages
+    fvcore_part()
+    traced = F.policy_flops(policy, 64, modality, 0.5)
+    assert traced["policy"] == hand and traced["selection"] == 24 * 5
 
 
 def test_baseline_selection_flops_equal_the_hand_count():
@@ -59,32 +94,38 @@ def test_baseline_selection_flops_equal_the_hand_count():
     per_token, pair = 36864, 128
     dense_layer = per_token * 30 + pair * 30 * 30   # eager attention: the full 30 x 30 square
     sort_av = 24 * 5                                # 24 scores, ceil(log2 24) = 5 stages
+    # the hand counts first (fvcore where installed: traced=True counts both)
+    traced = FVCORE_MISSING is None
+    if not traced:
+        models = None   # the hand counts need no model
 
-    fastv = F.fastv_flops(models, cfg, modality, 0.5, layer=2)
-    assert fastv.fvcore == fastv.analytic == 2 * dense_layer + sort_av == 2442360
+    fastv = F.fastv_flops(models, cfg, modality, 0.5, layer=2, traced=traced)
+    assert fastv.analytic == 2 * dense_layer + sort_av == 2442360
 
-    fastav = F.fastav_flops(models, cfg, modality, 0.5)
+    fastav = F.fastav_flops(models, cfg, modality, 0.5, traced=traced)
     # stage 1: 4 layers over 30 tokens; rollout: 1 product of 30 x 30 maps; stage 2: 4 layers
     # over the 6 text + K1 = 24 - ceil(0.5 * 12) = 18 survivors; one sort per stage
     stage2_layer = per_token * 24 + pair * 24 * 24
-    hand = 4 * dense_layer + 30 ** 3 + 4 * stage2_layer + 2 * sort_av
-    assert fastav.fvcore == fastav.analytic == hand == 8745576
+    fastav_hand = 4 * dense_layer + 30 ** 3 + 4 * stage2_layer + 2 * sort_av
+    assert fastav.analytic == fastav_hand == 8745576
     assert fastav.detail["stage2_tokens"] == 24
     assert fastav.detail["stage1_unread_layers"] == 2 * dense_layer
 
-    attention = F.attention_flops(models, cfg, modality, 0.5)
+    attention = F.attention_flops(models, cfg, modality, 0.5, traced=traced)
     # the whole model over every token (eager), the LM head at the last position only (the
     # maps are all it reads), then a sort of the 16 visual (4 stages) and 8 audio scores (3)
     head = 1 * TINY["hidden_size"] * TINY["vocab_size"]
-    hand = 4 * dense_layer + head + 16 * 4 + 8 * 3
-    assert attention.fvcore == attention.analytic == hand
+    assert attention.analytic == 4 * dense_layer + head + 16 * 4 + 8 * 3
     assert attention.detail == dict(layers=4, prefill_tokens=30)
 
-    tome = F.tome_flops(cfg, modality, 0.5)
+    tome = F.tome_flops(cfg, modality, 0.5, traced=traced)
     # K = 12 split 8 visual + 4 audio; visual 16 -> 8: one round, 8 x 8 similarities of width
     # 64 and a sort of 8 matches (3 stages); audio 8 -> 4: 4 x 4, a sort of 4 (2 stages)
-    assert tome.fvcore == tome.analytic == 8 * 8 * 64 + 8 * 3 + 4 * 4 * 64 + 4 * 2 == 5152
+    assert tome.analytic == 8 * 8 * 64 + 8 * 3 + 4 * 4 * 64 + 4 * 2 == 5152
     assert tome.detail["rounds"] == 2
+    fvcore_part()
+    for counted in (fastv, fastav, attention, tome):
+        assert counted.fvcore == counted.analytic
 
 
 def test_fastv_on_the_cut_model_selects_the_same_tokens():
@@ -106,6 +147,7 @@ def test_fastv_on_the_cut_model_selects_the_same_tokens():
 
 
 def test_sdpa_and_custom_op_handles():
+    fvcore_part()
     class Attn(nn.Module):
         def forward(self, q, k, v):
             return (nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True),
@@ -159,9 +201,14 @@ def test_table_on_cpu_at_a_tiny_configuration(tmp_path, monkeypatch):
     # FastAV runs the whole decoder twice before its pruned prefill, Attention-AV once
     assert fl["fastav"]["policy"] > fl["full"]["llm_prefill"]
     assert fl["attention"]["policy"] > fl["full"]["llm_prefill"]
-    for c in res["flops"]["cross_check"].values():
-        assert abs(c["relative_difference"]) < 1e-12
-    assert res["flops"]["cross_check"]["tome"]["covers"].endswith("+ selection")
+    if FVCORE_MISSING is None:
+        assert res["flops"]["counted_by"] == "fvcore"
+        assert list(res["flops"]["cross_check"]) == list(fl)   # AVEX's policy included
+        for c in res["flops"]["cross_check"].values():
+            assert abs(c["relative_difference"]) < 1e-12
+        assert res["flops"]["cross_check"]["tome"]["covers"].endswith("+ selection")
+    else:   # the GPU image: the hand counts (test_flops_table_by_hand_without_fvcore)
+        assert res["flops"]["counted_by"] == "hand" and res["flops"]["cross_check"] == {}
     lat = res["latency"]["rows"]
     assert list(lat) == list(fl)   # every method timed
     for m, r in lat.items():
@@ -188,6 +235,7 @@ def test_table_on_cpu_at_a_tiny_configuration(tmp_path, monkeypatch):
                 "| ToMe-AV | 18 |", "| FastAV | 18 |"):
         assert row in md
     assert "1 multiply-add = 1 flop" in md and "Prefill (ms)" in md and "E2E / full" in md
+    assert ("Counted by hand, not by fvcore" in md) == (FVCORE_MISSING is not None)
     assert "2 alternating rounds" in md and "end to end / full" in md
     assert res["measured"]["commit"] and f"at commit {res['measured']['commit']}" in md
     assert "Peak mem. (MB, run only)" in md and "n/a" not in md
@@ -197,6 +245,86 @@ def test_table_on_cpu_at_a_tiny_configuration(tmp_path, monkeypatch):
     assert data["flops"]["rows"]["avex"]["prefill_tokens"] == 18
     assert data["latency"]["rows"]["tome"]["memory_bytes"] == lat["tome"]["memory_bytes"]
     assert (out / "profiling-tiny.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def _flops_only(tmp_path, name, **settings):
+    cfg_dir = tmp_path / "tiny"
+    if not cfg_dir.exists():
+        tiny_config().save_pretrained(cfg_dir)
+    return profile(backbone=str(cfg_dir), retention=0.5, visual_tokens=16, audio_tokens=8,
+                   text_before=2, text_after=4, decode_tokens=4, latency=False,
+                   out_dir=str(tmp_path / "out"), name=name, progress=False, **settings)
+
+
+def test_flops_table_by_hand_without_fvcore(tmp_path, monkeypatch):
+    """The GPU image has no fvcore: the hand counts stand in, and the table says so."""
+    reason = "fvcore is not installed (simulated)"
+    monkeypatch.setattr(F, "fvcore_missing", lambda: reason)
+    with pytest.raises(ModuleNotFoundError, match=r"fvcore is not installed \(simulated\)"):
+        F.count(nn.Linear(2, 2), (torch.zeros(1, 2),))
+    res = _flops_only(tmp_path, "hand")
+    fl = res["flops"]
+    assert fl["counted_by"] == "hand" and fl["by_hand_because"] == reason
+    assert fl["cross_check"] == {}
+    cfg = tiny_config()
+    for m, row in fl["rows"].items():
+        ref = F.analytic_llm_flops(cfg, row["prefill_tokens"], 4)
+        assert (row["llm_prefill"], row["decode"]) == (ref.prefill, ref.decode)
+        assert row["total"] == ref.prefill + row["policy"] + ref.decode
+    assert fl["rows"]["full"]["policy"] == 0 and fl["rows"]["avex"]["policy"] > 0
+    assert fl["rows"]["tome"]["policy"] == 5152   # the hand count of test_baseline_...
+    md = (tmp_path / "out" / "profiling-hand.md").read_text()
+    assert f"**Counted by hand, not by fvcore**: {reason}." in md
+    assert "fvcore vs the analytic count" not in md and "| AVEX-Prune | 18 |" in md
+
+
+def test_hand_table_equals_the_fvcore_table(tmp_path):
+    """flops='hand' (the GPU stage's latency call) gives the numbers fvcore gives."""
+    by_hand = _flops_only(tmp_path, "hand", flops="hand")["flops"]
+    assert by_hand["counted_by"] == "hand" and by_hand["cross_check"] == {}
+    assert "flops='hand'" in by_hand["by_hand_because"]
+    fvcore_part()
+    counted = _flops_only(tmp_path, "fvcore", flops="fvcore")["flops"]
+    assert counted["counted_by"] == "fvcore"
+    assert by_hand["rows"] == counted["rows"]
+
+
+def test_flops_fvcore_without_fvcore_is_refused_up_front(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(F, "fvcore_missing", lambda: "fvcore is not installed (simulated)")
+    with pytest.raises(ValueError, match=r"flops='fvcore' but fvcore is not installed "
+                                         r"\(simulated\); or pass flops='hand'"):
+        profile(flops="fvcore", out_dir=str(tmp_path / "out"), progress=False)
+    exits_with_usage_error(main, ["--flops", "fvcore", "--out-dir", str(tmp_path / "out")],
+                           "fvcore is not installed", capsys)
+    with pytest.raises(ValueError, match=r"flops must be one of \['auto', 'fvcore', 'hand'\], "
+                                         r"got 'fv'"):
+        profile(flops="fv", out_dir=str(tmp_path / "out"), progress=False)
+    with pytest.raises(ValueError, match=r"max_seconds must be a finite number > 0, got 0.0"):
+        profile(max_seconds=0, out_dir=str(tmp_path / "out"), progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_max_seconds_bounds_the_timed_rounds(tmp_path):
+    """A spent time budget stops the rounds after the first (the GPU stage's bound); the table
+    says how many ran of how many asked."""
+    cfg_dir = tmp_path / "tiny"
+    tiny_config().save_pretrained(cfg_dir)
+    res = profile(backbone=str(cfg_dir), retention=0.5, visual_tokens=16, audio_tokens=8,
+                  text_before=2, text_after=4, decode_tokens=2, device="cpu", runs=50,
+                  warmup=0, methods=("full", "avex"), flops="hand", max_seconds=1e-6,
+                  out_dir=str(tmp_path / "out"), name="bounded", progress=False)
+    lat = res["latency"]
+    assert lat["runs"] == 1 and lat["runs_asked"] == 50
+    assert all(r["rounds"] == 1 for r in lat["rows"].values())
+    assert "1 alternating rounds (of 50 asked: the 1e-06 s time budget ran out)" in \
+        res["markdown"]
+
+
+def test_alternate_stops_at_its_deadline():
+    calls = []
+    runs = {name: (lambda name=name: calls.append(name) or {"ms": 1.0}) for name in "AB"}
+    out = alternate(runs, rounds=5, warmup=1, deadline=0.0)   # long past
+    assert "".join(calls) == "ABBA" and [len(v) for v in out.values()] == [1, 1]
 
 
 def test_alternate_reverses_the_order_every_other_round():

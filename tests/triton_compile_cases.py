@@ -30,6 +30,7 @@ utils = importlib.import_module("avex.kernels._utils")
 exref = importlib.import_module("avex.kernels.exchange_ref")
 
 pow2, warps = utils.next_power_of_2, utils.row_launch_config
+ranked_warps = utils.ranked_row_launch_config   # the launch helpers of the row kernels
 
 # (width M, K): the Gumbel-Top-K / exchange benchmarks (M=320, K in 32..128) and the embedded
 # benchmark's default training shape (M=80, K=16); for sm_90 (the GPU we run on) also the widest
@@ -59,17 +60,17 @@ def gumbel_cases(shapes):
                        {**base, "logp_ptr": "*fp32", "width": "i32", "kmax": "i32",
                         "tau": "fp32", "seed": "i64", "SAMPLE": "constexpr",
                         "BLOCK_M": "constexpr"},
-                       {"SAMPLE": sample, "BLOCK_M": block_m}, warps(block_m))
+                       {"SAMPLE": sample, "BLOCK_M": block_m}, ranked_warps(block_m))
             yield (f"pl_log_prob_fwd M={width} K={k} {name}", gt._pl_log_prob_fwd_kernel,
                    {**base, "logp_ptr": "*fp32", "width": "i32", "kmax": "i32", "tau": "fp32",
                     "BLOCK_M": "constexpr", "BLOCK_K": "constexpr", "CHUNK_K": "constexpr"},
                    {"BLOCK_M": block_m, "BLOCK_K": block_k, "CHUNK_K": min(block_k, 16)},
-                   warps(block_m))
+                   ranked_warps(block_m))
             yield (f"pl_log_prob_bwd M={width} K={k} {name}", gt._pl_log_prob_bwd_kernel,
                    {**base, "dlogp_ptr": "*fp32", "dscores_ptr": "*fp32", "width": "i32",
                     "kmax": "i32", "tau": "fp32", "BLOCK_M": "constexpr",
                     "BLOCK_K": "constexpr"},
-                   {"BLOCK_M": block_m, "BLOCK_K": block_k}, warps(block_m))
+                   {"BLOCK_M": block_m, "BLOCK_K": block_k}, ranked_warps(block_m))
 
 
 def exchange_cases(shapes):
@@ -92,14 +93,15 @@ def exchange_cases(shapes):
                         "BLOCK_M": "constexpr", "BLOCK_K": "constexpr",
                         "CHUNK_K": "constexpr"},
                        {"BLOCK_M": block_m, "BLOCK_K": block_k,
-                        "CHUNK_K": min(block_k, ex.INDEX_CHUNK)}, warps(block_m))
+                        "CHUNK_K": min(block_k, ex.INDEX_CHUNK)},
+                       ex._exchange_fwd_launch_config(block_m))
         yield (f"exchange_bwd M={width}", ex._exchange_bwd_kernel,
                {"removed_ptr": "*i64", "inserted_ptr": "*i64", "grad_delta_ptr": "*fp32",
                 "grad_scores_ptr": "*fp32", "width": "i32", "out_width": "i32",
                 "N_TYPES": "constexpr", "BLOCK_M": "constexpr", "BLOCK_W": "constexpr",
                 "CHUNK_W": "constexpr"},
                {"N_TYPES": len(exref.EXCHANGE_TYPES), "BLOCK_M": block_m, "BLOCK_W": block_w,
-                "CHUNK_W": min(block_w, ex.INDEX_CHUNK)}, warps(block_m))
+                "CHUNK_W": min(block_w, ex.INDEX_CHUNK)}, ranked_warps(block_m))
 
 
 def compact_cases():
