@@ -264,6 +264,7 @@ def test_bad_captioner_input_is_refused(tiny_captioner, call, error, match):
 
 LOAD_CASES = [
     case("load device 'cuda:x'", lambda path: FrozenCaptioner.load(path, device="cuda:x"), ValueError, r"device must be .* got 'cuda:x'"),
+    case("load device 'cuda:9'", lambda path: FrozenCaptioner.load(path, device="cuda:9"), ValueError, r"device is 'cuda:9' but (CUDA is not available|this machine has \d+ CUDA device)"),
     case("load_policy checkpoint '../x'", lambda path: load_policy(path, None, checkpoint="../x"), ValueError, r"checkpoint must be 'latest', 'warmup' or a step-N directory name, got '\.\./x'"),
     case("train(a dict)", lambda path: train({"epochs": 1}), TypeError, "cfg must be a TrainConfig, got dict"),
     case("train(resume='no')", lambda path: train(TrainConfig(), resume="no"), TypeError, "resume must be True or False, got str: 'no'"),

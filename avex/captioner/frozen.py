@@ -223,7 +223,8 @@ class FrozenCaptioner:
                 raise ValueError(f"{path / CAPTIONER_FILE}: 'feature_dim' must be a positive "
                                  f"int, got {info.get('feature_dim')!r}")
         if device is not None and not isinstance(device, torch.device):
-            device = None if _checks.device("device", device) == "auto" else device
+            # a CUDA index this machine lacks is named here, not by torch's assert at .to()
+            device = None if _checks.available_device("device", device) == "auto" else device
         device = torch.device(device) if device is not None else default_device()
         tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir(path)))
         if references is not None:  # before the weights are loaded: a bad tokenizer fails fast
