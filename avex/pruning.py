@@ -64,6 +64,8 @@ class PrunedInputs(NamedTuple):
         per_token: name -> [R, L', ...] extra per-token model inputs gathered like the
             embeddings (zero at padding); empty when none were given.
         original_length: int64 [R], the number of non-padding tokens of the unpruned row.
+        av_count: int64 [R], the number of audio-visual tokens of the unpruned row (an M-RoPE
+            model places them with positions of rank 3, which :func:`generate` checks).
     """
     inputs_embeds: torch.Tensor
     attention_mask: torch.Tensor
@@ -73,6 +75,7 @@ class PrunedInputs(NamedTuple):
     index: torch.Tensor
     per_token: dict | None = None
     original_length: torch.Tensor | None = None
+    av_count: torch.Tensor | None = None
 
     @property
     def num_sets(self) -> int:
@@ -165,8 +168,9 @@ def prune_inputs(inputs_embeds: torch.Tensor, modality: torch.Tensor, *, scores=
         position_ids = gather_tokens(native, out.index)
     extras = {name: gather_tokens(value, out.index, batch_first=True)
               for name, value in (per_token or {}).items()}
+    av_count = is_av.sum(1).repeat_interleave(num_sets)
     return PrunedInputs(out.hidden, out.attention_mask, position_ids, next_position, keep,
-                        out.index, extras, original_length)
+                        out.index, extras, original_length, av_count)
 
 
 def gather_tokens(values: torch.Tensor, index: torch.Tensor, *, batch_first: bool = False):
@@ -418,10 +422,33 @@ def _check_call(name, model, pruned, kwargs):
         if key in kwargs:
             raise ValueError(f"{name} takes {key} from pruned; don't pass {key}=")
     _check_model(model, pruned, kwargs)
+    _check_mrope_positions(model, pruned)
     if bool((pruned.attention_mask.sum(1) == 0).any()):
         row = int(torch.nonzero(pruned.attention_mask.sum(1) == 0)[0, 0])
         raise ValueError(f"pruned row {row} keeps no tokens; there is nothing to prefill")
     _check_per_token_inputs(model, pruned)
+
+
+def uses_mrope(model) -> bool:
+    """Whether ``model`` places tokens with multimodal rotary positions of rank 3 (Qwen2-VL,
+    Qwen2.5-VL, Qwen2.5-Omni's thinker: the model computes them in ``get_rope_index``)."""
+    return any(hasattr(part, "get_rope_index")
+               for part in (model, getattr(model, "model", None)) if part is not None)
+
+
+def _check_mrope_positions(model, pruned):
+    """Audio-visual tokens pruned with the default 1-D positions, for a model that places them
+    on M-RoPE's three axes: every position after the first media item would be off."""
+    if pruned.position_ids.dim() != 2 or pruned.av_count is None or not uses_mrope(model):
+        return
+    if bool((pruned.av_count > 0).any()):
+        row = int(torch.nonzero(pruned.av_count > 0)[0, 0])
+        raise ValueError(
+            f"{type(model).__name__} places audio-visual tokens with M-RoPE positions "
+            f"([3, B, L]), but pruned row {row} holds {int(pruned.av_count[row])} of them with "
+            "1-D positions (prune_inputs got no position_ids). Pass the model's own positions: "
+            "avex.adapters.adapt(model, **inputs).prune(...) does, or "
+            "prune_inputs(..., position_ids=adapted.position_ids)")
 
 
 def _check_model(model, pruned, generate_kwargs):

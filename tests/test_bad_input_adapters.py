@@ -192,6 +192,15 @@ def pruned_family(families, name, **model_kwargs):
                                 retention=0.4)
 
 
+def pruned_without_positions(families, name, call):
+    """A family's inputs pruned by prune_inputs without the model's own position ids."""
+    model, inputs = families(name)
+    adapted = adapt(model, **inputs)
+    pruned = pruning.prune_inputs(adapted.inputs_embeds, adapted.modality,
+                                  scores=torch.randn(adapted.modality.shape), retention=0.4)
+    return call(model, pruned, max_new_tokens=2) if call is pruning.generate else call(model, pruned)
+
+
 def without_per_token(families):
     model, pruned = pruned_family(families, "gemma3n")
     return pruning.forward(model, pruned._replace(per_token={}))
@@ -203,6 +212,8 @@ FORWARD_CASES = [
     case("forward per_layer_inputs=", lambda f: pruning.forward(*pruned_family(f, "gemma3n"), per_layer_inputs=None), ValueError, "forward takes per_layer_inputs from pruned; don't pass per_layer_inputs=", marks=GEMMA3N),
     case("forward position_ids=", lambda f: pruning.forward(*pruned_family(f, "qwen2_audio"), position_ids=None), ValueError, "forward takes position_ids from pruned"),
     case("forward pruned a tuple", lambda f: pruning.forward(f("qwen2_audio")[0], tuple(pruned_family(f, "qwen2_audio")[1])), TypeError, "pruned must be the PrunedInputs returned by prune_inputs, got tuple"),
+    case("forward on Qwen2.5-VL with 1-D positions", lambda f: pruned_without_positions(f, "qwen2_5_vl", pruning.forward), ValueError, r"Qwen2_5_VLForConditionalGeneration places audio-visual tokens with M-RoPE positions \(\[3, B, L\]\), but pruned row 0 holds \d+ of them with 1-D positions"),
+    case("generate on the Omni thinker with 1-D positions", lambda f: pruned_without_positions(f, "qwen2_5_omni", pruning.generate), ValueError, r"places audio-visual tokens with M-RoPE positions"),
     case("forward(None, ...)", lambda f: pruning.forward(None, pruned_family(f, "qwen2_audio")[1]), TypeError, r"model must be a Hugging Face \*ForCausalLM"),
 ]
 
