@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from avex import _checks
+from avex.policy import (ACCEPTED_LAYOUTS, LAYOUTS, POLICY_CONFIG, POLICY_WEIGHTS,
+                         read_policy_record)
 
 __all__ = ["VLLM_VERSION", "ARCHITECTURE", "POLICY_KEY", "RETENTION_KEY", "Settings",
            "hf_overrides", "check_engine", "register"]
@@ -143,9 +145,6 @@ def check_engine(config, architecture: str | None, *, version: str | None = None
 def check_policy(settings: Settings, config, architecture: str) -> None:
     """The saved policy at ``settings.policy`` against the served model, from its record
     (no weights loaded)."""
-    from avex.policy import ACCEPTED_LAYOUTS, LAYOUTS, POLICY_CONFIG, POLICY_WEIGHTS, \
-        read_policy_record
-
     path = Path(settings.policy)
     if not path.is_dir():
         raise FileNotFoundError(f"{POLICY_KEY}={settings.policy!r} is not a directory; it must "
