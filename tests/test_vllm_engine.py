@@ -107,15 +107,17 @@ def reference(tiny):
                              min_new_tokens=MAX_TOKENS, do_sample=False, output_logits=True,
                              return_dict_in_generate=True)
         logprobs = torch.stack(generated.logits, 1).double().log_softmax(-1)
+        visual = adapted.modality == avex.VISUAL
+        kept = [pruned.keep[row, 0][visual[row]].tolist() for row in range(len(visual))]
         results[name] = (generated.sequences.tolist(), logprobs,
-                         pruned.attention_mask.sum(1).tolist())
+                         pruned.attention_mask.sum(1).tolist(), kept)
     return results
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["unpruned", *PRUNED])
 def test_engine_matches_avex_generate(served, reference, name):
-    tokens, logprobs, lengths = reference[name]
+    tokens, logprobs, lengths, _ = reference[name]
     engine = served["engines"][name]
     assert [out["prompt_length"] for out in engine] == lengths
     for i, out in enumerate(engine):
@@ -123,6 +125,17 @@ def test_engine_matches_avex_generate(served, reference, name):
         assert not torch.isnan(out["logprobs"]).any()
         torch.testing.assert_close(out["logprobs"], logprobs[i], atol=ATOL, rtol=0,
                                    msg=lambda m: f"prompt {i}: {m}")
+
+
+@pytest.mark.slow
+def test_the_same_image_is_pruned_per_prompt(reference):
+    """Prompts 0 and 3 hold the same image with other text: the policy keeps other tokens, so
+    an engine that reused prompt 0's pruned image for prompt 3 (a cache keyed by the image
+    alone) would fail test_engine_matches_avex_generate."""
+    for name in ("rho 0.4, chunked prefill",):
+        kept = reference[name][3]
+        assert len(kept[0]) == len(kept[3]) == 16
+        assert kept[0] != kept[3], name
 
 
 @pytest.mark.slow

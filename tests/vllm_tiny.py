@@ -80,15 +80,20 @@ def _sections(text) -> list:
 
 
 def build_policy(folder, model_folder, *, seed=0, layout="visual",
-                 retention_range=(0.1, 1.0), hidden=None) -> Path:
+                 retention_range=(0.1, 1.0), hidden=None, text_gain=3.0) -> Path:
     """A randomly initialised AVEX policy for the model in ``model_folder``, saved with
-    ``save_pretrained`` and a TrainedOn record (``hidden``: record another width instead)."""
+    ``save_pretrained`` and a TrainedOn record (``hidden``: record another width instead).
+    Its cross-attention to the text is scaled by ``text_gain``: at random initialisation the
+    text barely moves the choice (a trained policy's does), and the tests need it to."""
     from avex.policy import AVEXPolicy, PolicyConfig, TrainedOn
 
     config = json.loads((Path(model_folder) / "config.json").read_text())
     hidden = hidden or config.get("text_config", config)["hidden_size"]
     torch.manual_seed(seed)
     policy = AVEXPolicy(PolicyConfig(input_size=hidden, hidden_size=32, num_heads=4))
+    with torch.no_grad():
+        policy.cross_attn.in_proj_weight.mul_(text_gain)
+        policy.cross_attn.out_proj.weight.mul_(text_gain)
     policy.trained_on = TrainedOn(config["model_type"], hidden, layout, tuple(retention_range))
     return policy.save_pretrained(folder)
 
@@ -110,12 +115,14 @@ VIDEO = "<|vision_start|> <|video_pad|> <|vision_end|>"
 
 
 def prompts(items):
-    """Three prompts: (text, {"image": [...], "video": [...]})."""
+    """Four prompts, (text, {"image": [...], "video": [...]}); the last asks about the first's
+    image in other words (a cache keyed by the image alone would hand it the first's choice)."""
     return [
         (f"w3 w4 {IMAGE} w5 w6 w7", {"image": [items["square"]]}),
         (f"w8 {IMAGE} w9 w10 {VIDEO} w11 w12", {"image": [items["wide"]],
                                                  "video": [items["video"]]}),
         (f"w13 w14 w15 {VIDEO} w16", {"video": [items["video"]]}),
+        (f"w30 w31 w32 w33 {IMAGE} w34", {"image": [items["square"]]}),
     ]
 
 
