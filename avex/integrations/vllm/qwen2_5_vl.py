@@ -20,6 +20,7 @@ Three pieces of vLLM's multimodal-pruning interface, and what this file does wit
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 from collections.abc import Sequence
 from functools import partial
@@ -117,6 +118,12 @@ class AVEXQwen2_5_VLForConditionalGeneration(Qwen2_5_VLForConditionalGeneration)
         with _default_dtype(torch.float32), torch.device("cpu"):
             policy = AVEXPolicy.from_pretrained(settings.policy)
         self.__dict__["avex_policy"] = policy
+
+    def get_encoder_cudagraph_config(self):
+        """No encoder CUDA graphs (GPU): that path bypasses embed_multimodal, where the
+        pruning happens (vLLM turns them off for its own pruning the same way)."""
+        config = super().get_encoder_cudagraph_config()
+        return dataclasses.replace(config, modalities=[], max_frames_per_video=1)
 
     # -- the encoder: the kept rows of each item, with their positions ---------------------------
     def embed_multimodal(self, **kwargs: object):
