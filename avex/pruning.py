@@ -36,7 +36,8 @@ from avex.policy import AVEXPolicy
 from avex.selection import AVLayout, num_kept
 
 __all__ = ["PAD", "VISUAL", "AUDIO", "TEXT", "PrunedInputs", "prune_inputs", "generate",
-           "forward", "expand_av_keep", "gather_tokens", "num_kept"]
+           "forward", "expand_av_keep", "gather_tokens", "num_kept", "select_keep",
+           "item_index"]
 
 ATTENTION_PATHS = ("auto", "padded", "varlen")
 VARLEN_REFERENCE_ATTENTION = "avex_varlen_sdpa"
@@ -88,7 +89,8 @@ class PrunedInputs(NamedTuple):
 
 def prune_inputs(inputs_embeds: torch.Tensor, modality: torch.Tensor, *, scores=None,
                  keep=None, retention=None, positions: str = "original", position_ids=None,
-                 per_token: dict | None = None, policy=None) -> PrunedInputs:
+                 per_token: dict | None = None, policy=None,
+                 per_item: bool = False) -> PrunedInputs:
     """Keep the text and the chosen audio-visual tokens; compact them for prefill.
 
     Args:
@@ -107,6 +109,11 @@ def prune_inputs(inputs_embeds: torch.Tensor, modality: torch.Tensor, *, scores=
         policy: a trained :class:`avex.policy.AVEXPolicy` (``avex.load_policy``) that scores
             the AV tokens instead of ``scores`` (:meth:`~avex.policy.AVEXPolicy.score`); inputs
             of another width or layout than it was trained on are refused.
+        per_item: with ``retention``, keep K = round(rho * N) tokens of each item (a maximal
+            run of one modality's tokens, :func:`item_index`: an image, a video) instead of
+            of each row; a ``policy`` then scores each item alone with its row's text, as if
+            it were the row's only audio-visual tokens. The selection of a server that sees
+            one media item at a time (``avex.integrations.vllm``).
         positions: ``"original"`` (each token keeps its position in the unpruned sequence) or
             ``"contiguous"`` (0..n-1).
         position_ids: int [B, L] or [..., B, L] (M-RoPE / TMRoPE: [3, B, L]), the model's own
@@ -123,29 +130,19 @@ def prune_inputs(inputs_embeds: torch.Tensor, modality: torch.Tensor, *, scores=
     _check_native(position_ids, per_token, modality, positions)
     is_av = (modality == VISUAL) | (modality == AUDIO)
     is_text = modality == TEXT
-    if policy is not None:
-        if not isinstance(policy, AVEXPolicy):
-            raise TypeError(f"policy must be an avex.policy.AVEXPolicy (avex.load_policy), got "
-                            f"{type(policy).__name__}")
-        if scores is not None or keep is not None:
-            raise ValueError("pass policy or scores or keep, not several; got policy together "
-                             f"with {'scores' if scores is not None else 'keep'}")
-        if retention is None:
-            raise ValueError("retention is required with policy")
-        _checks.ratio("retention", retention)
-        if policy.trained_on is not None:
-            policy.trained_on.check_retention(retention)
-        scores = policy.score(inputs_embeds, modality)
     if keep is not None:
+        if policy is not None:
+            raise ValueError("pass policy or scores or keep, not several; got policy together "
+                             "with keep")
         if scores is not None or retention is not None:
             raise ValueError("pass either keep, or scores with retention; got keep together "
                              f"with {'scores' if scores is not None else 'retention'}")
+        if per_item:
+            raise ValueError("per_item applies to scores or policy with retention, not keep")
         keep = _check_keep(keep, modality, is_text)
     else:
-        if scores is None or retention is None:
-            missing = "scores" if scores is None else "retention"
-            raise ValueError(f"{missing} is required: pass scores with retention, or keep")
-        keep = _top_k_keep(scores, retention, modality, is_av)[:, None, :]
+        keep = select_keep(inputs_embeds, modality, scores=scores, policy=policy,
+                           retention=retention, per_item=per_item)[:, None, :]
     keep = (keep & is_av[:, None, :]) | is_text[:, None, :]
 
     out = compact(inputs_embeds, keep, layout="padded", positions="contiguous",
@@ -271,6 +268,72 @@ def _check_keep(keep, modality, is_text):
         raise ValueError(f"keep drops text token {pos} of sample {b} (set {s}); text is never "
                          "pruned")
     return keep
+
+
+def select_keep(inputs_embeds: torch.Tensor, modality: torch.Tensor, *, scores=None,
+                policy=None, retention=None, per_item: bool = False) -> torch.Tensor:
+    """bool [B, L]: the audio-visual tokens :func:`prune_inputs` keeps with ``scores`` or a
+    ``policy`` at ``retention`` (K = round(rho N) per row, or per item with ``per_item``;
+    ties toward the lower position). The selection alone, for a caller that compacts by
+    itself (``avex.integrations.vllm`` keeps the rows of one media item)."""
+    if policy is not None:
+        if not isinstance(policy, AVEXPolicy):
+            raise TypeError(f"policy must be an avex.policy.AVEXPolicy (avex.load_policy), got "
+                            f"{type(policy).__name__}")
+        if scores is not None:
+            raise ValueError("pass policy or scores or keep, not several; got policy together "
+                             "with scores")
+        if retention is None:
+            raise ValueError("retention is required with policy")
+        _checks.ratio("retention", retention)
+        if policy.trained_on is not None:
+            policy.trained_on.check_retention(retention)
+    elif scores is None or retention is None:
+        missing = "scores" if scores is None else "retention"
+        raise ValueError(f"{missing} is required: pass scores with retention, or keep")
+    _checks.flag("per_item", per_item)
+    choose = _per_item_keep if per_item else _row_keep
+    return choose(inputs_embeds, modality, scores, policy, retention)
+
+
+def item_index(modality: torch.Tensor) -> torch.Tensor:
+    """int64 [B, L]: each audio-visual token's item within its row (0, 1, ...: maximal runs of
+    one modality's tokens, in order), -1 at text and padding. In Qwen-family prompts every
+    image, video or audio clip is one run, its markers (vision_start / vision_end) on either
+    side; a video with its audio interleaved in chunks (Qwen2.5-Omni's use_audio_in_video) is
+    many runs."""
+    _checks.tensor("modality", modality, ndim=2, integer=True)
+    is_av = (modality == VISUAL) | (modality == AUDIO)
+    previous = torch.cat([modality.new_full((modality.shape[0], 1), PAD), modality[:, :-1]], 1)
+    starts = is_av & (previous != modality)
+    return torch.where(is_av, starts.long().cumsum(1) - 1, -1)
+
+
+def _row_keep(inputs_embeds, modality, scores, policy, retention):
+    if policy is not None:
+        scores = policy.score(inputs_embeds, modality)
+    is_av = (modality == VISUAL) | (modality == AUDIO)
+    return _top_k_keep(scores, retention, modality, is_av)
+
+
+def _per_item_keep(inputs_embeds, modality, scores, policy, retention):
+    """bool [B, L]: each item's K = round(rho N) best tokens; each item is scored (by the
+    policy) in a copy of its row where the other items' tokens are padding."""
+    items = item_index(modality)
+    counts = items.amax(1) + 1                          # [B] items per row
+    row_of = torch.repeat_interleave(torch.arange(len(counts), device=modality.device), counts)
+    first = torch.cumsum(counts, 0) - counts
+    item_of = torch.arange(len(row_of), device=modality.device) - first[row_of]
+    own = items[row_of] == item_of[:, None]             # [R, L]: item r's positions
+    is_av = (modality == VISUAL) | (modality == AUDIO)
+    codes = torch.where(is_av[row_of] & ~own, PAD, modality[row_of])
+    if policy is not None:
+        scores = policy.score(inputs_embeds[row_of], codes)
+    else:
+        scores = scores[row_of] if len(row_of) else scores[:0]
+    chosen = _top_k_keep(scores, retention, codes, own)
+    keep = torch.zeros(modality.shape, dtype=torch.long, device=modality.device)
+    return keep.index_add_(0, row_of, chosen.long()) > 0
 
 
 def _top_k_keep(scores, retention, modality, is_av):

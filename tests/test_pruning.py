@@ -497,3 +497,61 @@ def test_generate_rejects_bad_input(qwen2):
     with pytest.raises(ValueError, match="pruned row 0 keeps no tokens"):
         generate(qwen2, empty)
     assert isinstance(pruned, PrunedInputs)
+
+
+# --- per item: K = round(rho N) of each image / video, each scored alone with its row's text ---
+
+def _two_items():
+    from avex.policy import AVEXPolicy, PolicyConfig, TrainedOn
+
+    T_, V_, A_, P_ = TEXT, VISUAL, AUDIO, PAD
+    modality = torch.tensor([[P_, T_, V_, V_, V_, V_, V_, T_, T_, V_, V_, V_, T_],
+                             [T_, V_, V_, V_, T_, A_, A_, A_, A_, A_, A_, A_, T_]])
+    torch.manual_seed(3)
+    embeds = torch.randn(2, 13, 16)
+    policy = AVEXPolicy(PolicyConfig(input_size=16, hidden_size=16, num_heads=2)).eval()
+    policy.trained_on = TrainedOn("qwen2", 16, "visual-then-audio", (0.1, 1.0))
+    return embeds, modality, policy
+
+
+def test_item_index_numbers_runs_of_one_modality():
+    _, modality, _ = _two_items()
+    assert pruning.item_index(modality).tolist() == [
+        [-1, -1, 0, 0, 0, 0, 0, -1, -1, 1, 1, 1, -1],
+        [-1, 0, 0, 0, -1, 1, 1, 1, 1, 1, 1, 1, -1]]
+
+
+@pytest.mark.parametrize("retention", [0.1, 0.4, 1.0])
+def test_per_item_scores_each_item_alone_with_the_text(retention):
+    embeds, modality, policy = _two_items()
+    keep = prune_inputs(embeds, modality, policy=policy, retention=retention,
+                        per_item=True).keep[:, 0]
+    items = pruning.item_index(modality)
+    for row in range(2):
+        for item in range(int(items[row].max()) + 1):
+            alone = modality[row:row + 1].clone()
+            alone[(items[row:row + 1] != item) & (items[row:row + 1] >= 0)] = PAD
+            expected = prune_inputs(embeds[row:row + 1], alone, policy=policy,
+                                    retention=retention).keep[0, 0]
+            own = items[row] == item
+            assert torch.equal(keep[row][own], expected[own])
+            assert int(keep[row][own].sum()) == int(pruning.num_kept(retention, int(own.sum())))
+
+
+def test_per_item_with_one_item_per_row_is_the_row_selection():
+    embeds, modality, policy = _two_items()
+    modality[0, 9:12] = TEXT
+    modality[1, 5:12] = TEXT
+    scores = torch.randn(2, 13)
+    for kwargs in (dict(policy=policy), dict(scores=scores)):
+        rows = prune_inputs(embeds, modality, retention=0.4, **kwargs).keep
+        items = prune_inputs(embeds, modality, retention=0.4, per_item=True, **kwargs).keep
+        assert torch.equal(rows, items)
+
+
+def test_per_item_refusals():
+    embeds, modality, policy = _two_items()
+    with pytest.raises(ValueError, match="per_item applies to scores or policy with retention"):
+        prune_inputs(embeds, modality, keep=modality == TEXT, per_item=True)
+    with pytest.raises(TypeError, match="per_item must be"):
+        prune_inputs(embeds, modality, policy=policy, retention=0.4, per_item="yes")

@@ -59,11 +59,14 @@ class AdaptedInputs(NamedTuple):
     input_ids: torch.Tensor
     model_type: str | None = None
 
-    def prune(self, *, scores=None, keep=None, retention=None, policy=None) -> PrunedInputs:
+    def prune(self, *, scores=None, keep=None, retention=None, policy=None,
+              per_item: bool = False) -> PrunedInputs:
         """:func:`avex.pruning.prune_inputs` with these positions and per-token inputs.
         ``policy`` (a trained :class:`~avex.policy.AVEXPolicy`, ``avex.load_policy``) scores
         the AV tokens instead of ``scores``; the model these inputs came from must be the one
-        it was trained with (model type, hidden size), and their layout the one it saw."""
+        it was trained with (model type, hidden size), and their layout the one it saw.
+        ``per_item``: K = round(rho N) per image or video, each scored alone with the prompt's
+        text (what ``avex.integrations.vllm`` serves)."""
         if policy is not None and policy.trained_on is not None and self.model_type is not None \
                 and self.model_type != policy.trained_on.model_type:
             raise ValueError(f"the policy was trained with another model: these inputs come "
@@ -71,7 +74,7 @@ class AdaptedInputs(NamedTuple):
                              f"{policy.trained_on.model_type!r}")
         return prune_inputs(self.inputs_embeds, self.modality, scores=scores, keep=keep,
                             retention=retention, position_ids=self.position_ids,
-                            per_token=self.per_token, policy=policy)
+                            per_token=self.per_token, policy=policy, per_item=per_item)
 
 
 class _Captured(Exception):

@@ -1,0 +1,3 @@
+from avex.integrations.vllm import _main
+
+_main()
