@@ -41,6 +41,7 @@ from avex.checkpoint import (POLICY_FILE, check_weights, latest_checkpoint, load
                              set_rng_state)
 from avex.config import TrainConfig, build_parser, explicit_settings, resolve_config
 from avex.data import FeatureCache
+from avex.judge import judge_line, judge_record
 from avex.kernels import build_exchanges, gumbel_topk
 from avex.losses import avex_objective, leave_one_out_loss, set_level_loss
 from avex.methods import METHODS, label, load_policy, make_selector, policy_selector
@@ -561,7 +562,11 @@ class Run:
                 rows.append({"method": name, "retention": retention,
                              **score_captions(captions, clips)})
         table = results_table(rows, f"{cfg.eval_split} split, {len(clips)} clips")
-        (self.run_dir / "results.json").write_text(json.dumps(rows, indent=2))
+        judge = judge_record(cache.root, captioner.path) if captioner.path is not None else None
+        if judge is not None:
+            table += "\n\n" + judge_line(judge)
+        (self.run_dir / "results.json").write_text(json.dumps({"rows": rows, "judge": judge},
+                                                              indent=2))
         (self.run_dir / "results.md").write_text(table + "\n")
         print(table)
         return {"rows": rows, "table": table}

@@ -6,6 +6,7 @@ import json
 import time
 from pathlib import Path
 
+from avex.judge import judge_line, judge_record
 from avex.methods import load_policy, make_selector
 from avex.progress import progress_bar
 from avex.scoring import caption_split, score_captions
@@ -81,10 +82,12 @@ def run_ablation(args) -> dict:
                      "exchange_types": cfg.get("exchange_types"),
                      **score_captions(captions, clips)})
     seconds = time.perf_counter() - started
+    judge = judge_record(cache.root, captioner.path)
     table = ablation_table(rows, args.retention, args.split, len(clips), seconds)
+    table = f"{table}\n\n{judge_line(judge)}"
     (out / "ablation.md").write_text(table + "\n")
     (out / "ablation.json").write_text(json.dumps({"rows": rows, "retention": args.retention,
-                                                   "seeds": list(args.seeds),
+                                                   "seeds": list(args.seeds), "judge": judge,
                                                    "seconds": round(seconds, 1)}, indent=1)
                                        + "\n")
     print(table)

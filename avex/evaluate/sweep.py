@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from avex.judge import judge_line, judge_record
 from avex.methods import METHODS, SELECTORS, label, load_policy, make_selector
 from avex.metrics import cider_source
 from avex.progress import progress_bar
@@ -158,6 +159,7 @@ def run_sweep(args) -> dict:
                            "transfer_clips": len(transfer), "num_beams": args.num_beams,
                            "max_new_tokens": args.max_new_tokens, "data": str(cache.root),
                            "captioner": str(captioner.path),
+                           "judge": judge_record(cache.root, captioner.path),
                            "runs": {m: {str(s): str(v[1]) for s, v in p.items()}
                                     for m, p in policies.items()}},
               "seconds": round(seconds, 1), "command": "python -m avex.evaluate " +
@@ -167,7 +169,8 @@ def run_sweep(args) -> dict:
     header = (f"# Pruning comparison ({args.split} split, {len(test)} clips"
               + (f"; transfer split, {len(transfer)} clips" if transfer else "") + ")")
     (out / "sweep.md").write_text(sweep_markdown(header, table, qualitative, args.methods,
-                                                 bar_retention, seconds))
+                                                 bar_retention, seconds,
+                                                 result["settings"]["judge"]))
     (out / "sweep.json").write_text(json.dumps(result, indent=1, default=float) + "\n")
     sweep_figure(agg, out / "sweep.png", bar_retention)
     result["table"], result["out"] = table, str(out)
@@ -269,14 +272,14 @@ def qualitative_examples(clips, captions: dict, methods, seed: int, retention: f
 
 
 def sweep_markdown(header: str, table: str, qualitative: list, methods, bar_retention: float,
-                   seconds: float) -> str:
+                   seconds: float, judge: dict) -> str:
     md = [header, "",
           f"CIDEr points ({cider_source()}, x100). C_av / C_v / C_a: the same captions against the "
           "AV, visual-only and audio-only references. transfer C: CIDEr against the AV "
           "references of the transfer split (the paper's MSRVTT column). Rel. = 100 x mean of "
           "the four, each over its full-token value in this run. Seeds: Random's seed; for a "
           "policy, the seed of its training run; FastV/ToMe/FastAV are deterministic. With "
-          "several seeds: mean ± std.", "", table, "",
+          "several seeds: mean ± std.", "", judge_line(judge), "", table, "",
           f"Figure: `sweep.png` (left: Rel. against retention; right: C_av, C_v, C_a at "
           f"{bar_retention:.0%}). The sweep took {seconds:.0f} s.", "",
           f"## Qualitative examples at {bar_retention:.0%} retention", ""]
