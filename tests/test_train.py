@@ -169,7 +169,7 @@ def test_bad_config_fails_before_any_work(cache_dir, tmp_path, capsys, flags, ma
 
 def test_config_file_and_flags_override_defaults(cache_dir, tmp_path, capsys):
     config = tmp_path / "run.yaml"
-    config.write_text("exchanges: true\ng: 4\nexchange_types: [vv, av]\nlr: 0.002\n")
+    config.write_text("exchanges: true\ng_fraction: 0\ng: 4\nexchange_types: [vv, av]\nlr: 0.002\n")
     main(tiny_args(cache_dir, tmp_path / "run", "--config", str(config), "--lr", "0.003",
                    "--no-evaluate", "--epochs", "0.2"))
     saved = json.loads((tmp_path / "run" / "config.json").read_text())
