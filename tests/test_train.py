@@ -56,10 +56,11 @@ def test_tiny_end_to_end_run(cache_dir, tmp_path):
     drawn = {round(r["retention"], 6) for r in rl}
     assert len(drawn) > 1 and all(0.1 <= r <= 0.5 for r in drawn)
     assert all(r["reward_spread"] >= 0 for r in rl)
-    # CaCoVID-AV: its own run from this run's warmup policy, one anchor, set-level reward
+    # CaCoVID-AV: its own run from this run's warmup policy, set-level reward at the matched
+    # budget (8 samples per clip, group-normalised advantage)
     cacovid = json.loads((tmp_path / "run" / "cacovid" / "config.json").read_text())
     assert (cacovid["exchanges"], cacovid["anchors"], cacovid["rl_estimator"]) == \
-        (False, 1, "paper")
+        (False, 8, "group")
     assert cacovid["warmup_from"] == str(tmp_path / "run")
     warm = load_file(str(tmp_path / "run" / "warmup_policy.safetensors"))
     warm_c = load_file(str(tmp_path / "run" / "cacovid" / "warmup_policy.safetensors"))

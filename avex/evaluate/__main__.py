@@ -132,9 +132,11 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--split", default="test")
     sweep.add_argument("--transfer-split", default="transfer",
                        help="the split for the transfer CIDEr column ('none' to skip)")
-    sweep.add_argument("--avex-run", default=None, help="a python -m avex.train run directory")
+    sweep.add_argument("--avex-run", default=None,
+                       help="a python -m avex.train run directory; with {seed} in it, one run "
+                            "per --seeds (e.g. ABL/runs/seed{seed}/A)")
     sweep.add_argument("--cacovid-run", default=None,
-                       help="a python -m avex.train --no-exchanges run directory")
+                       help="a CaCoVID-AV run directory (or a pattern with {seed})")
     sweep.add_argument("--fastv-layer", type=int, default=None)
     sweep.add_argument("--qualitative", type=int, default=3, help="clips shown at 40%%")
     abl = sub.add_parser("ablation", help="the paper's Table 3 (training signal, group size)")
@@ -142,6 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     abl.add_argument("--variants", type=_variants, default=list(ABLATIONS))
     abl.add_argument("--retention", type=float, default=0.2,
                      help="training and evaluation retention (default 0.2)")
+    abl.add_argument("--retentions", type=_float_list("retentions"), default=None,
+                     help="evaluate every variant at each of these (e.g. 0.5,0.4,0.3,0.2,0.1: "
+                          "the matched-budget comparison's table); default: --retention")
     abl.add_argument("--seeds", type=_int_list("seeds"), default=[0],
                      help="training seeds, comma-separated: mean ± std over them")
     abl.add_argument("--split", default="test")
@@ -265,7 +270,9 @@ def check_args(args) -> None:
     for name in ("avex_run", "cacovid_run"):
         path = getattr(args, name, None)
         if path is not None:  # a finished run, checked now, not after the other methods ran
-            run_policy_weights(path, "latest", name="--" + name.replace("_", "-"))
+            for seed in getattr(args, "seeds", [0]) if "{seed}" in path else [None]:
+                run_policy_weights(path if seed is None else path.replace("{seed}", str(seed)),
+                                   "latest", name="--" + name.replace("_", "-"))
     if args.data != "embedded" and not Path(args.data).exists():
         raise FileNotFoundError(f"--data: no feature cache at {args.data!r}")
     if args.captioner != "embedded" and not Path(args.captioner).exists():
@@ -294,6 +301,8 @@ def check_args(args) -> None:
         _checks.int_at_least("qualitative", args.qualitative, 0)
     if args.command == "ablation":
         _checks.ratio("retention", args.retention)
+        if args.retentions and len(set(args.retentions)) != len(args.retentions):
+            raise ValueError(f"retentions has duplicates: {args.retentions}")
         _check_seeds(args.seeds)
         if args.run and len(args.seeds) > 1:
             raise ValueError(f"--run reuses one run per variant, so it takes one seed; got "

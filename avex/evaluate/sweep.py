@@ -26,17 +26,25 @@ def trained_methods(methods) -> list[str]:
     return [m for m in methods if METHODS[m].train is not None]
 
 
+def given_run(args, method: str, seed: int) -> str | None:
+    """The run directory given for a trained method (``--avex-run``, ``--cacovid-run``): one
+    run, or one per seed when it holds ``{seed}`` (e.g. ``ABL/runs/seed{seed}/A``)."""
+    given = getattr(args, f"{method}_run")
+    return None if given is None else given.replace("{seed}", str(seed))
+
+
 def shared_across_seeds(method: str, args) -> bool:
     """Captioned once for all seeds: deterministic methods and a policy given as one run."""
     if METHODS[method].train is not None:
-        return getattr(args, f"{method}_run") is not None
+        given = getattr(args, f"{method}_run")
+        return given is not None and "{seed}" not in given
     return not METHODS[method].seeded
 
 
 def policy_for(args, method: str, seed: int, captioner, out: Path, warmup_from=None):
     """(policy, run_dir, seed_of_run) for a trained method (AVEX-Prune, CaCoVID-AV);
     ``warmup_from``: a run of the same seed whose warmup policy it starts from."""
-    given = getattr(args, f"{method}_run")
+    given = given_run(args, method, seed)
     if given is not None:
         run_dir = Path(given)
     else:
@@ -188,7 +196,7 @@ def train_policies(args, captioner, out: Path) -> dict:
     # that they differ from it only in the training signal (and the warmup runs once)
     methods = sorted(trained_methods(args.methods), key=lambda m: m != "avex")
     for method in methods:
-        if getattr(args, f"{method}_run") is not None:
+        if shared_across_seeds(method, args):
             one = policy_for(args, method, args.seeds[0], captioner, out)
             policies[method] = {seed: one for seed in args.seeds}
             continue
@@ -196,6 +204,8 @@ def train_policies(args, captioner, out: Path) -> dict:
         for seed in args.seeds:
             shared = policies.get("avex", {}).get(seed) if method != "avex" else None
             warmup_from = None if shared is None or args.avex_run is not None else shared[1]
+            if given_run(args, method, seed) is not None:
+                warmup_from = None
             policies[method][seed] = policy_for(args, method, seed, captioner, out, warmup_from)
     return policies
 
