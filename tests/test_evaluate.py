@@ -60,7 +60,10 @@ def test_sweep_writes_table_json_figure_and_examples(trained_sweep):
     cacovid = json.loads((out / "runs" / "cacovid-seed0" / "config.json").read_text())
     assert cacovid["exchanges"] is False
     md = (out / "sweep.md").read_text()
-    assert "| method | retention | C_av | C_v | C_a | transfer C | Rel. | seeds |" in md
+    assert "| method | retention | C_av | C_v | C_a | transfer C | C_av / full | Rel. | seeds |" \
+        in md
+    for r in rows[1:]:
+        assert r["C_av_full"] == pytest.approx(r["C_av"] / full["C_av"])
     for label in (METHODS[m].label for m in SELECTORS):
         assert f"| {label} | 40% |" in md and f"| {label} | 20% |" in md
     assert md.count("| Full tokens |") == 1 + 2  # the table + two qualitative clips

@@ -16,7 +16,9 @@ Subcommands (``sweep`` is the default):
 
 Rel. = 100 x 1/4 (C_av / C_av_full + C_v / C_v_full + C_a / C_a_full + C_T / C_T_full), C_T being
 CIDEr (AV references) on the transfer split, which stands in for the paper's MSRVTT column; the
-``_full`` values are the full-token numbers of the same run, same decoding.
+``_full`` values are the full-token numbers of the same run, same decoding. The sweep prints
+C_av / C_av_full beside it: on the embedded benchmark C_v rises under pruning, so Rel. is not
+comparable with the paper's, and C_av / full is (docs/results.md).
 
 Full-token captions are computed once per split and shared by every method and seed; methods
 that do not depend on the seed (FastV-AV, ToMe-AV, FastAV, and a policy given as one run) are
