@@ -1,7 +1,9 @@
 """Training objective of Section 3.4: L = L_RL + lambda_ex * L_ex.
 
-Rewards are CIDEr-D in *points* (pycocoevalcap's score x 100, the unit of the paper's tables),
-so that w(dR) = min(|dR| / 5, 1) saturates at 5 points as the paper states.
+Rewards are CIDEr-D in *points* (pycocoevalcap's score x 100, the unit of the paper's tables).
+The paper's weight w(dR) = min(|dR| / 5, 1) saturates at 5 points on a reward scale where full
+tokens score 56.8; ``saturation`` sets that scale (training derives it from the full-token
+reward: :func:`saturation_for`).
 
 Shapes: B samples, E exchange slots per sample (the four types, some of them skipped).
 Every function checks its shapes, dtypes (``valid`` is bool) and devices, and refuses NaN or
@@ -15,30 +17,58 @@ import torch.nn.functional as F
 
 from avex import _checks
 
-SATURATION_POINTS = 5.0
+SATURATION_POINTS = 5.0      # the paper's saturation of w(dR), in CIDEr points ...
+PAPER_FULL_TOKEN_CIDER = 56.8  # ... on its reward scale: full-token C_av on AVCaps (Table 2)
 
 
-def exchange_weight(delta_reward: torch.Tensor) -> torch.Tensor:
-    """w(dR) = min(|dR| / 5, 1): near-zero reward differences barely count."""
-    return (delta_reward.abs() / SATURATION_POINTS).clamp(max=1.0)
+def saturation_for(full_token_reward: float) -> float:
+    """w's saturation on a reward scale where full tokens score ``full_token_reward``: the
+    paper's 5 points at its 56.8, scaled (about 42 where full tokens score 476)."""
+    full = _checks.positive_float("full_token_reward", full_token_reward)
+    return SATURATION_POINTS * full / PAPER_FULL_TOKEN_CIDER
 
 
-def exchange_loss(delta_f: torch.Tensor, delta_reward: torch.Tensor,
-                  valid: torch.Tensor) -> torch.Tensor:
-    """L_ex, per sample [B]: mean over the sample's valid exchanges of
-    w(dR) * log(1 + exp(-sign(dR) * dF)); 0 for a sample with none.
+def exchange_weight(delta_reward, saturation: float = SATURATION_POINTS):
+    """w(dR) = min(|dR| / saturation, 1): near-zero reward differences barely count.
 
-    delta_f = sum s_G - sum s_G' (differentiable), delta_reward = R(S) - R(S') (constants),
-    valid marks the exchanges that were built (group size >= 2).
-    """
+    ``delta_reward``: a tensor (the weight of each element) or a plain number (a float back);
+    NaN and inf are refused. ``saturation`` (> 0, CIDEr points): 5 is the paper's, on its
+    reward scale; :func:`saturation_for` scales it to another."""
+    saturation = _checks.positive_float("saturation", saturation)
+    if isinstance(delta_reward, torch.Tensor):
+        _checks.tensor("delta_reward", delta_reward, floating=True)
+        _checks.finite("delta_reward", delta_reward.detach())
+        return (delta_reward.abs() / saturation).clamp(max=1.0)
+    value = _checks.real("delta_reward", delta_reward)
+    return min(abs(value) / saturation, 1.0)
+
+
+def exchange_terms(delta_f: torch.Tensor, delta_reward: torch.Tensor, valid: torch.Tensor, *,
+                   saturation: float = SATURATION_POINTS) -> torch.Tensor:
+    """Each exchange's share of L_ex, [B, E]: w(dR) log(1 + exp(-sign(dR) dF)) divided by the
+    sample's number of valid exchanges, 0 where ``valid`` is False. Summed over E it is
+    :func:`exchange_loss`; summed over the slots of one exchange type, that type's part."""
     _check_slots(delta_f=delta_f, delta_reward=delta_reward, valid=valid)
     # masked slots are replaced before any arithmetic: a NaN there must not reach the gradient
     delta_f = torch.where(valid, delta_f, torch.zeros_like(delta_f))
     delta_reward = torch.where(valid, delta_reward, torch.zeros_like(delta_reward))
-    pairwise = exchange_weight(delta_reward) * F.softplus(-torch.sign(delta_reward) * delta_f)
+    pairwise = exchange_weight(delta_reward, saturation) * \
+        F.softplus(-torch.sign(delta_reward) * delta_f)
     pairwise = torch.where(valid, pairwise, torch.zeros_like(pairwise))
-    count = valid.sum(dim=1)
-    return pairwise.sum(dim=1) / count.clamp(min=1)
+    count = valid.sum(dim=1, keepdim=True)
+    return pairwise / count.clamp(min=1)
+
+
+def exchange_loss(delta_f: torch.Tensor, delta_reward: torch.Tensor,
+                  valid: torch.Tensor, *, saturation: float = SATURATION_POINTS) -> torch.Tensor:
+    """L_ex, per sample [B]: mean over the sample's valid exchanges of
+    w(dR) * log(1 + exp(-sign(dR) * dF)); 0 for a sample with none.
+
+    delta_f = sum s_G - sum s_G' (differentiable), delta_reward = R(S) - R(S') (constants),
+    valid marks the exchanges that were built (group size >= 2); ``saturation``: w's (see
+    :func:`exchange_weight`).
+    """
+    return exchange_terms(delta_f, delta_reward, valid, saturation=saturation).sum(dim=1)
 
 
 def policy_gradient_loss(log_prob: torch.Tensor, anchor_reward: torch.Tensor,
@@ -112,10 +142,77 @@ def leave_one_out_loss(log_prob: torch.Tensor, rewards: torch.Tensor,
     return -(advantage * scaled).mean(dim=1)
 
 
+def group_normalized_loss(log_prob: torch.Tensor, rewards: torch.Tensor,
+                          set_size: torch.Tensor) -> torch.Tensor:
+    """L_RL with a group-normalised advantage (GRPO's), per sample [B].
+
+    ``log_prob`` and ``rewards`` are [B, A]: A >= 2 keep-sets sampled independently for each
+    sample and their rewards. Each set's advantage is its reward minus the mean of the sample's
+    A rewards, divided by their standard deviation (population); a sample whose rewards are all
+    equal gives advantages of 0. log pi is divided by the set size K (``set_size`` [B]; a sample
+    with K = 0 gives 0), as in :func:`leave_one_out_loss`.
+    """
+    _check_anchors(log_prob=log_prob, rewards=rewards)
+    count = rewards.shape[1]
+    if count < 2:
+        raise ValueError(f"rewards has {count} sample per clip; a group-normalised advantage "
+                         "needs at least 2")
+    _check_set_size(set_size, log_prob[:, 0])
+    centred = rewards - rewards.mean(dim=1, keepdim=True)
+    std = rewards.std(dim=1, unbiased=False, keepdim=True)
+    spread = std > 1e-6 * rewards.abs().amax(dim=1, keepdim=True).clamp_min(1e-12)
+    advantage = torch.where(spread, centred / std.clamp_min(1e-12),
+                            torch.zeros_like(centred)).detach()
+    k = set_size.to(log_prob.dtype)[:, None]
+    scaled = torch.where(k > 0, log_prob / k.clamp_min(1), torch.zeros_like(log_prob))
+    return -(advantage * scaled).mean(dim=1)
+
+
+def anchored_policy_gradient_loss(log_prob: torch.Tensor, anchor_rewards: torch.Tensor,
+                                  counterfactual_rewards: torch.Tensor, valid: torch.Tensor,
+                                  owner, *, normalize: bool = False,
+                                  set_size=None) -> torch.Tensor:
+    """The paper's L_RL for exchanges built around several anchors, per sample [B].
+
+    ``log_prob``, ``anchor_rewards``: [B, A]; ``counterfactual_rewards``, ``valid``: [B, E];
+    ``owner``: E anchor indices, the anchor each exchange slot was built around. Anchor a's
+    baseline is the mean reward of a and its valid counterfactuals (the paper's b); the loss is
+    averaged over the anchors that own at least one slot. With one anchor this is
+    :func:`policy_gradient_loss`; ``normalize`` as there (the std over every anchor of the
+    batch).
+    """
+    _check_anchors(log_prob=log_prob, anchor_rewards=anchor_rewards)
+    _check_slots(counterfactual_rewards=counterfactual_rewards, valid=valid)
+    _check_batch(log_prob, counterfactual_rewards)
+    _checks.flag("normalize", normalize)
+    anchors, slots = log_prob.shape[1], valid.shape[1]
+    owner = torch.as_tensor(owner, dtype=torch.long, device=log_prob.device)
+    if owner.shape != (slots,) or bool(((owner < 0) | (owner >= anchors)).any()):
+        raise ValueError(f"owner must hold {slots} anchor indices in [0, {anchors}), got "
+                         f"{owner.tolist()}")
+    if normalize:
+        if set_size is None:
+            raise TypeError("normalize=True divides log pi by the set size K: pass set_size, "
+                            "an integer tensor [B]")
+        _check_set_size(set_size, log_prob[:, 0])
+    member = F.one_hot(owner, anchors).to(anchor_rewards.dtype)               # [E, A]
+    cf = torch.where(valid, counterfactual_rewards, torch.zeros_like(counterfactual_rewards))
+    baseline = (anchor_rewards + cf @ member) / (1 + valid.to(member.dtype) @ member)
+    advantage = (anchor_rewards - baseline).detach()
+    if normalize:
+        advantage = advantage / _advantage_scale(advantage)
+        k = set_size.to(log_prob.dtype)[:, None]
+        log_prob = torch.where(k > 0, log_prob / k.clamp_min(1), torch.zeros_like(log_prob))
+    used = member.sum(dim=0) > 0                                              # [A]
+    return -(advantage * log_prob)[:, used].mean(dim=1)
+
+
 def avex_objective(log_prob, anchor_reward, counterfactual_rewards, delta_f, valid,
                    *, lambda_ex: float = 1.0, use_rl: bool = True, use_exchange: bool = True,
-                   normalize_rl: bool = False, set_size=None) -> dict[str, torch.Tensor]:
-    """The batch-mean losses: {"loss", "rl", "exchange"}. dR = R(S) - R(S') per exchange."""
+                   normalize_rl: bool = False, set_size=None,
+                   saturation: float = SATURATION_POINTS) -> dict[str, torch.Tensor]:
+    """The batch-mean losses: {"loss", "rl", "exchange"}. dR = R(S) - R(S') per exchange;
+    ``saturation``: w's (:func:`exchange_weight`)."""
     _checks.real("lambda_ex", lambda_ex, low=0)
     _checks.flag("use_rl", use_rl)
     _checks.flag("use_exchange", use_exchange)
@@ -125,7 +222,7 @@ def avex_objective(log_prob, anchor_reward, counterfactual_rewards, delta_f, val
     delta_reward = anchor_reward[:, None] - counterfactual_rewards
     rl = policy_gradient_loss(log_prob, anchor_reward, counterfactual_rewards, valid,
                               normalize=normalize_rl, set_size=set_size).mean()
-    ex = exchange_loss(delta_f, delta_reward, valid).mean()
+    ex = exchange_loss(delta_f, delta_reward, valid, saturation=saturation).mean()
     zero = torch.zeros((), dtype=rl.dtype, device=rl.device)
     loss = (rl if use_rl else zero) + (lambda_ex * ex if use_exchange else zero)
     return {"loss": loss, "rl": rl.detach(), "exchange": ex.detach()}

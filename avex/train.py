@@ -30,6 +30,7 @@ import time
 import zlib
 from contextlib import nullcontext
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import torch.distributed as torch_dist
@@ -44,8 +45,13 @@ from avex.checkpoint import (POLICY_FILE, check_weights, latest_checkpoint, load
                              set_rng_state)
 from avex.config import TrainConfig, build_parser, explicit_settings, resolve_config
 from avex.data import FeatureCache
+from avex.judge import judge_line, judge_record
 from avex.kernels import build_exchanges, gumbel_topk
-from avex.losses import avex_objective, leave_one_out_loss, set_level_loss
+from avex.exchange_diagnostics import exchange_statistics, grad_norm
+from avex.exchange_diagnostics import write_report as write_exchange_report
+from avex.losses import (SATURATION_POINTS, anchored_policy_gradient_loss, exchange_terms,
+                         group_normalized_loss, leave_one_out_loss, saturation_for,
+                         set_level_loss)
 from avex.methods import METHODS, label, load_policy, make_selector, policy_selector
 from avex.methods.learned import RUN_POLICY_RECORD
 from avex.modality import AUDIO, VISUAL
@@ -238,27 +244,70 @@ def group_size(cfg: TrainConfig, budget: torch.Tensor) -> int:
 # RL + AVEX step
 # ----------------------------------------------------------------------------------------------
 
+class ExchangeSlots(NamedTuple):
+    """The exchanges of a micro-batch as E slots per sample: [B, E] tensors (``keep`` [B, E, M]),
+    ``owner`` (the anchor each slot was built around) and ``types`` (each slot's type)."""
+    delta_f: torch.Tensor
+    valid: torch.Tensor
+    group_size: torch.Tensor
+    keep: torch.Tensor
+    owner: list
+    types: list
+
+
+def anchor_exchanges(cfg: TrainConfig, scores, indices, modality, seed: int,
+                     g: int) -> ExchangeSlots:
+    """The exchanges of ``cfg.exchange_types`` around the anchors ``indices`` [B, A, K]:
+    around the first anchor (``exchange_anchors="first"``), one per anchor with the types taken
+    in turn (``"each"``), or every type around every anchor (``"all"``)."""
+    rows, count = indices.shape[:2]
+    types = tuple(cfg.exchange_types)
+    around = [0] if cfg.exchange_anchors == "first" else list(range(count))
+    n = len(around)
+    flat_scores = scores.repeat_interleave(n, 0) if n > 1 else scores
+    flat_indices = indices[:, around].reshape(rows * n, -1)
+    flat_modality = modality.repeat_interleave(n, 0) if n > 1 else modality
+    if cfg.exchange_selection == "random":
+        built = random_exchanges(flat_scores, flat_indices, flat_modality, cfg, seed, g)
+    else:
+        built = build_exchanges(flat_scores, flat_indices, flat_modality, g=g, types=types)
+    shape = (rows, n, len(types))
+    delta_f, size = built.delta_f.view(shape), built.group_size.view(shape)
+    keep = built.keep.view(*shape, -1)
+    if cfg.exchange_anchors == "each":
+        pick = torch.tensor([a % len(types) for a in range(n)], device=scores.device)
+        slot = torch.arange(n, device=scores.device)
+        delta_f, size, keep = delta_f[:, slot, pick], size[:, slot, pick], keep[:, slot, pick]
+        owner, slot_types = list(range(n)), [types[a % len(types)] for a in range(n)]
+    else:
+        delta_f, size = delta_f.reshape(rows, -1), size.reshape(rows, -1)
+        keep = keep.reshape(rows, n * len(types), -1)
+        owner, slot_types = [a for a in around for _ in types], list(types) * n
+    return ExchangeSlots(delta_f, size > 0, size, keep, owner, slot_types)
+
+
 def rl_loss(cfg: TrainConfig, policy, captioner, cider, batch, clips, seed: int,
-            retention: float | None = None, targets: list | None = None) -> dict:
-    """The losses of one micro-batch. ``cfg.anchors`` Gumbel-Top-K sets per clip; the
-    exchanges are built around the first; every keep-set is captioned in one generation.
+            retention: float | None = None, targets: list | None = None, *,
+            saturation: float = SATURATION_POINTS, grad_ratios: bool = False) -> dict:
+    """The losses of one micro-batch. ``cfg.anchors`` Gumbel-Top-K sets per clip; with
+    ``cfg.exchanges``, the exchange sets around them (:func:`anchor_exchanges`); every keep-set
+    is captioned in one generation. ``saturation``: w(dR)'s; ``grad_ratios``: measure each
+    exchange type's gradient norm against L_RL's (``terms["diagnostics"]``).
     With ``cfg.lambda_target`` > 0, the warmup's BCE on ``targets`` keeps the scores anchored
     (their scale and the attention ranking) while the reward terms move them."""
     layout = AVLayout.of(batch.modality)
     scores = layout.gather(policy(batch.inputs_embeds, batch.modality))
-    budget = layout.budget(cfg.retention if retention is None else retention)
+    retention = cfg.retention if retention is None else retention
+    budget = layout.budget(retention)
     rows, width, count = scores.shape[0], scores.shape[1], cfg.anchors
     indices, log_prob = gumbel_topk(scores.repeat_interleave(count, 0),
                                     budget.repeat_interleave(count), tau=cfg.tau, seed=seed)
     indices, log_prob = indices.view(rows, count, -1), log_prob.view(rows, count)
     sets = indices_to_keep(indices, width)                                    # [B, A, M]
-    g = group_size(cfg, budget)
+    exchanges = None
     if cfg.exchanges:
-        if cfg.exchange_selection == "random":
-            exchanges = random_exchanges(scores, indices[:, 0], layout.modality, cfg, seed, g)
-        else:
-            exchanges = build_exchanges(scores, indices[:, 0], layout.modality, g=g,
-                                        types=tuple(cfg.exchange_types))
+        exchanges = anchor_exchanges(cfg, scores, indices, layout.modality, seed,
+                                     group_size(cfg, budget))
         sets = torch.cat([sets, exchanges.keep], dim=1)
     captions = captioner.caption_keep_sets(batch.inputs_embeds, batch.modality, sets,
                                            num_beams=cfg.num_beams,
@@ -270,21 +319,52 @@ def rl_loss(cfg: TrainConfig, policy, captioner, cider, batch, clips, seed: int,
     rewards = torch.as_tensor(100.0 * cider.score(flat, refs), dtype=torch.float32,
                               device=scores.device).view(-1, num_sets)
     anchor_rewards, counterfactual = rewards[:, :count], rewards[:, count:]
-    if cfg.exchanges:
-        terms = avex_objective(log_prob[:, 0], anchor_rewards[:, 0], counterfactual,
-                               exchanges.delta_f, exchanges.valid, lambda_ex=cfg.lambda_ex,
-                               use_rl=cfg.rl and cfg.rl_estimator == "paper",
-                               normalize_rl=cfg.normalize_rl, set_size=budget)
-        terms["valid_exchanges"] = exchanges.valid.float().mean(0)
-    elif cfg.rl_estimator == "paper":  # the set-level reward is the only signal: always on
-        rl = set_level_loss(log_prob[:, 0], anchor_rewards[:, 0]).mean()
-        terms = {"loss": rl, "rl": rl.detach()}
-    else:
-        terms = {"loss": torch.zeros((), device=scores.device)}
+    zero = torch.zeros((), device=scores.device)
+    rl = None
     if cfg.rl_estimator == "rloo" and (cfg.rl or not cfg.exchanges):
         rl = leave_one_out_loss(log_prob, anchor_rewards, budget).mean()
-        terms["loss"] = terms["loss"] + rl
+    elif cfg.rl_estimator == "group" and (cfg.rl or not cfg.exchanges):
+        rl = group_normalized_loss(log_prob, anchor_rewards, budget).mean()
+    elif cfg.rl_estimator == "paper" and exchanges is not None:
+        rl = anchored_policy_gradient_loss(log_prob, anchor_rewards, counterfactual,
+                                           exchanges.valid, exchanges.owner,
+                                           normalize=cfg.normalize_rl, set_size=budget).mean()
+    elif cfg.rl_estimator == "paper":  # the set-level reward is the only signal: always on
+        rl = set_level_loss(log_prob[:, 0], anchor_rewards[:, 0]).mean()
+    terms = {"loss": zero if rl is None or not (cfg.rl or exchanges is None) else rl}
+    if rl is not None:
         terms["rl"] = rl.detach()
+    if exchanges is not None:
+        delta_reward = anchor_rewards[:, exchanges.owner] - counterfactual
+        parts = exchange_terms(exchanges.delta_f, delta_reward, exchanges.valid,
+                               saturation=saturation)                          # [B, E]
+        ex = parts.sum(dim=1).mean()
+        weight = cfg.lambda_ex
+        diagnostics = {"retention": float(retention), "k": int(budget.max()),
+                       "types": exchange_statistics(delta_reward, exchanges.delta_f,
+                                                    exchanges.valid, exchanges.group_size,
+                                                    budget, exchanges.types)}
+        if cfg.normalize_exchange or grad_ratios:
+            params = [p for p in policy.parameters() if p.requires_grad]
+            rl_norm = grad_norm(rl, params) if rl is not None else None
+            ex_norm = grad_norm(ex, params)
+            if cfg.normalize_exchange:
+                weight = cfg.lambda_ex * float(rl_norm / ex_norm) if ex_norm > 0 else 0.0
+            diagnostics["exchange_scale"] = weight
+            ratios = {"total": None, "unscaled": None}   # undefined where L_RL has none
+            if rl_norm is not None and rl_norm > 0:
+                ratios = {"total": weight * float(ex_norm / rl_norm),
+                          "unscaled": float(ex_norm / rl_norm)}
+                if grad_ratios:
+                    for name in dict.fromkeys(exchanges.types):
+                        cols = [t == name for t in exchanges.types]
+                        part = parts[:, torch.tensor(cols, device=parts.device)].sum(1).mean()
+                        ratios[name] = weight * float(grad_norm(part, params) / rl_norm)
+            diagnostics["grad_ratio"] = ratios
+        terms["loss"] = terms["loss"] + weight * ex
+        terms["exchange"] = ex.detach()
+        terms["valid_exchanges"] = exchanges.valid.float().mean(0)
+        terms["diagnostics"] = diagnostics
     if cfg.lambda_target > 0:
         if targets is None:
             raise ValueError("lambda_target > 0 needs the warmup targets of the batch")
@@ -294,7 +374,7 @@ def rl_loss(cfg: TrainConfig, policy, captioner, cider, batch, clips, seed: int,
     terms["reward"] = anchor_rewards[:, 0].mean()
     terms["reward_spread"] = anchor_rewards.std(dim=1).mean() if count > 1 else \
         torch.zeros(())
-    terms["retention"] = torch.tensor(float(cfg.retention if retention is None else retention))
+    terms["retention"] = torch.tensor(float(retention))
     return terms
 
 
@@ -638,11 +718,14 @@ class Run:
             set_rng_state(saved["rng"])
         cider = CiderD(corpus_references=[c.refs_av for c in clips], tokenize=True)
         targets = self.targets(captioner, clips) if cfg.lambda_target > 0 else None
+        saturation = self.exchange_saturation(captioner, cider, clips)
         bar = self.steps_bar("RL + AVEX", start_step, self.rl_steps)
         for step in bar:
             chunks = self.my_chunks(step, len(clips), "rl")
             optimizer.zero_grad(set_to_none=True)
             sums: dict[str, float] = {}
+            diagnostics = []
+            every = cfg.diagnostics_every
             for i, chunk in enumerate(chunks):
                 batch_clips = [clips[j] for j in chunk]
                 batch = captioner.embed(batch_clips)
@@ -652,19 +735,25 @@ class Run:
                 with _no_sync(model, last=i == len(chunks) - 1):
                     terms = rl_loss(cfg, model, captioner, cider, batch, batch_clips, seed,
                                     draw_retention(cfg, seed),
-                                    None if targets is None else [targets[j] for j in chunk])
+                                    None if targets is None else [targets[j] for j in chunk],
+                                    saturation=saturation,
+                                    grad_ratios=every > 0 and step % every == 0)
                     (terms["loss"] * len(chunk) * self.procs.world / cfg.batch_size).backward()
+                if "diagnostics" in terms:
+                    diagnostics.append(terms.pop("diagnostics"))
                 weight = len(chunk) / (cfg.batch_size / self.procs.world)
                 for name, value in terms.items():
                     value = value.detach().float()
                     sums[name] = sums.get(name, 0.0) + value * weight
             sums = {name: value.cpu() for name, value in sums.items()}  # one copy a step
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            total_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             optimizer.step()
             scheduler.step()
             record = {"phase": "rl", "step": step, "lr": scheduler.get_last_lr()[0],
-                      "grad_norm": float(grad_norm), "time": time.time(),
+                      "grad_norm": float(total_norm), "time": time.time(),
                       **{k: v for k, v in sums.items()}}
+            if diagnostics:  # this rank's micro-batches
+                record["exchange_diagnostics"] = diagnostics
             self.log(record)
             bar.set_postfix(reward=f"{float(sums['reward']):.1f}",
                             loss=f"{float(sums['loss']):.3f}")
@@ -683,10 +772,32 @@ class Run:
             if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < self.rl_steps:
                 self.save(model, "rl", step + 1, optimizer, scheduler)
         self.save(model, "done", self.rl_steps, optimizer, scheduler)
+        if cfg.exchanges and self.procs.main:
+            write_exchange_report(self.run_dir)
         if self.procs.main:  # the artifact: AVEXPolicy.from_pretrained / avex.load_policy
             _unwrap(model).save_pretrained(self.run_dir / SAVED_POLICY_DIR)
         if self.stop_requested():   # asked during the last step: done, but no evaluation
             raise TrainingInterrupted(latest_checkpoint(self.run_dir), self.resume_command())
+
+    def exchange_saturation(self, captioner, cider, clips) -> float:
+        """w(dR)'s saturation: ``cfg.exchange_saturation``, or the paper's scaled by the mean
+        full-token reward of the first 256 train clips (measured once, kept in the run's
+        ``exchange_calibration.json``)."""
+        cfg = self.cfg
+        if not cfg.exchanges or cfg.exchange_saturation is not None:
+            return cfg.exchange_saturation or SATURATION_POINTS
+        path = self.run_dir / "exchange_calibration.json"
+        if path.is_file():
+            return float(json.loads(path.read_text())["saturation"])
+        sample = clips[:256]
+        captions = caption_split(captioner, sample, keep_all, 1.0, num_beams=cfg.num_beams,
+                                 max_new_tokens=cfg.max_new_tokens)
+        reward = float(100.0 * cider.score(captions, [c.refs_av for c in sample]).mean())
+        record = {"full_token_reward": reward, "clips": len(sample),
+                  "saturation": saturation_for(reward)}
+        if self.procs.main:
+            path.write_text(json.dumps(record, indent=1) + "\n")
+        return record["saturation"]
 
     def train_cacovid(self) -> Path:
         """CaCoVID-AV for the final table: the registry's settings, this run's seed and warmup
@@ -732,7 +843,11 @@ class Run:
                 rows.append({"method": name, "retention": retention,
                              **score_captions(captions, clips)})
         table = results_table(rows, f"{cfg.eval_split} split, {len(clips)} clips")
-        (self.run_dir / "results.json").write_text(json.dumps(rows, indent=2))
+        judge = judge_record(cache.root, captioner.path) if captioner.path is not None else None
+        if judge is not None:
+            table += "\n\n" + judge_line(judge)
+        (self.run_dir / "results.json").write_text(json.dumps({"rows": rows, "judge": judge},
+                                                              indent=2))
         (self.run_dir / "results.md").write_text(table + "\n")
         print(table)
         return {"rows": rows, "table": table}

@@ -60,7 +60,10 @@ def test_sweep_writes_table_json_figure_and_examples(trained_sweep):
     cacovid = json.loads((out / "runs" / "cacovid-seed0" / "config.json").read_text())
     assert cacovid["exchanges"] is False
     md = (out / "sweep.md").read_text()
-    assert "| method | retention | C_av | C_v | C_a | transfer C | Rel. | seeds |" in md
+    assert "| method | retention | C_av | C_v | C_a | transfer C | C_av / full | Rel. | seeds |" \
+        in md
+    for r in rows[1:]:
+        assert r["C_av_full"] == pytest.approx(r["C_av"] / full["C_av"])
     for label in (METHODS[m].label for m in SELECTORS):
         assert f"| {label} | 40% |" in md and f"| {label} | 20% |" in md
     assert md.count("| Full tokens |") == 1 + 2  # the table + two qualitative clips
@@ -187,3 +190,34 @@ def test_random_exchanges_keep_delta_f_on_the_policy_scores():
     assert scores.grad.abs().sum() > 0
     with pytest.raises(ValueError, match="exchange_selection must be one of"):
         TrainConfig(exchange_selection="greedy").validate()
+
+
+def test_matched_budget_arms_at_several_retentions_and_a_sweep_of_their_runs(
+        trained_sweep, cache_dir, tmp_path):
+    """The ablation machinery runs issue #25's arms from one warmup per seed and scores them at
+    every retention; the sweep takes their runs per seed ({seed} in --avex-run)."""
+    abl = tmp_path / "abl"
+    result = main(["ablation", *tiny(cache_dir, abl, "--variants", "A,C",
+                                     "--retentions", "0.4,0.2", "--train-args", TRAIN)])
+    assert [(r["variant"], r["retention"]) for r in result["rows"]] == \
+        [("A", 0.4), ("A", 0.2), ("C", 0.4), ("C", 0.2)]
+    a = json.loads((abl / "runs" / "seed0" / "A" / "config.json").read_text())
+    c = json.loads((abl / "runs" / "seed0" / "C" / "config.json").read_text())
+    assert (a["anchors"], a["rl_estimator"], a["exchanges"]) == (8, "rloo", False)
+    assert (c["anchors"], c["rl_estimator"]) == (8, "group")
+    assert a["warmup_from"] == c["warmup_from"] == str(abl / "runs" / "seed0" / "warmup")
+    md = (abl / "ablation.md").read_text()
+    assert "| variant | 40% | 20% | seeds |" in md and "C_av / full tokens:" in md
+    saved = json.loads((abl / "ablation.json").read_text())
+    assert saved["full"]["C_av"] > 0 and saved["judge"]["benchmark"]["sha256"]
+    ratio = result["rows"][0]["C_av"] / result["full"]["C_av"]
+    assert f"{ratio:.3f}" in md
+    sweep = main(["sweep", *tiny(cache_dir, tmp_path / "sweep", "--retentions", "0.2",
+                                 "--methods", "avex,cacovid", "--qualitative", "0",
+                                 "--avex-run", str(abl / "runs" / "seed{seed}" / "A"),
+                                 "--cacovid-run", str(abl / "runs" / "seed{seed}" / "C"))])
+    assert not (tmp_path / "sweep" / "runs").exists()   # nothing trained
+    by_method = {r["method"]: r for r in sweep["rows"] if r["method"] != "full"}
+    assert by_method["avex"]["run"] == str(abl / "runs" / "seed0" / "A")
+    assert by_method["avex"]["C_av"] == pytest.approx(
+        next(r["C_av"] for r in result["rows"] if (r["variant"], r["retention"]) == ("A", 0.2)))

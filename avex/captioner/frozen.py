@@ -222,6 +222,9 @@ class FrozenCaptioner:
                     not isinstance(info.get("feature_dim"), int) or info["feature_dim"] < 1:
                 raise ValueError(f"{path / CAPTIONER_FILE}: 'feature_dim' must be a positive "
                                  f"int, got {info.get('feature_dim')!r}")
+            if info.get("reference") is not None:  # a shipped reference: the same bytes
+                from .reference import verify_reference
+                verify_reference(path, info["reference"])
         if device is not None and not isinstance(device, torch.device):
             device = None if _checks.device("device", device) == "auto" else device
         device = torch.device(device) if device is not None else default_device()

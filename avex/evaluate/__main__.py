@@ -16,7 +16,9 @@ Subcommands (``sweep`` is the default):
 
 Rel. = 100 x 1/4 (C_av / C_av_full + C_v / C_v_full + C_a / C_a_full + C_T / C_T_full), C_T being
 CIDEr (AV references) on the transfer split, which stands in for the paper's MSRVTT column; the
-``_full`` values are the full-token numbers of the same run, same decoding.
+``_full`` values are the full-token numbers of the same run, same decoding. The sweep prints
+C_av / C_av_full beside it: on the embedded benchmark C_v rises under pruning, so Rel. is not
+comparable with the paper's, and C_av / full is (docs/results.md).
 
 Full-token captions are computed once per split and shared by every method and seed; methods
 that do not depend on the seed (FastV-AV, ToMe-AV, FastAV, and a policy given as one run) are
@@ -138,9 +140,11 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--split", default="test")
     sweep.add_argument("--transfer-split", default="transfer",
                        help="the split for the transfer CIDEr column ('none' to skip)")
-    sweep.add_argument("--avex-run", default=None, help="a python -m avex.train run directory")
+    sweep.add_argument("--avex-run", default=None,
+                       help="a python -m avex.train run directory; with {seed} in it, one run "
+                            "per --seeds (e.g. ABL/runs/seed{seed}/A)")
     sweep.add_argument("--cacovid-run", default=None,
-                       help="a python -m avex.train --no-exchanges run directory")
+                       help="a CaCoVID-AV run directory (or a pattern with {seed})")
     sweep.add_argument("--allow-unfinished", action="store_true",
                        help="score the latest checkpoint of a run that did not finish training "
                             "(the table names the checkpoint)")
@@ -151,6 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
     abl.add_argument("--variants", type=_variants, default=list(ABLATIONS))
     abl.add_argument("--retention", type=float, default=0.2,
                      help="training and evaluation retention (default 0.2)")
+    abl.add_argument("--retentions", type=_float_list("retentions"), default=None,
+                     help="evaluate every variant at each of these (e.g. 0.5,0.4,0.3,0.2,0.1: "
+                          "the matched-budget comparison's table); default: --retention")
     abl.add_argument("--seeds", type=_int_list("seeds"), default=[0],
                      help="training seeds, comma-separated: mean ± std over them")
     abl.add_argument("--split", default="test")
@@ -318,9 +325,12 @@ def check_args(args) -> None:
         path = getattr(args, name, None)
         if path is not None:  # a finished run, checked now, not after the other methods ran
             flag = "--" + name.replace("_", "-")
-            runs[flag] = _given_run(path, "latest", flag)
-            if not getattr(args, "allow_unfinished", False):
-                check_finished(path, name=flag)
+            for seed in getattr(args, "seeds", [0]) if "{seed}" in path else [None]:
+                run = path if seed is None else path.replace("{seed}", str(seed))
+                runs[flag if seed is None else f"{flag} (seed {seed})"] = \
+                    _given_run(run, "latest", flag)
+                if not getattr(args, "allow_unfinished", False):
+                    check_finished(run, name=flag)
     resolve_decoding(args, runs)
     if args.data != "embedded" and not Path(args.data).exists():
         raise FileNotFoundError(f"--data: no feature cache at {args.data!r}")
@@ -353,6 +363,8 @@ def check_args(args) -> None:
         _checks.int_at_least("qualitative", args.qualitative, 0)
     if args.command == "ablation":
         _checks.ratio("retention", args.retention)
+        if args.retentions and len(set(args.retentions)) != len(args.retentions):
+            raise ValueError(f"retentions has duplicates: {args.retentions}")
         _check_seeds(args.seeds)
         if args.run and len(args.seeds) > 1:
             raise ValueError(f"--run reuses one run per variant, so it takes one seed; got "

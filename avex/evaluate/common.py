@@ -3,6 +3,7 @@ and number formatting."""
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +12,7 @@ from avex.assets import resolve_asset_paths
 from avex.captioner import FrozenCaptioner
 from avex.config import TrainConfig, build_parser, resolve_config
 from avex.data import FeatureCache
+from avex.judge import judge_record, judge_warnings
 from avex.train import reference_sample
 
 
@@ -21,6 +23,8 @@ def load_assets(args):
         captioner_preset=args.captioner_preset, cache_dir=args.cache_dir,
         progress=args.progress)
     device = None if args.device == "auto" else args.device
+    for problem in judge_warnings(judge_record(data_path, captioner_path)):
+        warnings.warn(f"the judge differs from the committed one: {problem}", stacklevel=2)
     cache = FeatureCache(data_path)
     return cache, FrozenCaptioner.load(captioner_path, device=device,
                                        references=reference_sample(cache))

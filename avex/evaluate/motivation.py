@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from avex.judge import judge_line, judge_record
 from avex.progress import progress_bar
 from avex.reward import CiderD
 
@@ -64,6 +65,7 @@ def run_motivation(args) -> dict:
         if (gain_all >= gates.CRITICAL_GAIN).any() else None,
         "non_additivity": gates._summarise_additivity(pairs, args.group),
         "pairs": pairs,
+        "judge": judge_record(cache.root, captioner.path),
     }
     motivation_figure(rank_all, gain_all, numbers, pairs, out / "motivation.png")
     numbers["seconds"] = round(time.perf_counter() - started, 1)
@@ -89,6 +91,7 @@ def run_motivation(args) -> dict:
                          f"{r['mean_gain_audio']:.1f} / {r['mean_gain_both']:.1f}, "
                          f"{r['mean_deviation']:+.1f} |")
     lines += ["", f"Figure: `motivation.png`. Took {numbers['seconds']:.0f} s."]
+    lines += ["", judge_line(numbers["judge"])]
     (out / "motivation.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     numbers["out"] = str(out)

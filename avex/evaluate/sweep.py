@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from avex.judge import judge_line, judge_record
 from avex.methods import METHODS, SELECTORS, label, load_policy, make_selector
 from avex.methods.learned import run_progress
 from avex.metrics import cider_source
@@ -26,17 +27,25 @@ def trained_methods(methods) -> list[str]:
     return [m for m in methods if METHODS[m].train is not None]
 
 
+def given_run(args, method: str, seed: int) -> str | None:
+    """The run directory given for a trained method (``--avex-run``, ``--cacovid-run``): one
+    run, or one per seed when it holds ``{seed}`` (e.g. ``ABL/runs/seed{seed}/A``)."""
+    given = getattr(args, f"{method}_run")
+    return None if given is None else given.replace("{seed}", str(seed))
+
+
 def shared_across_seeds(method: str, args) -> bool:
     """Captioned once for all seeds: deterministic methods and a policy given as one run."""
     if METHODS[method].train is not None:
-        return getattr(args, f"{method}_run") is not None
+        given = getattr(args, f"{method}_run")
+        return given is not None and "{seed}" not in given
     return not METHODS[method].seeded
 
 
 def policy_for(args, method: str, seed: int, captioner, out: Path, warmup_from=None):
     """(policy, run_dir, seed_of_run) for a trained method (AVEX-Prune, CaCoVID-AV);
     ``warmup_from``: a run of the same seed whose warmup policy it starts from."""
-    given = getattr(args, f"{method}_run")
+    given = given_run(args, method, seed)
     if given is not None:
         run_dir = Path(given)
     else:
@@ -82,7 +91,7 @@ def aggregate(rows: list[dict]) -> list[dict]:
     for (method, retention), group in groups.items():
         agg = {"method": method, "label": group[0]["label"], "retention": retention,
                "seeds": [g["seed"] for g in group]}
-        for key in ("C_av", "C_v", "C_a", "C_T", "Rel", "BLEU-4", "METEOR"):
+        for key in ("C_av", "C_v", "C_a", "C_T", "C_av_full", "Rel", "BLEU-4", "METEOR"):
             values = [g[key] for g in group if g.get(key) is not None]
             if values:
                 agg[key] = float(np.mean(values))
@@ -94,7 +103,7 @@ def aggregate(rows: list[dict]) -> list[dict]:
 
 def sweep_table(agg: list[dict], has_transfer: bool) -> str:
     header = ["method", "retention", "C_av", "C_v", "C_a"] + \
-        (["transfer C"] if has_transfer else []) + ["Rel.", "seeds"]
+        (["transfer C"] if has_transfer else []) + ["C_av / full", "Rel.", "seeds"]
     rows, last = [], None
     for r in agg:
         if last is not None and r["retention"] != last:
@@ -103,6 +112,7 @@ def sweep_table(agg: list[dict], has_transfer: bool) -> str:
         cells = [r["label"], f"{r['retention']:.0%}"]
         for key in ("C_av", "C_v", "C_a") + (("C_T",) if has_transfer else ()):
             cells.append(fmt(r.get(key + "_values", [])))
+        cells.append(fmt(r.get("C_av_full_values", []), digits=3))
         cells.append(fmt(r.get("Rel_values", [])))
         seeds = sorted({s for s in r["seeds"] if s is not None})
         cells.append(",".join(map(str, seeds)) if seeds else "–")
@@ -179,6 +189,7 @@ def run_sweep(args) -> dict:
                            "decoding_source": getattr(args, "decoding_source", None),
                            "checkpoints": checkpoints, "data": str(cache.root),
                            "captioner": str(captioner.path),
+                           "judge": judge_record(cache.root, captioner.path),
                            "runs": {m: {str(s): str(v[1]) for s, v in p.items()}
                                     for m, p in policies.items()}},
               "seconds": round(seconds, 1), "command": "python -m avex.evaluate " +
@@ -190,7 +201,8 @@ def run_sweep(args) -> dict:
     notes = [decoding_note(args)] + [n for n in [rel_note(rows[0])] if n] + [
         f"{label(m)}: {text}." for m, text in checkpoints.items()]
     (out / "sweep.md").write_text(sweep_markdown(header, table, qualitative, args.methods,
-                                                 bar_retention, seconds, notes))
+                                                 bar_retention, seconds,
+                                                 result["settings"]["judge"], notes))
     (out / "sweep.json").write_text(json.dumps(result, indent=1, default=float) + "\n")
     sweep_figure(agg, out / "sweep.png", bar_retention)
     result["table"], result["out"] = table, str(out)
@@ -208,7 +220,7 @@ def train_policies(args, captioner, out: Path) -> dict:
     # that they differ from it only in the training signal (and the warmup runs once)
     methods = sorted(trained_methods(args.methods), key=lambda m: m != "avex")
     for method in methods:
-        if getattr(args, f"{method}_run") is not None:
+        if shared_across_seeds(method, args):
             one = policy_for(args, method, args.seeds[0], captioner, out)
             policies[method] = {seed: one for seed in args.seeds}
             continue
@@ -216,6 +228,8 @@ def train_policies(args, captioner, out: Path) -> dict:
         for seed in args.seeds:
             shared = policies.get("avex", {}).get(seed) if method != "avex" else None
             warmup_from = None if shared is None or args.avex_run is not None else shared[1]
+            if given_run(args, method, seed) is not None:
+                warmup_from = None
             policies[method][seed] = policy_for(args, method, seed, captioner, out, warmup_from)
     return policies
 
@@ -266,7 +280,7 @@ def score_rows(scores: dict, policies: dict, jobs: list, *, has_transfer: bool) 
     if has_transfer:
         full.update(scores[("transfer", "full", None, 1.0)])
     rows = [{"method": "full", "label": label("full"), "retention": 1.0, "seed": None,
-             **full, "Rel": None if rel_note(full) else 100.0}]
+             **full, "C_av_full": 1.0, "Rel": None if rel_note(full) else 100.0}]
     for method, seed, retention in jobs:
         row = {"method": method, "label": label(method), "retention": retention,
                "seed": seed, **scores[("test", method, seed, retention)]}
@@ -275,6 +289,7 @@ def score_rows(scores: dict, policies: dict, jobs: list, *, has_transfer: bool) 
         if method in policies:
             _, run_dir, run_seed = policies[method][seed]
             row["run"], row["seed"] = str(run_dir), run_seed
+        row["C_av_full"] = row["C_av"] / full["C_av"] if full["C_av"] else float("nan")
         row["Rel"] = relative_performance(row, full)
         rows.append(row)
     return rows
@@ -313,15 +328,17 @@ def scored_checkpoints(policies: dict) -> dict:
 
 
 def sweep_markdown(header: str, table: str, qualitative: list, methods, bar_retention: float,
-                   seconds: float, notes=()) -> str:
+                   seconds: float, judge: dict, notes=()) -> str:
     md = [header, "",
           f"CIDEr points ({cider_source()}, x100). C_av / C_v / C_a: the same captions against the "
           "AV, visual-only and audio-only references. transfer C: CIDEr against the AV "
-          "references of the transfer split (the paper's MSRVTT column). Rel. = 100 x mean of "
+          "references of the transfer split (the paper's MSRVTT column). C_av / full: C_av over "
+          "its full-token value, the comparable measure on this benchmark (docs/results.md, "
+          "\"Rel. and C_av / full\"). Rel. = 100 x mean of "
           "the four, each over its full-token value in this run. Seeds: Random's seed; for a "
           "policy, the seed of its training run; FastV/ToMe/FastAV are deterministic. With "
-          "several seeds: mean ± std.", "", *[x for note in notes for x in (note, "")],
-          table, "",
+          "several seeds: mean ± std.", "", judge_line(judge), "",
+          *[x for note in notes for x in (note, "")], table, "",
           f"Figure: `sweep.png` (left: Rel. against retention; right: C_av, C_v, C_a at "
           f"{bar_retention:.0%}). The sweep took {seconds:.0f} s.", "",
           f"## Qualitative examples at {bar_retention:.0%} retention", ""]

@@ -43,9 +43,10 @@ METHODS = {
     "tome": Method("ToMe-AV"),
     "fastav": Method("FastAV", ("captioner",)),
     "attention": Method("Attention-AV (balanced)", ("captioner",)),
-    # CaCoVID's recipe: one sampled set per clip, set-level REINFORCE (batch leave-one-out)
+    # CaCoVID's set-level reward at the matched budget (issue #25): 8 sampled sets per clip,
+    # as AVEX-Prune captions per step, with a group-normalised advantage
     "cacovid": Method("CaCoVID-AV", ("policy",), seeded=True,
-                      train={"exchanges": False, "rl_estimator": "paper", "anchors": 1}),
+                      train={"exchanges": False, "rl_estimator": "group", "anchors": 8}),
     "avex": Method("AVEX-Prune", ("policy",), seeded=True, train={}),
 }
 #: the methods that select a subset (every one but "full")
