@@ -24,6 +24,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from avex.figures import save_figure
+
 STATISTICS = ("zero", "disagree", "positive", "g_over_k", "valid")
 SUMMARY_FILE = "exchange_diagnostics.json"
 FIGURE_FILE = "exchange_diagnostics.png"
@@ -120,7 +122,6 @@ def plot(metrics_path, path) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from avex.evaluate.common import save_figure
 
     panels = (("zero", "share of dR = 0"), ("disagree", "share disagreeing with the ranking"),
               ("g_over_k", "mean g / K"), ("grad_ratio", "||grad lambda L_ex,type|| / ||grad L_RL||"))

@@ -38,8 +38,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from avex import _checks, metrics
-from avex.assets import resolve_asset_paths
-from avex.captioner import FrozenCaptioner
+from avex.assets import load_cache_and_captioner, resolve_asset_paths
 from avex.checkpoint import (POLICY_FILE, check_weights, latest_checkpoint, load_checkpoint,
                              read_run_config, read_state, rng_state, save_checkpoint,
                              set_rng_state)
@@ -124,20 +123,11 @@ def prepare_assets(cfg: TrainConfig, procs: Processes):
 
 
 def load_assets(cfg: TrainConfig, data_path, captioner_path, device):
-    cache = FeatureCache(data_path)
-    captioner = FrozenCaptioner.load(captioner_path, device=device,
-                                     references=reference_sample(cache))
+    cache, captioner = load_cache_and_captioner(data_path, captioner_path, device=device)
     torch.manual_seed(cfg.seed)  # the policy's random init is part of the run's identity
     policy = AVEXPolicy.from_llm(captioner.model, hidden_size=cfg.policy_hidden,
                                  positional=cfg.policy_positional).to(device)
     return cache, captioner, policy
-
-
-def reference_sample(cache, count: int = 32) -> list[str]:
-    """Reference captions spread over the cache (the manifest's; no tensor is read), for the
-    captioner's tokenizer round-trip check."""
-    rows = cache.rows[::max(1, len(cache.rows) // count)]
-    return [row["refs_av"][0] for row in rows][:count]
 
 
 # ----------------------------------------------------------------------------------------------

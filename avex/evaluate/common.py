@@ -4,16 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from pathlib import Path
 
 import numpy as np
 
-from avex.assets import resolve_asset_paths
-from avex.captioner import FrozenCaptioner
+from avex.assets import load_cache_and_captioner, resolve_asset_paths
 from avex.config import TrainConfig, build_parser, resolve_config
-from avex.data import FeatureCache
 from avex.judge import judge_record, judge_warnings
-from avex.train import reference_sample
 
 
 def load_assets(args):
@@ -25,9 +21,7 @@ def load_assets(args):
     device = None if args.device == "auto" else args.device
     for problem in judge_warnings(judge_record(data_path, captioner_path)):
         warnings.warn(f"the judge differs from the committed one: {problem}", stacklevel=2)
-    cache = FeatureCache(data_path)
-    return cache, FrozenCaptioner.load(captioner_path, device=device,
-                                       references=reference_sample(cache))
+    return load_cache_and_captioner(data_path, captioner_path, device=device)
 
 
 def split_clips(cache, split: str, max_clips):
@@ -66,14 +60,3 @@ def fmt(values, digits=1):
 
 def percent(share) -> str:
     return "n/a" if share is None else f"{100 * share:.0f}%"
-
-
-def save_figure(fig, path: Path) -> Path:
-    """Write a matplotlib figure as a PNG (creating its folder) and close it."""
-    import matplotlib.pyplot as plt
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path

@@ -8,12 +8,13 @@ from pathlib import Path
 
 import numpy as np
 
+from avex.figures import save_figure
 from avex.judge import judge_line, judge_record
 from avex.progress import progress_bar
 from avex.reward import CiderD
 
 from . import gates
-from .common import fmt, load_assets, percent, save_figure, split_clips
+from .common import fmt, load_assets, percent, split_clips
 
 
 def run_motivation(args) -> dict:

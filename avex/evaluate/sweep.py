@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from avex.figures import save_figure
 from avex.judge import judge_line, judge_record
 from avex.methods import METHODS, SELECTORS, label, load_policy, make_selector
 from avex.methods.learned import run_progress
@@ -18,7 +19,7 @@ from avex.scoring import caption_split, keep_all, score_captions
 from avex.tables import markdown_table
 from avex.train import ensure_trained
 
-from .common import base_train_config, fmt, load_assets, save_figure, split_clips
+from .common import base_train_config, fmt, load_assets, split_clips
 
 RETENTIONS = (0.5, 0.4, 0.3, 0.2, 0.1)
 
