@@ -18,10 +18,16 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 from pathlib import Path
 
-__all__ = ["file_sha256", "benchmark_sha256", "captioner_sha256", "judge_record",
-           "judge_warnings", "judge_line"]
+__all__ = ["file_sha256", "benchmark_sha256", "captioner_sha256", "references",
+           "committed_judge", "judge_record", "judge_warnings", "judge_line"]
+
+#: the shipped reference captioners (avex.captioner.reference) and their manifest
+REFERENCE_DIR = Path(__file__).resolve().parent / "captioner" / "reference"
+MANIFEST = REFERENCE_DIR / "references.json"
+MANIFEST_FORMAT = "avex-reference-captioners"
 
 _CHUNK = 1 << 22
 
@@ -69,12 +75,36 @@ def captioner_sha256(path) -> str | None:
     return _combined(root, weights) if weights else None
 
 
+def references() -> dict:
+    """Captioner directory name (``<benchmark>-<preset>``) -> its record in references.json:
+    ``benchmark``, ``benchmark_sha256``, ``captioner_sha256``, ``files`` (relative path ->
+    sha256) and ``trained`` (where and how it was trained)."""
+    if not MANIFEST.is_file():
+        return {}
+    data = json.loads(MANIFEST.read_text(encoding="utf-8"))
+    if data.get("format") != MANIFEST_FORMAT:
+        raise ValueError(f"{MANIFEST}: 'format' must be {MANIFEST_FORMAT!r}, "
+                         f"got {data.get('format')!r}")
+    return data["captioners"]
+
+
+def committed_judge(benchmark: str, captioner: str | None = None) -> dict | None:
+    """{"benchmark_sha256", "captioner_sha256"} the committed results of the embedded benchmark
+    ``benchmark`` were scored with: by the shipped captioner named ``captioner`` (a captioner
+    directory's name, ``<benchmark>-<preset>``) where there is one, else by the benchmark's
+    default captioner; None where nothing was committed."""
+    shipped = references()
+    record = shipped.get(captioner) if captioner in shipped else shipped.get(f"{benchmark}-default")
+    if record is None or record["benchmark"] != benchmark:
+        return None
+    return {"benchmark_sha256": record["benchmark_sha256"],
+            "captioner_sha256": record["captioner_sha256"]}
+
+
 def judge_record(data_path, captioner_path) -> dict:
     """What a results file records about its judge: the paths and SHA-256 of the benchmark
     and of the captioner, and for an embedded benchmark whether they are the committed ones
     (``matches_committed``: True, False, or None where nothing was committed for it)."""
-    from avex.captioner.reference import committed_judge
-
     data_path, captioner_path = Path(data_path), Path(captioner_path)
     record = {"benchmark": {"name": data_path.name, "path": str(data_path),
                             "sha256": benchmark_sha256(data_path)},
@@ -90,8 +120,6 @@ def judge_record(data_path, captioner_path) -> dict:
 def judge_warnings(record: dict) -> list[str]:
     """Why ``record`` (:func:`judge_record`) is not the judge the committed results used:
     one sentence per differing part, none when it is (or when nothing was committed for it)."""
-    from avex.captioner.reference import committed_judge
-
     committed = committed_judge(record["benchmark"]["name"],
                                 Path(record["captioner"]["path"]).name)
     if committed is None:

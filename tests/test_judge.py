@@ -7,6 +7,7 @@ import warnings
 
 import pytest
 
+from avex import judge
 from avex.captioner import reference
 from avex.captioner.frozen import CAPTIONER_FILE, FrozenCaptioner
 from avex.data import ensure_benchmark
@@ -31,7 +32,7 @@ def test_every_shipped_reference_verifies_against_its_manifest():
     shipped = reference.references()
     assert "embedded-default-seed0-default" in shipped
     for name, record in shipped.items():
-        folder = reference.REFERENCE_DIR / name
+        folder = judge.REFERENCE_DIR / name
         reference.verify_reference(folder, name)
         assert captioner_sha256(folder) == record["captioner_sha256"]
         assert json.loads((folder / CAPTIONER_FILE).read_text())["reference"] == name
@@ -43,8 +44,8 @@ def test_every_shipped_reference_verifies_against_its_manifest():
 @pytest.fixture
 def shipped_tiny(tiny_cache_dir, tiny_benchmark, tiny_captioner, tmp_path, monkeypatch):
     """The session's tiny captioner shipped as a reference (in a temporary reference folder)."""
-    monkeypatch.setattr(reference, "REFERENCE_DIR", tmp_path / "reference")
-    monkeypatch.setattr(reference, "MANIFEST", tmp_path / "reference" / "references.json")
+    monkeypatch.setattr(judge, "REFERENCE_DIR", tmp_path / "reference")
+    monkeypatch.setattr(judge, "MANIFEST", tmp_path / "reference" / "references.json")
     (tmp_path / "reference").mkdir()
     reference.write_reference(tiny_captioner, tiny_benchmark)
     return tiny_captioner.name

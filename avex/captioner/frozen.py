@@ -24,12 +24,12 @@ from .. import _checks
 from ..checkpoint import load_weights
 from ..data.cache import Clip
 from ..modality import AUDIO, PAD, TEXT, VISUAL
-from ..paths import attention_dir, default_captioner_path
+from ..paths import CAPTIONER_FILE, attention_dir, default_captioner_path
 from ..progress import progress_bar
 from ..ptb_tokenizer import tokenize
 from ..pruning import expand_av_keep, generate, prune_inputs
+from .reference import verify_reference
 
-CAPTIONER_FILE = "avex_captioner.json"
 PROJECTOR_FILE = "avex_projector.safetensors"
 CAPTIONER_FORMAT = "avex-captioner"
 
@@ -223,7 +223,6 @@ class FrozenCaptioner:
                 raise ValueError(f"{path / CAPTIONER_FILE}: 'feature_dim' must be a positive "
                                  f"int, got {info.get('feature_dim')!r}")
             if info.get("reference") is not None:  # a shipped reference: the same bytes
-                from .reference import verify_reference
                 verify_reference(path, info["reference"])
         if device is not None and not isinstance(device, torch.device):
             device = None if _checks.device("device", device) == "auto" else device

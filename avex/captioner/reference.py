@@ -20,27 +20,15 @@ from pathlib import Path
 
 import torch
 
-from ..judge import benchmark_sha256, captioner_sha256, file_sha256
+from .. import judge
+from ..judge import (MANIFEST_FORMAT, benchmark_sha256, captioner_sha256,  # noqa: F401
+                     committed_judge, file_sha256, references)
+from ..paths import CAPTIONER_FILE
 
-REFERENCE_DIR = Path(__file__).resolve().parent / "reference"
-MANIFEST = REFERENCE_DIR / "references.json"
-MANIFEST_FORMAT = "avex-reference-captioners"
-
-__all__ = ["REFERENCE_DIR", "references", "reference_name", "committed_judge",
-           "install_reference", "verify_reference", "write_reference"]
-
-
-def references() -> dict:
-    """Captioner directory name (``<benchmark>-<preset>``) -> its record in references.json:
-    ``benchmark``, ``benchmark_sha256``, ``captioner_sha256``, ``files`` (relative path ->
-    sha256) and ``trained`` (where and how it was trained)."""
-    if not MANIFEST.is_file():
-        return {}
-    data = json.loads(MANIFEST.read_text(encoding="utf-8"))
-    if data.get("format") != MANIFEST_FORMAT:
-        raise ValueError(f"{MANIFEST}: 'format' must be {MANIFEST_FORMAT!r}, "
-                         f"got {data.get('format')!r}")
-    return data["captioners"]
+# where they ship, and their manifest of hashes: judge.REFERENCE_DIR, judge.MANIFEST (the
+# committed judge is read there)
+__all__ = ["references", "reference_name", "committed_judge", "install_reference",
+           "verify_reference", "write_reference"]
 
 
 def reference_name(benchmark: str, preset: str = "default") -> str | None:
@@ -48,19 +36,6 @@ def reference_name(benchmark: str, preset: str = "default") -> str | None:
     preset ``preset``, or None."""
     name = f"{benchmark}-{preset}"
     return name if name in references() else None
-
-
-def committed_judge(benchmark: str, captioner: str | None = None) -> dict | None:
-    """{"benchmark_sha256", "captioner_sha256"} the committed results of the embedded benchmark
-    ``benchmark`` were scored with: by the shipped captioner named ``captioner`` (a captioner
-    directory's name, ``<benchmark>-<preset>``) where there is one, else by the benchmark's
-    default captioner; None where nothing was committed."""
-    shipped = references()
-    record = shipped.get(captioner) if captioner in shipped else shipped.get(f"{benchmark}-default")
-    if record is None or record["benchmark"] != benchmark:
-        return None
-    return {"benchmark_sha256": record["benchmark_sha256"],
-            "captioner_sha256": record["captioner_sha256"]}
 
 
 def verify_reference(path, name: str) -> None:
@@ -89,7 +64,7 @@ def install_reference(name: str, out_dir, *, benchmark_path=None) -> Path:
     place). With ``benchmark_path``, warn when that benchmark is not the one the reference was
     trained and scored on (the judge then differs from the committed one)."""
     record = references()[name]
-    verify_reference(REFERENCE_DIR / name, name)
+    verify_reference(judge.REFERENCE_DIR / name, name)
     if benchmark_path is not None:
         got = benchmark_sha256(benchmark_path)
         if got != record["benchmark_sha256"]:
@@ -102,7 +77,7 @@ def install_reference(name: str, out_dir, *, benchmark_path=None) -> Path:
     if staging.exists():
         shutil.rmtree(staging)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(REFERENCE_DIR / name, staging)
+    shutil.copytree(judge.REFERENCE_DIR / name, staging)
     if out_dir.exists():
         shutil.rmtree(out_dir)
     staging.rename(out_dir)
@@ -111,19 +86,17 @@ def install_reference(name: str, out_dir, *, benchmark_path=None) -> Path:
 
 def write_reference(captioner_dir, benchmark_dir, name: str | None = None) -> dict:
     """Add (or replace) a trained captioner as a shipped reference: copy its files under
-    ``REFERENCE_DIR/<name>`` (``name``: the captioner directory's name), mark its
+    ``judge.REFERENCE_DIR/<name>`` (``name``: the captioner directory's name), mark its
     avex_captioner.json as the reference (without the paths of the machine it was trained on),
     and record every file's sha256 and the benchmark's in references.json. For maintainers
     (``scripts/make_reference_captioner.py``); returns the new record."""
-    from .frozen import CAPTIONER_FILE
-
     captioner_dir, benchmark_dir = Path(captioner_dir), Path(benchmark_dir)
     name = name or captioner_dir.name
     info = json.loads((captioner_dir / CAPTIONER_FILE).read_text(encoding="utf-8"))
     info["benchmark"] = {"name": benchmark_dir.name,
                          "source": info.get("benchmark", {}).get("source")}
     info["reference"] = name
-    target = REFERENCE_DIR / name
+    target = judge.REFERENCE_DIR / name
     if target.exists():
         shutil.rmtree(target)
     shutil.copytree(captioner_dir, target,
@@ -141,5 +114,5 @@ def write_reference(captioner_dir, benchmark_dir, name: str | None = None) -> di
     data = {"format": MANIFEST_FORMAT, "version": 1, "captioners": references()}
     data["captioners"][name] = record
     data["captioners"] = dict(sorted(data["captioners"].items()))
-    MANIFEST.write_text(json.dumps(data, indent=1) + "\n")
+    judge.MANIFEST.write_text(json.dumps(data, indent=1) + "\n")
     return record
