@@ -479,30 +479,7 @@ class FrozenCaptioner:
                 out.extend(self.text_to_av_attention(self.embed(clips[start:start + batch_size]),
                                                      query=query))
             return out
-        batch = inputs
-        previous = self.model.config._attn_implementation
-        # only the attention maps are read: the LM head need not run over every position
-        logits = ({"logits_to_keep": 1} if "logits_to_keep" in
-                  inspect.signature(self.model.forward).parameters else {})
-        self.model.set_attn_implementation("eager")
-        try:
-            out = self.model(inputs_embeds=batch.inputs_embeds,
-                             attention_mask=batch.attention_mask,
-                             position_ids=batch.position_ids if batch.native_position_ids is None
-                             else batch.native_position_ids, output_attentions=True, **logits)
-        finally:
-            self.model.set_attn_implementation(previous)
-        # [B, L_query, L_key], averaged over layers and heads
-        weights = torch.stack([a.float().mean(1) for a in out.attentions]).mean(0)
-        results = []
-        for b in range(len(batch)):
-            mod = batch.modality[b]
-            av = torch.nonzero((mod == VISUAL) | (mod == AUDIO)).flatten()
-            after = torch.nonzero((mod == TEXT) & (torch.arange(len(mod), device=mod.device)
-                                                   > av.max())).flatten()
-            queries = after[-1:] if query == "last" else after
-            results.append(weights[b][queries][:, av].mean(0).cpu())
-        return results
+        return text_to_av_attention(self.model, inputs, query=query)
 
     def cached_text_to_av_attention(self, cache, split: str, *, query: str = "suffix",
                                     cache_dir=None, batch_size: int = 64,
@@ -538,3 +515,35 @@ class FrozenCaptioner:
         save_file(out, str(staging))
         os.replace(staging, path)
         return out
+
+
+@torch.no_grad()
+def text_to_av_attention(model, batch: AVBatch, *, query: str = "suffix") -> list:
+    """:meth:`FrozenCaptioner.text_to_av_attention` of one :class:`AVBatch` on the LLM ``model``
+    (any model that takes ``inputs_embeds``): what the captioner computes, for callers that hold
+    the LLM alone (the profiling suite's Attention-AV)."""
+    if query not in ("suffix", "last"):
+        raise ValueError(f"query must be 'suffix' or 'last', got {query!r}")
+    previous = model.config._attn_implementation
+    # only the attention maps are read: the LM head need not run over every position
+    logits = ({"logits_to_keep": 1} if "logits_to_keep" in
+              inspect.signature(model.forward).parameters else {})
+    model.set_attn_implementation("eager")
+    try:
+        out = model(inputs_embeds=batch.inputs_embeds,
+                    attention_mask=batch.attention_mask,
+                    position_ids=batch.position_ids if batch.native_position_ids is None
+                    else batch.native_position_ids, output_attentions=True, **logits)
+    finally:
+        model.set_attn_implementation(previous)
+    # [B, L_query, L_key], averaged over layers and heads
+    weights = torch.stack([a.float().mean(1) for a in out.attentions]).mean(0)
+    results = []
+    for b in range(len(batch)):
+        mod = batch.modality[b]
+        av = torch.nonzero((mod == VISUAL) | (mod == AUDIO)).flatten()
+        after = torch.nonzero((mod == TEXT) & (torch.arange(len(mod), device=mod.device)
+                                               > av.max())).flatten()
+        queries = after[-1:] if query == "last" else after
+        results.append(weights[b][queries][:, av].mean(0).cpu())
+    return results
