@@ -14,13 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from avex import _checks
-from avex.captioner.train import PRESETS as CAPTIONER_PRESETS
-from avex.data import PRESETS as BENCHMARK_PRESETS
-from avex.data import SPLITS
+from avex.registry import BENCHMARK_PRESETS, CAPTIONER_PRESETS, EVAL_METHODS, SPLITS
 
 EXCHANGE_TYPES = ("vv", "aa", "va", "av")
-#: methods the end-of-training table can score beside the run (avex.methods' registry names)
-EVAL_METHODS = ("random", "fastv", "tome", "fastav", "attention", "cacovid")
 
 PRESETS = {
     # Section 3.4 of the paper, for a real backbone (VideoLLaMA 2 / VILA features).

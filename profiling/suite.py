@@ -15,6 +15,7 @@ import torch
 
 from avex import _checks
 from avex.backbones import backbone_config
+from avex.methods.fastv import DEFAULT_LAYER as FASTV_LAYER
 from avex.modality import AUDIO, TEXT, VISUAL
 from avex.policy import AVEXPolicy
 from avex.progress import progress_bar
@@ -23,7 +24,7 @@ from avex.tables import markdown_table
 
 from . import flops as F
 from .latency import measure, ratio_text, stage_table
-from .methods import FASTV_LAYER, METHODS, NAMES as METHOD_NAMES
+from .methods import METHODS, NAMES as METHOD_NAMES
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 FLOPS_COUNTERS = ("auto", "fvcore", "hand")

@@ -125,3 +125,23 @@ def test_the_kernel_library_stands_alone():
         for target, _ in _imports(f"avex.kernels.{path.stem}", path):
             assert not (target.startswith("avex.") and not target.startswith("avex.kernels")), \
                 f"{path.relative_to(ROOT)} imports {target}"
+
+
+def test_the_registrys_preset_names_are_the_presets():
+    """avex.registry names the presets (a leaf, so settings are checked without loading the
+    benchmark or the captioner); the settings of each are where they are built."""
+    from avex.captioner.train import PRESETS as CAPTIONER
+    from avex.data.embedded import PRESETS as BENCHMARK
+    from avex.registry import BENCHMARK_PRESETS, CAPTIONER_PRESETS
+
+    assert tuple(BENCHMARK) == BENCHMARK_PRESETS and tuple(CAPTIONER) == CAPTIONER_PRESETS
+
+
+def test_settings_load_nothing_they_name():
+    """avex.config (every training setting, checked) imports neither the captioner, the data
+    nor the methods: it sits near the ground floor."""
+    code = ("import sys, avex.config; print(sorted(m for m in sys.modules if m.startswith("
+            "('avex.captioner', 'avex.data', 'avex.methods'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=ROOT)
+    assert out.stdout.strip() == "[]", out.stdout

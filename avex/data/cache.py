@@ -34,10 +34,10 @@ from safetensors.torch import save_file
 
 import avex
 from avex import _checks
+from avex.registry import SPLITS
 
 FORMAT_NAME = "avex-feature-cache"
 FORMAT_VERSION = 1
-SPLITS = ("train", "val", "test", "transfer")
 META_FILE = "meta.json"
 MANIFEST_FILE = "manifest.jsonl"
 SHARD_DIR = "shards"

@@ -33,17 +33,13 @@ import sys
 from pathlib import Path
 
 from avex import _checks
-from avex.captioner.train import PRESETS as CAPTIONER_PRESETS
 from avex.checkpoint import check_weights
 from avex.config import build_parser as build_train_parser
 from avex.config import resolve_config
-from avex.data import SPLITS
-from avex.methods import SELECTORS
-from avex.methods.learned import check_finished, run_policy_weights
-
-from avex.data.embedded import PRESETS as BENCHMARK_PRESETS
 from avex.data.embedded import default_benchmark_path
+from avex.methods.learned import check_finished, run_policy_weights
 from avex.paths import default_captioner_path
+from avex.registry import BENCHMARK_PRESETS, CAPTIONER_PRESETS, SELECTORS, SPLITS
 
 from .ablation import ABLATIONS, run_ablation
 from .gates import run_gates, write_report
