@@ -578,10 +578,11 @@ def attention_flops(models: tuple | None, config, modality, retention: float, *,
     n = _layers(config)
     fv = None
     if traced:
-        counts = [selector_count(make_selector("attention",
-                                               attention=functools.partial(text_to_av_attention, m)),
-                                 modality, retention, config.hidden_size, m).total
-                  for m in models]
+        selectors = [make_selector("attention",
+                                   attention=functools.partial(text_to_av_attention, m))
+                     for m in models]
+        counts = [selector_count(selector, modality, retention, config.hidden_size, m).total
+                  for selector, m in zip(selectors, models)]
         fv = counts[0] + (n - 1) * (counts[1] - counts[0])
     nv, na, _ = _av_counts(modality)
     length = modality.shape[1]
