@@ -15,6 +15,7 @@ from pathlib import Path
 
 from avex import _checks
 from avex.registry import BENCHMARK_PRESETS, CAPTIONER_PRESETS, EVAL_METHODS, SPLITS
+from avex.run_files import warmup_policy_file
 
 EXCHANGE_TYPES = ("vv", "aa", "va", "av")
 
@@ -166,10 +167,8 @@ class TrainConfig:
         _checks.real("lambda_target", self.lambda_target, low=0)
         if self.data != "embedded" and not Path(self.data).exists():
             raise FileNotFoundError(f"data: no feature cache at {self.data!r}")
-        if self.warmup_from is not None and \
-                not (Path(self.warmup_from) / "warmup_policy.safetensors").is_file():
-            raise FileNotFoundError(f"warmup_from: no warmup_policy.safetensors in "
-                                    f"{self.warmup_from!r}")
+        if self.warmup_from is not None:
+            warmup_policy_file(self.warmup_from)
         if self.captioner != "embedded" and not Path(self.captioner).exists():
             raise FileNotFoundError(f"captioner: no model directory at {self.captioner!r}")
         if self.captioner == "embedded" and self.data != "embedded":

@@ -25,10 +25,10 @@ import numpy as np
 import torch
 
 from avex.figures import save_figure
+from avex.run_files import (EXCHANGE_DIAGNOSTICS_FIGURE, EXCHANGE_DIAGNOSTICS_FILE,
+                             METRICS_FILE)
 
 STATISTICS = ("zero", "disagree", "positive", "g_over_k", "valid")
-SUMMARY_FILE = "exchange_diagnostics.json"
-FIGURE_FILE = "exchange_diagnostics.png"
 
 __all__ = ["exchange_statistics", "grad_norm", "summarize", "plot", "write_report"]
 
@@ -161,7 +161,7 @@ def plot(metrics_path, path) -> Path | None:
 def write_report(run_dir) -> dict:
     """``exchange_diagnostics.json`` and ``.png`` in ``run_dir`` from its metrics.jsonl."""
     run_dir = Path(run_dir)
-    summary = summarize(run_dir / "metrics.jsonl")
-    (run_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=1) + "\n")
-    plot(run_dir / "metrics.jsonl", run_dir / FIGURE_FILE)
+    summary = summarize(run_dir / METRICS_FILE)
+    (run_dir / EXCHANGE_DIAGNOSTICS_FILE).write_text(json.dumps(summary, indent=1) + "\n")
+    plot(run_dir / METRICS_FILE, run_dir / EXCHANGE_DIAGNOSTICS_FIGURE)
     return summary

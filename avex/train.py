@@ -52,11 +52,13 @@ from avex.losses import (SATURATION_POINTS, anchored_policy_gradient_loss, excha
                          group_normalized_loss, leave_one_out_loss, saturation_for,
                          set_level_loss)
 from avex.methods import METHODS, label, load_policy, make_selector, policy_selector
-from avex.methods.learned import RUN_POLICY_RECORD
 from avex.modality import AUDIO, VISUAL
 from avex.policy import AVEXPolicy, TrainedOn, layout_of, policy_record, row_layouts
 from avex.progress import progress_bar
 from avex.reward import CiderD
+from avex.run_files import (CACOVID_DIR, CHECKPOINTS_DIR, CONFIG_FILE, EXCHANGE_CALIBRATION_FILE,
+                             METRICS_FILE, POLICY_RECORD_FILE, RESULTS_JSON, RESULTS_MD,
+                             SAVED_POLICY_DIR, WARMUP_POLICY_FILE, warmup_policy_file)
 from avex.scoring import caption_split, keep_all, score_captions
 from avex.selection import AVLayout, balanced_attention_keep, indices_to_keep
 from avex.tables import markdown_table
@@ -519,8 +521,8 @@ class Run:
                                   "continue it or --run-dir for a new one")
         if self.procs.main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            (self.run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
-        self.log_file = self.run_dir / "metrics.jsonl"
+            (self.run_dir / CONFIG_FILE).write_text(json.dumps(cfg.to_dict(), indent=2))
+        self.log_file = self.run_dir / METRICS_FILE
 
     # -- bookkeeping ------------------------------------------------------------------------
     def log(self, record: dict):
@@ -565,7 +567,7 @@ class Run:
                                                training_retentions(self.cfg))
         if self.procs.main:
             text = json.dumps(policy_record(policy.config, policy.trained_on), indent=2)
-            (self.run_dir / RUN_POLICY_RECORD).write_text(text + "\n")
+            (self.run_dir / POLICY_RECORD_FILE).write_text(text + "\n")
 
     def steps_bar(self, desc: str, start: int, total: int):
         return progress_bar(range(start, total), desc=desc, unit="step", initial=start, total=total,
@@ -623,7 +625,7 @@ class Run:
                 saved, start_step = None, 0
             if start_phase != "done":
                 self.run_rl(model, captioner, clips_train, cache, start_step, saved)
-        warmup_policy_path = self.run_dir / "warmup_policy.safetensors"
+        warmup_policy_path = self.run_dir / WARMUP_POLICY_FILE
         results = {}
         if self.procs.main and cfg.evaluate:
             results = self.evaluate(policy, captioner, cache, warmup_policy_path)
@@ -644,7 +646,8 @@ class Run:
                 scheduler.load_state_dict(saved["scheduler"])
             set_rng_state(saved["rng"])
         if cfg.warmup_from:  # another run's warmup policy; no warmup steps here
-            _unwrap(model).load_state_dict(load_file(str(warmup_file(cfg.warmup_from))))
+            _unwrap(model).load_state_dict(
+                load_file(str(warmup_policy_file(cfg.warmup_from))))
         targets = self.targets(captioner, clips) if self.warmup_steps else []
         bar = self.steps_bar("warmup", start_step, self.warmup_steps)
         for step in bar:
@@ -674,7 +677,7 @@ class Run:
                        for k, v in _unwrap(model).state_dict().items()}
             tmp = self.run_dir / ".warmup_policy.tmp"
             save_file(weights, str(tmp))
-            os.replace(tmp, self.run_dir / "warmup_policy.safetensors")
+            os.replace(tmp, self.run_dir / WARMUP_POLICY_FILE)
         # the RL phase starts from here on resume
         rl_optimizer, rl_scheduler = self.rl_optimizer(model)
         self.save(model, "rl", 0, rl_optimizer, rl_scheduler)
@@ -776,7 +779,7 @@ class Run:
         cfg = self.cfg
         if not cfg.exchanges or cfg.exchange_saturation is not None:
             return cfg.exchange_saturation or SATURATION_POINTS
-        path = self.run_dir / "exchange_calibration.json"
+        path = self.run_dir / EXCHANGE_CALIBRATION_FILE
         if path.is_file():
             return float(json.loads(path.read_text())["saturation"])
         sample = clips[:256]
@@ -792,7 +795,7 @@ class Run:
     def train_cacovid(self) -> Path:
         """CaCoVID-AV for the final table: the registry's settings, this run's seed and warmup
         policy (so only the training signal differs), in ``<run_dir>/cacovid``."""
-        run_dir = self.run_dir / "cacovid"
+        run_dir = self.run_dir / CACOVID_DIR
         cfg = dataclasses.replace(self.cfg, run_dir=str(run_dir), warmup_from=str(self.run_dir),
                                   evaluate=False, eval_methods=[], **METHODS["cacovid"].train)
         with torch.enable_grad():  # called from evaluate(), which runs without gradients
@@ -836,19 +839,11 @@ class Run:
         judge = judge_record(cache.root, captioner.path) if captioner.path is not None else None
         if judge is not None:
             table += "\n\n" + judge_line(judge)
-        (self.run_dir / "results.json").write_text(json.dumps({"rows": rows, "judge": judge},
+        (self.run_dir / RESULTS_JSON).write_text(json.dumps({"rows": rows, "judge": judge},
                                                               indent=2))
-        (self.run_dir / "results.md").write_text(table + "\n")
+        (self.run_dir / RESULTS_MD).write_text(table + "\n")
         print(table)
         return {"rows": rows, "table": table}
-
-
-def warmup_file(run_dir) -> Path:
-    """The warmup policy of a finished run directory (``--warmup-from``)."""
-    path = Path(run_dir) / "warmup_policy.safetensors"
-    if not path.is_file():
-        raise FileNotFoundError(f"warmup_from: no warmup policy at {str(path)!r}")
-    return path
 
 
 def run_label(cfg: TrainConfig) -> str:
@@ -890,8 +885,6 @@ def _no_sync(model, last: bool):
 
 
 RUNS_ROOT = Path("runs")
-#: where a finished run saves its policy (AVEXPolicy.save_pretrained)
-SAVED_POLICY_DIR = "policy"
 
 
 def choose_run_dir(cfg: TrainConfig, resume: bool) -> str:
@@ -900,7 +893,7 @@ def choose_run_dir(cfg: TrainConfig, resume: bool) -> str:
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ValueError("under torchrun, pass --run-dir (every rank must write to the same one)")
     if resume:
-        runs = sorted(p for p in RUNS_ROOT.glob("*") if (p / "checkpoints").is_dir())
+        runs = sorted(p for p in RUNS_ROOT.glob("*") if (p / CHECKPOINTS_DIR).is_dir())
         if not runs:
             raise FileNotFoundError(f"--resume: no run under {RUNS_ROOT}/; pass --run-dir")
         return str(runs[-1])
@@ -917,12 +910,12 @@ def resumed_config(cfg: TrainConfig, explicit: dict | None = None) -> TrainConfi
     was given (a copied or moved run writes where it now is, never where it was made).
     ``explicit`` (settings asked for on the command line) must agree with them."""
     run_dir = Path(cfg.run_dir)
-    if not (run_dir / "config.json").exists():
+    if not (run_dir / CONFIG_FILE).exists():
         return cfg
     saved = read_run_config(run_dir)
     unknown = set(saved) - {f.name for f in dataclasses.fields(TrainConfig)}
     if unknown:
-        raise ValueError(f"{run_dir / 'config.json'}: unknown settings {sorted(unknown)} (a "
+        raise ValueError(f"{run_dir / CONFIG_FILE}: unknown settings {sorted(unknown)} (a "
                          "run of another version, or a corrupt file)")
     overrides = {name: getattr(cfg, name) for name in RESUME_OVERRIDES
                  if name == "run_dir" or name in (explicit or {})}
@@ -945,7 +938,7 @@ def check_owner(checkpoint: Path, cfg: TrainConfig) -> None:
                     if name not in RESUME_OVERRIDES and name in saved and saved[name] != value)
     if differ:
         raise ValueError(f"{checkpoint} belongs to a run with other settings than "
-                         f"{Path(cfg.run_dir) / 'config.json'} (they differ in {differ}); "
+                         f"{Path(cfg.run_dir) / CONFIG_FILE} (they differ in {differ}); "
                          "resume the run it came from, or start a new one")
 
 

@@ -6,6 +6,7 @@ import json
 import time
 from pathlib import Path
 
+from avex.checkpoint import read_run_config
 from avex.judge import judge_line, judge_record
 from avex.methods import load_policy, make_selector
 from avex.progress import progress_bar
@@ -94,7 +95,7 @@ def run_ablation(args) -> dict:
                 retention=args.retention, warmup_from=str(warmups[seed]), **settings))
         policy = load_policy(run_dir, captioner,
                              checkpoint="warmup" if name == "warmup" else "latest")
-        cfg = json.loads((Path(run_dir) / "config.json").read_text())
+        cfg = read_run_config(run_dir)
         for retention in retentions:
             captions = caption_split(captioner, clips, make_selector("avex", policy=policy),
                                      retention, **decode)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from avex.checkpoint import read_run_config
 from avex.figures import save_figure
 from avex.judge import judge_line, judge_record
 from avex.methods import METHODS, SELECTORS, label, load_policy, make_selector
@@ -55,7 +56,7 @@ def policy_for(args, method: str, seed: int, captioner, out: Path, warmup_from=N
                                   warmup_from=None if warmup_from is None else str(warmup_from),
                                   **METHODS[method].train)
         run_dir = ensure_trained(cfg)
-    run_seed = json.loads((run_dir / "config.json").read_text()).get("seed")
+    run_seed = read_run_config(run_dir).get("seed")
     policy = load_policy(run_dir, captioner,
                          allow_unfinished=getattr(args, "allow_unfinished", False))
     return policy, run_dir, run_seed
