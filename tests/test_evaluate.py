@@ -167,7 +167,7 @@ def test_random_exchanges_keep_delta_f_on_the_policy_scores():
 
     from avex.config import TrainConfig
     from avex.kernels import build_exchanges, gumbel_topk
-    from avex.train import random_exchanges
+    from avex.train_steps import random_exchanges
 
     torch.manual_seed(0)
     scores = torch.randn(3, 40, requires_grad=True)

@@ -104,7 +104,7 @@ def test_exchange_run_logs_its_diagnostics_and_calibration(cache_dir, tmp_path):
 def test_anchor_exchanges_around_first_each_and_all_anchors():
     from avex.config import TrainConfig
     from avex.kernels import build_exchanges, gumbel_topk
-    from avex.train import anchor_exchanges
+    from avex.train_steps import anchor_exchanges
 
     torch.manual_seed(0)
     scores = torch.randn(3, 20)
