@@ -23,12 +23,9 @@ import json
 import math
 import os
 import shlex
-import signal
 import sys
-import threading
 import time
 import zlib
-from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -37,71 +34,28 @@ from safetensors.torch import load_file, save_file
 
 from avex import _checks, metrics
 from avex.assets import load_cache_and_captioner, resolve_asset_paths
-from avex.checkpoint import (POLICY_FILE, check_weights, latest_checkpoint, load_checkpoint,
-                             read_run_config, read_state, rng_state, save_checkpoint,
-                             set_rng_state)
+from avex.checkpoint import (latest_checkpoint, load_checkpoint, read_state, rng_state,
+                             save_checkpoint, set_rng_state)
 from avex.config import TrainConfig, build_parser, explicit_settings, resolve_config
 from avex.data import FeatureCache
+from avex.distributed import Processes, _no_sync, _unwrap, pick_device
 from avex.judge import judge_line, judge_record
 from avex.exchange_diagnostics import write_report as write_exchange_report
 from avex.losses import SATURATION_POINTS, saturation_for
 from avex.methods import METHODS, label, load_policy, make_selector, policy_selector
 from avex.policy import AVEXPolicy, TrainedOn, layout_of, policy_record, row_layouts
 from avex.progress import progress_bar
+from avex.resume import check_owner, choose_run_dir, resumed_config, truncate_metrics
 from avex.reward import CiderD
-from avex.run_files import (CACOVID_DIR, CHECKPOINTS_DIR, CONFIG_FILE, EXCHANGE_CALIBRATION_FILE,
+from avex.run_files import (CACOVID_DIR, CONFIG_FILE, EXCHANGE_CALIBRATION_FILE,
                              METRICS_FILE, POLICY_RECORD_FILE, RESULTS_JSON, RESULTS_MD,
                              SAVED_POLICY_DIR, WARMUP_POLICY_FILE, warmup_policy_file)
 from avex.scoring import caption_split, keep_all, score_captions
 from avex.selection import AVLayout
+from avex.stopping import ZERO_REWARD_STEPS, StopSignals, TrainingInterrupted, zero_reward_error
 from avex.tables import markdown_table
 from avex.train_steps import (draw_retention, rl_loss, training_retentions, warmup_loss,
                               warmup_targets)
-
-
-# ----------------------------------------------------------------------------------------------
-# Processes and devices
-# ----------------------------------------------------------------------------------------------
-
-class Processes:
-    """This process's place in a torchrun job (a single process outside torchrun)."""
-
-    def __init__(self, device_kind: str):
-        self.world = int(os.environ.get("WORLD_SIZE", "1"))
-        self.rank = int(os.environ.get("RANK", "0"))
-        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        if self.world > 1 and not torch_dist.is_initialized():
-            torch_dist.init_process_group("nccl" if device_kind == "cuda" else "gloo")
-
-    @property
-    def main(self) -> bool:
-        return self.rank == 0
-
-    def barrier(self):
-        if self.world > 1:
-            torch_dist.barrier()
-
-    def close(self):
-        if self.world > 1 and torch_dist.is_initialized():
-            torch_dist.destroy_process_group()
-
-
-def pick_device(cfg: TrainConfig, procs: Processes) -> torch.device:
-    kind = cfg.device
-    if kind == "auto":
-        kind = "cuda" if torch.cuda.is_available() else "cpu"
-    if kind.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise ValueError(f"device={cfg.device!r} but CUDA is not available; pass "
-                             "--device cpu")
-        if procs.world > 1:
-            return torch.device("cuda", procs.local_rank)
-        index = torch.device(kind).index or 0
-        if index >= torch.cuda.device_count():
-            raise ValueError(f"device={cfg.device!r} but this machine has "
-                             f"{torch.cuda.device_count()} CUDA device(s)")
-        return torch.device("cuda", index)
-    return torch.device("cpu")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -179,94 +133,6 @@ def cosine_with_warmup(total_steps: int, warmup_fraction: float):
         progress = (step - warm) / max(1, total_steps - warm)
         return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
     return factor
-
-
-# ----------------------------------------------------------------------------------------------
-# Stopping: SIGINT / SIGTERM, and a run that learns nothing
-# ----------------------------------------------------------------------------------------------
-
-class TrainingInterrupted(KeyboardInterrupt):
-    """SIGINT or SIGTERM stopped training at a step boundary, after a checkpoint was written;
-    ``resume`` is the command that continues the run. ``python -m avex.train`` prints it and
-    exits with status 130."""
-
-    def __init__(self, checkpoint: Path, resume: str):
-        super().__init__(f"training stopped; checkpoint {checkpoint}; resume with: {resume}")
-        self.checkpoint, self.resume = checkpoint, resume
-
-
-class StopSignals:
-    """While active, SIGINT and SIGTERM only ask the loop to stop at its next step boundary
-    (:attr:`requested`); a second signal stops at once, as without it. Handlers can only be
-    set from the main thread: elsewhere this does nothing."""
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-    def __init__(self):
-        self.requested = False
-        self._previous = {}
-
-    def _handle(self, signum, frame):
-        if self.requested:   # asked twice: stop now
-            self.__exit__(None, None, None)
-            raise KeyboardInterrupt
-        self.requested = True
-        print(f"\n{signal.Signals(signum).name}: stopping after this step (a checkpoint is "
-              "written first; send it again to stop at once)", file=sys.stderr, flush=True)
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            for sig in self.SIGNALS:
-                self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc):
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous = {}
-        return False
-
-
-#: RL steps at the start of a run whose rewards must not all be 0
-ZERO_REWARD_STEPS = 3
-
-
-def zero_reward_error(steps: int, clips: int) -> RuntimeError:
-    return RuntimeError(
-        f"every reward of the first {steps} RL step(s) was 0 (CIDEr-D of the captions of "
-        f"{clips} clips against their references): the frozen captioner writes nothing the "
-        "references share, so there is no gradient to learn from. That usually means its "
-        "tokenizer is not the one it was trained with (a custom tokenizer saved beside a "
-        "config.json is loaded as that model type's tokenizer; save it in the tokenizer/ "
-        "sub-folder), that --max-new-tokens is too small to write a caption, or that the "
-        "captioner was never trained to caption these clips (check the full-token CIDEr with "
-        "python -m avex.evaluate --methods random). The run stopped; nothing was learned")
-
-
-def truncate_metrics(path: Path, phase: str, step: int) -> int:
-    """Drop the records of ``metrics.jsonl`` at or after the checkpoint a run resumes from
-    (``phase``, ``step``): they are done again, and a step must appear once. Returns the
-    number of records dropped."""
-    if not path.is_file():
-        return 0
-    order = {"warmup": 0, "rl": 1, "done": 2}
-    kept, dropped = [], 0
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            record = json.loads(line)
-            position = (order[record["phase"]], int(record["step"]))
-        except (ValueError, KeyError, TypeError):
-            kept.append(line)   # not a step record: kept as it is
-            continue
-        if position >= (order[phase], step):
-            dropped += 1
-        else:
-            kept.append(line)
-    if dropped:
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
-        os.replace(tmp, path)
-    return dropped
 
 
 # ----------------------------------------------------------------------------------------------
@@ -648,75 +514,6 @@ def results_table(rows: list[dict], caption: str) -> str:
                                                              "METEOR")]
          for r in rows])
     return f"Results on the {caption} (CIDEr points; {metrics.cider_source()}):\n\n{table}"
-
-
-def _unwrap(model):
-    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
-
-
-def _no_sync(model, last: bool):
-    """Skip DDP's gradient all-reduce on all but the last micro-batch of an accumulation."""
-    if isinstance(model, torch.nn.parallel.DistributedDataParallel) and not last:
-        return model.no_sync()
-    return nullcontext()
-
-
-RUNS_ROOT = Path("runs")
-
-
-def choose_run_dir(cfg: TrainConfig, resume: bool) -> str:
-    if cfg.run_dir is not None:
-        return cfg.run_dir
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise ValueError("under torchrun, pass --run-dir (every rank must write to the same one)")
-    if resume:
-        runs = sorted(p for p in RUNS_ROOT.glob("*") if (p / CHECKPOINTS_DIR).is_dir())
-        if not runs:
-            raise FileNotFoundError(f"--resume: no run under {RUNS_ROOT}/; pass --run-dir")
-        return str(runs[-1])
-    return str(RUNS_ROOT / time.strftime("%Y%m%d-%H%M%S"))
-
-
-# Settings a resumed run may take from the command line: where it lives and how it reports.
-# Every other setting is the run's own; a flag that contradicts it is refused.
-RESUME_OVERRIDES = ("run_dir", "cache_dir", "device", "progress")
-
-
-def resumed_config(cfg: TrainConfig, explicit: dict | None = None) -> TrainConfig:
-    """The settings a resumed run continues with: its own ``config.json``, in the directory it
-    was given (a copied or moved run writes where it now is, never where it was made).
-    ``explicit`` (settings asked for on the command line) must agree with them."""
-    run_dir = Path(cfg.run_dir)
-    if not (run_dir / CONFIG_FILE).exists():
-        return cfg
-    saved = read_run_config(run_dir)
-    unknown = set(saved) - {f.name for f in dataclasses.fields(TrainConfig)}
-    if unknown:
-        raise ValueError(f"{run_dir / CONFIG_FILE}: unknown settings {sorted(unknown)} (a "
-                         "run of another version, or a corrupt file)")
-    overrides = {name: getattr(cfg, name) for name in RESUME_OVERRIDES
-                 if name == "run_dir" or name in (explicit or {})}
-    conflicts = {name: (value, saved[name]) for name, value in (explicit or {}).items()
-                 if name not in RESUME_OVERRIDES and name in saved and value != saved[name]}
-    if conflicts:
-        listed = ", ".join(f"{name}={asked!r} (the run has {had!r})"
-                           for name, (asked, had) in sorted(conflicts.items()))
-        raise ValueError(f"--resume continues {run_dir} with its own settings, but the command "
-                         f"line asks for {listed}; drop those flags, or start a new run")
-    return TrainConfig(**{**saved, **overrides}).validate()
-
-
-def check_owner(checkpoint: Path, cfg: TrainConfig) -> None:
-    """Refuse a checkpoint written by a run with other settings (checkpoints copied in from
-    elsewhere): resuming it would mix two runs."""
-    check_weights(checkpoint / POLICY_FILE)
-    saved = read_state(checkpoint)["config"]
-    differ = sorted(name for name, value in cfg.to_dict().items()
-                    if name not in RESUME_OVERRIDES and name in saved and saved[name] != value)
-    if differ:
-        raise ValueError(f"{checkpoint} belongs to a run with other settings than "
-                         f"{Path(cfg.run_dir) / CONFIG_FILE} (they differ in {differ}); "
-                         "resume the run it came from, or start a new one")
 
 
 def prepare_run(cfg: TrainConfig, *, resume: bool = False, explicit: dict | None = None) -> "Run":
