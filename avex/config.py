@@ -177,6 +177,8 @@ class TrainConfig:
         _checks.str_list("eval_methods", self.eval_methods)
         for name in self.eval_methods:
             _checks.choice("eval_methods", name, set(EVAL_METHODS))
+        if len(set(self.eval_methods)) != len(self.eval_methods):
+            raise ValueError(f"eval_methods has duplicates: {self.eval_methods}")
         if not isinstance(self.train_retentions, (list, tuple)):
             raise TypeError(f"train_retentions must be a list of ratios in (0, 1], got "
                             f"{type(self.train_retentions).__name__}: {self.train_retentions!r}")

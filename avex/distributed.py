@@ -18,7 +18,10 @@ class Processes:
         self.world = int(os.environ.get("WORLD_SIZE", "1"))
         self.rank = int(os.environ.get("RANK", "0"))
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        if self.world > 1 and not torch_dist.is_initialized():
+        # a run started inside another (a comparison policy trained for its table) joins the
+        # process group of the first, which alone ends it
+        self.owns_group = self.world > 1 and not torch_dist.is_initialized()
+        if self.owns_group:
             torch_dist.init_process_group("nccl" if device_kind == "cuda" else "gloo")
 
     @property
@@ -30,7 +33,7 @@ class Processes:
             torch_dist.barrier()
 
     def close(self):
-        if self.world > 1 and torch_dist.is_initialized():
+        if self.owns_group and torch_dist.is_initialized():
             torch_dist.destroy_process_group()
 
 

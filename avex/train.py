@@ -17,7 +17,6 @@ One RL step, per micro-batch (Sections 3.3 and 3.4):
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import math
@@ -32,28 +31,27 @@ import torch
 import torch.distributed as torch_dist
 from safetensors.torch import load_file, save_file
 
-from avex import _checks, metrics
+from avex import _checks
 from avex.assets import load_cache_and_captioner, resolve_asset_paths
 from avex.checkpoint import (latest_checkpoint, load_checkpoint, read_state, rng_state,
                              save_checkpoint, set_rng_state)
 from avex.config import TrainConfig, build_parser, explicit_settings, resolve_config
 from avex.data import FeatureCache
 from avex.distributed import Processes, _no_sync, _unwrap, pick_device
-from avex.judge import judge_line, judge_record
 from avex.exchange_diagnostics import write_report as write_exchange_report
 from avex.losses import SATURATION_POINTS, saturation_for
-from avex.methods import METHODS, label, load_policy, make_selector, policy_selector
 from avex.policy import AVEXPolicy, TrainedOn, layout_of, policy_record, row_layouts
 from avex.progress import progress_bar
 from avex.resume import check_owner, choose_run_dir, resumed_config, truncate_metrics
 from avex.reward import CiderD
-from avex.run_files import (CACOVID_DIR, CONFIG_FILE, EXCHANGE_CALIBRATION_FILE,
-                             METRICS_FILE, POLICY_RECORD_FILE, RESULTS_JSON, RESULTS_MD,
-                             SAVED_POLICY_DIR, WARMUP_POLICY_FILE, warmup_policy_file)
-from avex.scoring import caption_split, keep_all, score_captions
+from avex.run_files import (CACOVID_DIR, CONFIG_FILE, EXCHANGE_CALIBRATION_FILE, METRICS_FILE,
+                             POLICY_RECORD_FILE, SAVED_POLICY_DIR, WARMUP_POLICY_FILE,
+                             warmup_policy_file)
+from avex.registry import METHODS
+from avex.run_table import score_run
+from avex.scoring import caption_split, keep_all
 from avex.selection import AVLayout
 from avex.stopping import ZERO_REWARD_STEPS, StopSignals, TrainingInterrupted, zero_reward_error
-from avex.tables import markdown_table
 from avex.train_steps import (draw_retention, rl_loss, training_retentions, warmup_loss,
                               warmup_targets)
 
@@ -268,13 +266,25 @@ class Run:
                 saved, start_step = None, 0
             if start_phase != "done":
                 self.run_rl(model, captioner, clips_train, cache, start_step, saved)
-        warmup_policy_path = self.run_dir / WARMUP_POLICY_FILE
         results = {}
-        if self.procs.main and cfg.evaluate:
-            results = self.evaluate(policy, captioner, cache, warmup_policy_path)
+        if cfg.evaluate:
+            comparisons = self.train_comparisons()
+            if self.procs.main:
+                results = score_run(cfg, self.run_dir, policy, captioner, cache, comparisons)
         self.procs.barrier()
         self.procs.close()
         return results
+
+    def train_comparisons(self) -> dict:
+        """The trained methods of the final table, each trained from this run's seed and warmup
+        policy (so only the training signal differs), before the table: CaCoVID-AV in
+        ``<run_dir>/cacovid``. Method name -> run directory."""
+        cfg = self.cfg
+        if cfg.warmup_only or "cacovid" not in cfg.eval_methods:
+            return {}
+        return {"cacovid": train_variant(cfg, self.run_dir / CACOVID_DIR,
+                                         warmup_from=self.run_dir, evaluate=False,
+                                         eval_methods=[], **METHODS["cacovid"].train)}
 
     def run_warmup(self, model, captioner, clips, start_step, saved):
         cfg = self.cfg
@@ -435,85 +445,6 @@ class Run:
             path.write_text(json.dumps(record, indent=1) + "\n")
         return record["saturation"]
 
-    def train_cacovid(self) -> Path:
-        """CaCoVID-AV for the final table: the registry's settings, this run's seed and warmup
-        policy (so only the training signal differs), in ``<run_dir>/cacovid``."""
-        run_dir = self.run_dir / CACOVID_DIR
-        cfg = dataclasses.replace(self.cfg, run_dir=str(run_dir), warmup_from=str(self.run_dir),
-                                  evaluate=False, eval_methods=[], **METHODS["cacovid"].train)
-        with torch.enable_grad():  # called from evaluate(), which runs without gradients
-            return ensure_trained(cfg)
-
-    @torch.no_grad()
-    def evaluate(self, policy, captioner, cache, warmup_policy_path) -> dict:
-        cfg = self.cfg
-        split = cache.split(cfg.eval_split)
-        count = len(split) if cfg.max_eval_clips is None else min(len(split), cfg.max_eval_clips)
-        clips = [split[i] for i in range(count)]
-        policy.eval()
-        warmup_policy = None
-        if warmup_policy_path.exists() and not cfg.warmup_only:
-            warmup_policy = copy.deepcopy(policy)
-            warmup_policy.load_state_dict(load_file(str(warmup_policy_path)))
-        methods = []
-        for name in cfg.eval_methods:
-            if name == "cacovid":
-                if cfg.warmup_only:
-                    continue
-                selector = policy_selector(load_policy(self.train_cacovid(), captioner))
-            else:
-                selector = make_selector(name, captioner=captioner, seed=cfg.seed)
-            methods.append((label(name), selector))
-        if warmup_policy is not None:
-            methods.append(("warmup only", policy_selector(warmup_policy)))
-        methods.append((run_label(cfg), policy_selector(policy)))
-        decode = dict(num_beams=cfg.num_beams, max_new_tokens=cfg.max_new_tokens,
-                      progress=cfg.progress)
-        rows = [{"method": label("full"), "retention": 1.0,
-                 **score_captions(caption_split(captioner, clips, keep_all, 1.0, **decode,
-                                                desc="full tokens"), clips)}]
-        for retention in cfg.eval_retentions:
-            for name, selector in methods:
-                captions = caption_split(captioner, clips, selector, retention, **decode,
-                                         desc=f"{name} @ {retention:.0%}")
-                rows.append({"method": name, "retention": retention,
-                             **score_captions(captions, clips)})
-        table = results_table(rows, f"{cfg.eval_split} split, {len(clips)} clips")
-        judge = judge_record(cache.root, captioner.path) if captioner.path is not None else None
-        if judge is not None:
-            table += "\n\n" + judge_line(judge)
-        (self.run_dir / RESULTS_JSON).write_text(json.dumps({"rows": rows, "judge": judge},
-                                                              indent=2))
-        (self.run_dir / RESULTS_MD).write_text(table + "\n")
-        print(table)
-        return {"rows": rows, "table": table}
-
-
-def run_label(cfg: TrainConfig) -> str:
-    if cfg.warmup_only:
-        return "warmup only (this run)"
-    if not cfg.exchanges:
-        if cfg.rl_estimator == "rloo":
-            return "AVEX, L_RL (RLOO) (this run)"
-        return "set-level reward, no exchanges (this run)"
-    if cfg.exchange_selection == "random":
-        return "random exchanges (this run)"
-    terms = []
-    if cfg.rl:
-        terms.append("L_RL (RLOO)" if cfg.rl_estimator == "rloo" else "L_RL")
-    if cfg.lambda_ex > 0:
-        terms.append("L_ex")
-    return f"AVEX, {' + '.join(terms) or 'no loss'} (this run)"
-
-
-def results_table(rows: list[dict], caption: str) -> str:
-    table = markdown_table(
-        ["method", "retention", "C_av", "C_v", "C_a", "BLEU-4", "METEOR"],
-        [[r["method"], f"{r['retention']:.0%}"] + ["n/a" if r[k] is None else f"{r[k]:.1f}"
-                                                   for k in ("C_av", "C_v", "C_a", "BLEU-4",
-                                                             "METEOR")]
-         for r in rows])
-    return f"Results on the {caption} (CIDEr points; {metrics.cider_source()}):\n\n{table}"
 
 
 def prepare_run(cfg: TrainConfig, *, resume: bool = False, explicit: dict | None = None) -> "Run":
@@ -557,6 +488,16 @@ def ensure_trained(cfg: TrainConfig) -> Path:
     else:
         train(cfg)
     return run_dir
+
+
+def train_variant(base: TrainConfig, run_dir, *, warmup_from=None, **settings) -> Path:
+    """``base`` with ``settings`` (TrainConfig fields: a method's, an ablation's), trained in
+    ``run_dir`` from the warmup policy of the run ``warmup_from`` (None: a warmup of its own),
+    so that variants of one warmup differ in their RL phase alone. A finished run in
+    ``run_dir`` is reused and an unfinished one resumed (:func:`ensure_trained`)."""
+    return ensure_trained(dataclasses.replace(
+        base, run_dir=str(run_dir), warmup_from=None if warmup_from is None else str(warmup_from),
+        **settings))
 
 
 def main(argv=None) -> dict:

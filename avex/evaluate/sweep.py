@@ -15,8 +15,7 @@ from avex.judge import judge_line, judge_record
 from avex.methods import METHODS, SELECTORS, label, load_policy, make_selector
 from avex.methods.learned import run_progress
 from avex.metrics import cider_source
-from avex.progress import progress_bar
-from avex.scoring import caption_split, keep_all, score_captions
+from avex.scoring import caption_and_score
 from avex.tables import markdown_table
 from avex.train import ensure_trained
 
@@ -239,40 +238,33 @@ def train_policies(args, captioner, out: Path) -> dict:
 def caption_jobs(args, captioner, splits: dict, policies: dict, jobs: list):
     """Captions and scores keyed by (split, method, seed, retention); full tokens once per
     split, and a method that does not depend on the seed once for all seeds."""
-    decode = dict(batch_size=args.batch_size, num_beams=args.num_beams,
-                  max_new_tokens=args.max_new_tokens)
-    bar = progress_bar(total=len(splits) * (1 + len(jobs)), desc="sweep", unit="setting",
-                       disable=not args.progress)
+    def key(method, seed):
+        return method, None if shared_across_seeds(method, args) else seed
+    seed_of = {}   # the seed a key's selector is built with
+    for method, seed, _ in jobs:
+        seed_of.setdefault(key(method, seed), seed)
+
+    def selector_for(key):
+        method, seed = key[0], seed_of[key]
+        if method in policies:
+            return make_selector(method, policy=policies[method][seed][0])
+        options = {"layer": args.fastv_layer} if method == "fastv" else {}
+        return make_selector(method, captioner=captioner, seed=seed, **options)
+
+    scored = caption_and_score(captioner, splits, [(key(m, s), r) for m, s, r in jobs],
+                               selector_for, batch_size=args.batch_size,
+                               num_beams=args.num_beams, max_new_tokens=args.max_new_tokens,
+                               progress=args.progress, desc="sweep")
     captions: dict = {}
     scores: dict = {}
-
-    def score(split, caps):
-        s = score_captions(caps, splits[split])
-        return s if split == "test" else {"C_T": s["C_av"]}
-
-    for split, clips in splits.items():
-        caps = caption_split(captioner, clips, keep_all, 1.0, **decode)
-        captions[(split, "full", None, 1.0)] = caps
-        scores[(split, "full", None, 1.0)] = score(split, caps)
-        bar.update(1)
-    cached: dict = {}
-    for method, seed, retention in jobs:
-        for split in splits:
-            bar.set_postfix(method=method, retention=f"{retention:.0%}", split=split)
-            key = (split, method, None if shared_across_seeds(method, args) else seed,
-                   retention)
-            if key not in cached:
-                if method in policies:
-                    selector = make_selector(method, policy=policies[method][seed][0])
-                else:
-                    options = {"layer": args.fastv_layer} if method == "fastv" else {}
-                    selector = make_selector(method, captioner=captioner, seed=seed, **options)
-                caps = caption_split(captioner, splits[split], selector, retention, **decode)
-                cached[key] = (caps, score(split, caps))
-            captions[(split, method, seed, retention)] = cached[key][0]
-            scores[(split, method, seed, retention)] = cached[key][1]
-            bar.update(1)
-    bar.close()
+    for split in splits:
+        for method, seed, retention in [("full", None, 1.0)] + list(jobs):
+            caps, score = scored[(split, "full" if method == "full" else key(method, seed),
+                                  retention)]
+            captions[(split, method, seed, retention)] = caps
+            # the transfer split gives one column: CIDEr against its AV references
+            scores[(split, method, seed, retention)] = score if split == "test" else \
+                {"C_T": score["C_av"]}
     return captions, scores
 
 
