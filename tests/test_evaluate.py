@@ -221,3 +221,29 @@ def test_matched_budget_arms_at_several_retentions_and_a_sweep_of_their_runs(
     assert by_method["avex"]["run"] == str(abl / "runs" / "seed0" / "A")
     assert by_method["avex"]["C_av"] == pytest.approx(
         next(r["C_av"] for r in result["rows"] if (r["variant"], r["retention"]) == ("A", 0.2)))
+
+
+def test_the_command_line_builds_the_settings_the_functions_take(cache_dir, tmp_path):
+    """python -m avex.evaluate is a thin layer: its flags become the settings dataclass that
+    run_sweep takes from Python, and --train-args is split once, as a shell would, into the
+    training settings both the check and the run use (a quoted path with a space works)."""
+    from avex.config import TrainConfig
+    from avex.evaluate.__main__ import parse_args
+    from avex.evaluate.sweep import SweepSettings
+
+    folder = tmp_path / "with space"
+    folder.mkdir()
+    (folder / "train.json").write_text('{"epochs": 0.5, "anchors": 3}')
+    _, settings = parse_args(["sweep", *tiny(cache_dir, tmp_path / "out", "--seeds", "0,1",
+                                              "--methods", "random,avex", "--train-args",
+                                              f"--config '{folder / 'train.json'}' --lr 0.001")])
+    by_hand = SweepSettings(benchmark_preset="tiny", captioner_preset="tiny",
+                            cache_dir=str(cache_dir), out=str(tmp_path / "out"),
+                            progress=False, max_new_tokens=12, seeds=[0, 1],
+                            methods=["random", "avex"],
+                            train=TrainConfig(epochs=0.5, anchors=3, lr=0.001)).validate()
+    assert settings == by_hand
+    assert settings.decoding_source == {"num_beams": "default", "max_new_tokens": "flag"}
+    base = settings.base_train_config()
+    assert (base.epochs, base.anchors, base.lr, base.evaluate) == (0.5, 3, 0.001, False)
+    assert (base.benchmark_preset, base.cache_dir) == ("tiny", str(cache_dir))

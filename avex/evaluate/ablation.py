@@ -1,20 +1,22 @@
 """The paper's Table 3 at one retention: training-signal variants and the group size g."""
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from avex import _checks
 from avex.checkpoint import read_run_config
 from avex.judge import judge_line, judge_record
 from avex.methods import load_policy, make_selector
 from avex.progress import progress_bar
 from avex.scoring import caption_split, keep_all, score_captions
 from avex.tables import markdown_table
-from avex.train import ensure_trained
+from avex.train import train_variant
 
-from .common import base_train_config, fmt, load_assets, split_clips
+from .common import (ExperimentSettings, check_retentions, check_seeds, check_split, fmt,
+                     given_run, load_assets, output_dir, split_clips)
 
 #: The exchange term as Table 3's rows were measured (before issue #25's calibration): L_RL +
 #: 0.1 L_ex unnormalised, every type around the first anchor, g fixed, w saturating at 5 points.
@@ -56,43 +58,85 @@ ABLATIONS = {
 }
 
 
-def run_ablation(args) -> dict:
-    """Train (or reuse) every variant at ``args.retention`` for each of ``args.seeds`` and score
-    it there on the test split; mean ± std over the seeds.
+@dataclass
+class AblationSettings(ExperimentSettings):
+    """The variants of ``variants`` (:data:`ABLATIONS`), trained at ``retention`` for each of
+    ``seeds`` and scored on ``split`` at ``retentions`` (default: ``retention``). ``runs``:
+    variant -> a trained run to reuse instead (one seed only)."""
 
-    Variants differ from the default ``python -m avex.train`` only by their flags in
-    :data:`ABLATIONS` (plus ``--train-args``). The variants only change the RL phase, so each
+    variants: list = field(default_factory=lambda: list(ABLATIONS))
+    retention: float = 0.2
+    retentions: list | None = None
+    seeds: list = field(default_factory=lambda: [0])
+    split: str = "test"
+    runs: dict = field(default_factory=dict)
+
+    def check(self) -> None:
+        super().check()
+        check_split("split", self.split)
+        _checks.str_list("variants", self.variants)
+        if not self.variants:
+            raise ValueError("variants is empty")
+        for name in self.variants:
+            _checks.choice("variants", name, set(ABLATIONS))
+        _checks.ratio("retention", self.retention)
+        if self.retentions is not None:
+            check_retentions(self.retentions)
+        check_seeds(self.seeds)
+        if not isinstance(self.runs, dict):
+            raise TypeError(f"runs must be a dict of variant -> run directory, got "
+                            f"{type(self.runs).__name__}")
+        if self.runs and len(self.seeds) > 1:
+            raise ValueError(f"--run reuses one run per variant, so it takes one seed; got "
+                             f"seeds {list(self.seeds)}")
+        for name, path in self.runs.items():
+            if name not in ABLATIONS:
+                raise ValueError(f"--run must be VARIANT=DIR with VARIANT one of "
+                                 f"{list(ABLATIONS)}, got {name!r}")
+            given_run(path, "warmup" if name == "warmup" else "latest", f"--run {name}")
+
+
+def run_ablation(settings: AblationSettings) -> dict:
+    """Train (or reuse) every variant at ``settings.retention`` for each of ``settings.seeds``
+    and score it on ``settings.split``; mean ± std over the seeds. Every setting is checked
+    first.
+
+    Variants differ from the default ``python -m avex.train`` only by their settings in
+    :data:`ABLATIONS` (plus ``settings.train``). The variants only change the RL phase, so each
     seed's warmup is trained once (the "warmup" row's run) and every other variant of that seed
     starts from it (``warmup_from``), as the sweep's CaCoVID-AV does. The random-exchange row
     draws G and G' at random (``--exchange-selection random``) for cross-modal exchanges, with
     the same g and number of reward evaluations per step."""
+    if not isinstance(settings, AblationSettings):
+        raise TypeError(f"settings must be an AblationSettings, got {type(settings).__name__}")
+    settings = settings.validate()
     started = time.perf_counter()
-    out = Path(args.out) if args.out else Path("runs") / time.strftime("ablation-%Y%m%d-%H%M%S")
-    cache, captioner = load_assets(args)
-    clips = split_clips(cache, args.split, args.max_clips)
+    out = output_dir(settings, "ablation")
+    cache, captioner = load_assets(settings)
+    clips = split_clips(cache, settings.split, settings.max_clips)
     out.mkdir(parents=True, exist_ok=True)
-    decode = dict(batch_size=args.batch_size, num_beams=args.num_beams,
-                  max_new_tokens=args.max_new_tokens)
-    base = base_train_config(args)
-    retentions = list(args.retentions or [args.retention])
+    decode = dict(batch_size=settings.batch_size, num_beams=settings.num_beams,
+                  max_new_tokens=settings.max_new_tokens)
+    base = settings.base_train_config()
+    given = {name: Path(path) for name, path in settings.runs.items()}
+    retentions = list(settings.retentions or [settings.retention])
     rows = []
-    jobs = [(seed, name) for seed in args.seeds for name in args.variants]
+    jobs = [(seed, name) for seed in settings.seeds for name in settings.variants]
     warmups = {}
     for seed, name in progress_bar(jobs, desc="ablation variants", unit="run",
-                                   disable=not args.progress):
-        label, marks, settings = ABLATIONS[name]
+                                   disable=not settings.progress):
+        label, marks, variant = ABLATIONS[name]
         if seed not in warmups:
-            warmups[seed] = args.run.get("warmup") or base.warmup_from or ensure_trained(
-                dataclasses.replace(base, run_dir=str(out / "runs" / f"seed{seed}" / "warmup"),
-                                    seed=seed, retention=args.retention,
-                                    **ABLATIONS["warmup"][2]))
-        run_dir = args.run.get(name)
+            warmups[seed] = given.get("warmup") or base.warmup_from or train_variant(
+                base, out / "runs" / f"seed{seed}" / "warmup", seed=seed,
+                retention=settings.retention, **ABLATIONS["warmup"][2])
+        run_dir = given.get(name)
         if run_dir is None and name == "warmup":
             run_dir = warmups[seed]
         elif run_dir is None:
-            run_dir = ensure_trained(dataclasses.replace(
-                base, run_dir=str(out / "runs" / f"seed{seed}" / name), seed=seed,
-                retention=args.retention, warmup_from=str(warmups[seed]), **settings))
+            run_dir = train_variant(base, out / "runs" / f"seed{seed}" / name,
+                                    warmup_from=warmups[seed], seed=seed,
+                                    retention=settings.retention, **variant)
         policy = load_policy(run_dir, captioner,
                              checkpoint="warmup" if name == "warmup" else "latest")
         cfg = read_run_config(run_dir)
@@ -109,14 +153,14 @@ def run_ablation(args) -> dict:
     seconds = time.perf_counter() - started
     judge = judge_record(cache.root, captioner.path)
     if len(retentions) == 1:
-        table = ablation_table(rows, args.retention, args.split, len(clips), seconds)
+        table = ablation_table(rows, settings.retention, settings.split, len(clips), seconds)
     else:
-        table = comparison_table(rows, full, retentions, args.split, len(clips), seconds)
+        table = comparison_table(rows, full, retentions, settings.split, len(clips), seconds)
     table = f"{table}\n\n{judge_line(judge)}"
     (out / "ablation.md").write_text(table + "\n")
-    (out / "ablation.json").write_text(json.dumps({"rows": rows, "retention": args.retention,
+    (out / "ablation.json").write_text(json.dumps({"rows": rows, "retention": settings.retention,
                                                    "retentions": retentions, "full": full,
-                                                   "seeds": list(args.seeds), "judge": judge,
+                                                   "seeds": list(settings.seeds), "judge": judge,
                                                    "seconds": round(seconds, 1)}, indent=1)
                                        + "\n")
     print(table)
