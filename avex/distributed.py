@@ -55,11 +55,12 @@ def pick_device(cfg: TrainConfig, procs: Processes) -> torch.device:
     return torch.device("cpu")
 
 
-def _unwrap(model):
+def unwrap(model):
+    """The policy inside a DistributedDataParallel wrapper (or ``model`` itself)."""
     return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
 
 
-def _no_sync(model, last: bool):
+def no_sync(model, last: bool):
     """Skip DDP's gradient all-reduce on all but the last micro-batch of an accumulation."""
     if isinstance(model, torch.nn.parallel.DistributedDataParallel) and not last:
         return model.no_sync()

@@ -7,53 +7,41 @@ policy, and print the table. ``--config run.yaml`` and flags override any settin
 continues a killed run from its latest checkpoint. Under ``torchrun`` it trains with
 DistributedDataParallel: each rank captions and scores its share of every batch.
 
-One RL step, per micro-batch (Sections 3.3 and 3.4):
-    scores      = policy(inputs_embeds, modality)                 on the AV axis [B, M]
-    S, log pi   = gumbel_topk(scores, K)                          the anchor
-    exchanges   = build_exchanges(scores, S, modality, g)         V>V, A>A, V>A, A>V
-    captions    = one generation over anchor + counterfactuals    compacted, original positions
-    R           = 100 * CIDEr-D(captions, AV references)
-    L           = L_RL + lambda_ex * L_ex
+This module runs the phases (warmup, RL, the final table) and keeps the run's books (metrics,
+checkpoints, the saved policy); one micro-batch's losses are :mod:`avex.train_steps`'.
 """
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
-import shlex
 import sys
 import time
-import zlib
 from pathlib import Path
 
 import torch
-import torch.distributed as torch_dist
 from safetensors.torch import load_file, save_file
 
 from avex import _checks
 from avex.assets import load_cache_and_captioner, resolve_asset_paths
-from avex.checkpoint import (latest_checkpoint, load_checkpoint, read_state, rng_state,
-                             save_checkpoint, set_rng_state)
+from avex.checkpoint import latest_checkpoint, load_checkpoint, read_state, set_rng_state
 from avex.config import TrainConfig, build_parser, explicit_settings, resolve_config
 from avex.data import FeatureCache
-from avex.distributed import Processes, _no_sync, _unwrap, pick_device
+from avex.distributed import Processes, no_sync, pick_device, unwrap
 from avex.exchange_diagnostics import write_report as write_exchange_report
-from avex.losses import SATURATION_POINTS, saturation_for
-from avex.policy import AVEXPolicy, TrainedOn, layout_of, policy_record, row_layouts
+from avex.policy import AVEXPolicy, TrainedOn, layout_of, row_layouts
 from avex.progress import progress_bar
-from avex.resume import check_owner, choose_run_dir, resumed_config, truncate_metrics
-from avex.reward import CiderD
-from avex.run_files import (CACOVID_DIR, CONFIG_FILE, EXCHANGE_CALIBRATION_FILE, METRICS_FILE,
-                             POLICY_RECORD_FILE, SAVED_POLICY_DIR, WARMUP_POLICY_FILE,
-                             warmup_policy_file)
 from avex.registry import METHODS
+from avex.reward import CiderD
+from avex.run_books import RunBooks, choose_run_dir, resumed_config, truncate_metrics
+from avex.run_files import (CACOVID_DIR, EXCHANGE_CALIBRATION_FILE, SAVED_POLICY_DIR,
+                             WARMUP_POLICY_FILE, warmup_policy_file)
 from avex.run_table import score_run
-from avex.scoring import caption_split, keep_all
 from avex.selection import AVLayout
 from avex.stopping import ZERO_REWARD_STEPS, StopSignals, TrainingInterrupted, zero_reward_error
-from avex.train_steps import (draw_retention, rl_loss, training_retentions, warmup_loss,
-                              warmup_targets)
+from avex.train_steps import (batch_indices, cosine_with_warmup, draw_retention,
+                              exchange_saturation, micro_batches, rl_loss, sample_seed,
+                              training_retentions, warmup_loss, warmup_targets)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -79,34 +67,6 @@ def load_assets(cfg: TrainConfig, data_path, captioner_path, device):
     return cache, captioner, policy
 
 
-# ----------------------------------------------------------------------------------------------
-# Batches: a pure function of (seed, phase, step), so a resumed run reads what it would have
-# ----------------------------------------------------------------------------------------------
-
-def batch_indices(step: int, batch_size: int, n: int, seed: int, phase: str) -> list[int]:
-    """Clip indices of global batch ``step``: consecutive slices of per-epoch permutations."""
-    out = []
-    position = step * batch_size
-    while len(out) < batch_size:
-        epoch, offset = divmod(position, n)
-        gen = torch.Generator().manual_seed(zlib.crc32(f"{seed}:{phase}:{epoch}".encode()))
-        perm = torch.randperm(n, generator=gen).tolist()
-        take = perm[offset:offset + batch_size - len(out)]
-        out.extend(take)
-        position += len(take)
-    return out
-
-
-def micro_batches(indices: list[int], micro: int, procs: Processes) -> list[list[int]]:
-    """This rank's micro-batches of a global batch (rank r takes chunks r, r + W, ...)."""
-    chunks = [indices[i:i + micro] for i in range(0, len(indices), micro)]
-    return chunks[procs.rank::procs.world]
-
-
-def sample_seed(seed: int, step: int, chunk: int) -> int:
-    return zlib.crc32(f"gumbel:{seed}:{step}:{chunk}".encode())
-
-
 def training_layout(clips) -> str:
     """The layout (:data:`avex.policy.LAYOUTS`) of the training clips as the captioner lays
     them out: a clip exported from a model as its codes say, a plain clip as prefix text,
@@ -122,22 +82,14 @@ def training_layout(clips) -> str:
     return layout_of(names)
 
 
-def cosine_with_warmup(total_steps: int, warmup_fraction: float):
-    warm = max(1, round(total_steps * warmup_fraction)) if warmup_fraction > 0 else 0
-
-    def factor(step: int) -> float:
-        if step < warm:
-            return (step + 1) / warm
-        progress = (step - warm) / max(1, total_steps - warm)
-        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-    return factor
-
-
 # ----------------------------------------------------------------------------------------------
 # The run
 # ----------------------------------------------------------------------------------------------
 
 class Run:
+    """One training run: its processes and device, its books (:class:`RunBooks`) and its
+    phases: warmup, RL, then the comparison policies and the final table."""
+
     def __init__(self, cfg: TrainConfig, resume: bool):
         self.cfg = cfg
         self.procs = Processes("cuda" if cfg.device.startswith("cuda") or (
@@ -149,66 +101,16 @@ class Run:
         if cfg.deterministic:
             torch.use_deterministic_algorithms(True, warn_only=True)
         self.device = pick_device(cfg, self.procs)
-        self.run_dir = Path(cfg.run_dir)
-        self.cfg.run_dir = str(self.run_dir)
-        self.checkpoint = latest_checkpoint(self.run_dir) if resume else None
-        if resume and self.checkpoint is None:
-            raise FileNotFoundError(f"--resume: no checkpoint under {self.run_dir}/checkpoints; "
-                                    "start the run without --resume")
-        if resume:
-            check_owner(self.checkpoint, cfg)
-        if not resume and latest_checkpoint(self.run_dir) is not None:
-            raise FileExistsError(f"{self.run_dir} already holds a run; pass --resume to "
-                                  "continue it or --run-dir for a new one")
-        if self.procs.main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            (self.run_dir / CONFIG_FILE).write_text(json.dumps(cfg.to_dict(), indent=2))
-        self.log_file = self.run_dir / METRICS_FILE
-
-    # -- bookkeeping ------------------------------------------------------------------------
-    def log(self, record: dict):
-        if not self.procs.main:
-            return
-        record = {k: (v.tolist() if isinstance(v, torch.Tensor) else v) for k, v in record.items()}
-        with open(self.log_file, "a") as f:
-            f.write(json.dumps(record) + "\n")
-
-    def save(self, policy, phase, step, optimizer, scheduler):
-        if self.procs.main:
-            state = {"phase": phase, "step": step, "optimizer": optimizer.state_dict(),
-                     "scheduler": scheduler.state_dict() if scheduler else None,
-                     "rng": rng_state(), "config": self.cfg.to_dict()}
-            save_checkpoint(self.run_dir, self._global_step(phase, step), _unwrap(policy), state)
-        self.procs.barrier()
-
-    def any_rank(self, flag: bool) -> bool:
-        """``flag`` or'ed over every process (so that all of them take the same branch)."""
-        if self.procs.world == 1:
-            return flag
-        value = torch.tensor([1.0 if flag else 0.0], device=self.device)
-        torch_dist.all_reduce(value, op=torch_dist.ReduceOp.MAX)
-        return bool(value.item())
-
-    def stop_requested(self) -> bool:
-        stop = getattr(self, "stop", None)
-        return self.any_rank(stop is not None and stop.requested)
-
-    def resume_command(self) -> str:
-        return f"python -m avex.train --resume --run-dir {shlex.quote(str(self.run_dir))}"
-
-    def interrupt(self, model, phase, step, optimizer, scheduler):
-        """A stop was asked for: checkpoint this step boundary, then stop."""
-        self.save(model, phase, step, optimizer, scheduler)
-        raise TrainingInterrupted(latest_checkpoint(self.run_dir), self.resume_command())
+        self.cfg.run_dir = str(Path(cfg.run_dir))
+        self.books = RunBooks(cfg, self.procs, self.device, resume)
+        self.run_dir = self.books.run_dir
 
     def record_policy(self, policy, captioner, clips) -> None:
         """What the policy is trained on (avex.policy.TrainedOn), on the policy and in
         ``<run>/policy.json``: ``avex.load_policy`` reads it to rebuild and check the policy."""
         policy.trained_on = TrainedOn.of_model(captioner.model, training_layout(clips),
                                                training_retentions(self.cfg))
-        if self.procs.main:
-            text = json.dumps(policy_record(policy.config, policy.trained_on), indent=2)
-            (self.run_dir / POLICY_RECORD_FILE).write_text(text + "\n")
+        self.books.record_policy(policy)
 
     def steps_bar(self, desc: str, start: int, total: int):
         return progress_bar(range(start, total), desc=desc, unit="step", initial=start, total=total,
@@ -219,9 +121,6 @@ class Run:
         cfg = self.cfg
         return micro_batches(batch_indices(step, cfg.batch_size, n, cfg.seed, phase),
                              cfg.micro_batch_size, self.procs)
-
-    def _global_step(self, phase, step):
-        return step if phase == "warmup" else self.warmup_steps + step
 
     # -- phases -----------------------------------------------------------------------------
     def execute(self) -> dict:
@@ -241,16 +140,16 @@ class Run:
         if n == 0:
             raise ValueError(f"{data_path}: the train split is empty")
         self.record_policy(policy, captioner, clips_train)
-        self.warmup_steps = 0 if cfg.warmup_from else \
+        self.warmup_steps = self.books.warmup_steps = 0 if cfg.warmup_from else \
             math.ceil(cfg.warmup_epochs * n / cfg.batch_size)
         self.rl_steps = 0 if cfg.warmup_only else math.ceil(cfg.epochs * n / cfg.batch_size)
 
         start_phase, start_step, saved = "warmup", 0, None
-        if self.checkpoint is not None:
-            saved = load_checkpoint(self.checkpoint, policy)
+        if self.books.checkpoint is not None:
+            saved = load_checkpoint(self.books.checkpoint, policy)
             start_phase, start_step = saved["phase"], saved["step"]
             if self.procs.main:
-                dropped = truncate_metrics(self.log_file, start_phase, start_step)
+                dropped = truncate_metrics(self.books.log_file, start_phase, start_step)
                 print(f"resuming {self.run_dir} at {start_phase} step {start_step}"
                       + (f" ({dropped} metrics records after it dropped: they are redone)"
                          if dropped else ""))
@@ -260,12 +159,12 @@ class Run:
             model = torch.nn.parallel.DistributedDataParallel(
                 policy, device_ids=[self.device.index] if self.device.type == "cuda" else None)
 
-        with StopSignals() as self.stop:
+        with StopSignals() as self.books.stop:
             if start_phase == "warmup":
                 self.run_warmup(model, captioner, clips_train, start_step, saved)
                 saved, start_step = None, 0
             if start_phase != "done":
-                self.run_rl(model, captioner, clips_train, cache, start_step, saved)
+                self.run_rl(model, captioner, clips_train, start_step, saved)
         results = {}
         if cfg.evaluate:
             comparisons = self.train_comparisons()
@@ -288,7 +187,7 @@ class Run:
 
     def run_warmup(self, model, captioner, clips, start_step, saved):
         cfg = self.cfg
-        optimizer = torch.optim.AdamW(_unwrap(model).parameters(), lr=cfg.warmup_lr,
+        optimizer = torch.optim.AdamW(unwrap(model).parameters(), lr=cfg.warmup_lr,
                                       weight_decay=cfg.weight_decay)
         # cosine decay: the late steps refine the ranking instead of jumping around it
         scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -299,7 +198,7 @@ class Run:
                 scheduler.load_state_dict(saved["scheduler"])
             set_rng_state(saved["rng"])
         if cfg.warmup_from:  # another run's warmup policy; no warmup steps here
-            _unwrap(model).load_state_dict(
+            unwrap(model).load_state_dict(
                 load_file(str(warmup_policy_file(cfg.warmup_from))))
         targets = self.targets(captioner, clips) if self.warmup_steps else []
         bar = self.steps_bar("warmup", start_step, self.warmup_steps)
@@ -309,7 +208,7 @@ class Run:
             total = 0.0  # summed on the device, read once a step (a sync per chunk otherwise)
             for i, chunk in enumerate(chunks):
                 batch = captioner.embed([clips[j] for j in chunk])
-                with _no_sync(model, last=i == len(chunks) - 1):
+                with no_sync(model, last=i == len(chunks) - 1):
                     loss = warmup_loss(model, batch, AVLayout.of(batch.modality),
                                        [targets[j] for j in chunk])
                     (loss * len(chunk) * self.procs.world / cfg.batch_size).backward()
@@ -320,20 +219,20 @@ class Run:
             optimizer.step()
             scheduler.step()
             bar.set_postfix(bce=f"{total:.3f}")
-            self.log({"phase": "warmup", "step": step, "bce": total, "time": time.time()})
-            if self.stop_requested():
-                self.interrupt(model, "warmup", step + 1, optimizer, scheduler)
+            self.books.log({"phase": "warmup", "step": step, "bce": total, "time": time.time()})
+            if self.books.stop_requested():
+                self.books.interrupt(model, "warmup", step + 1, optimizer, scheduler)
             if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < self.warmup_steps:
-                self.save(model, "warmup", step + 1, optimizer, scheduler)
+                self.books.save(model, "warmup", step + 1, optimizer, scheduler)
         if self.procs.main:
             weights = {k: v.detach().cpu().contiguous()
-                       for k, v in _unwrap(model).state_dict().items()}
+                       for k, v in unwrap(model).state_dict().items()}
             tmp = self.run_dir / ".warmup_policy.tmp"
             save_file(weights, str(tmp))
             os.replace(tmp, self.run_dir / WARMUP_POLICY_FILE)
         # the RL phase starts from here on resume
         rl_optimizer, rl_scheduler = self.rl_optimizer(model)
-        self.save(model, "rl", 0, rl_optimizer, rl_scheduler)
+        self.books.save(model, "rl", 0, rl_optimizer, rl_scheduler)
 
     def targets(self, captioner, clips) -> list[torch.Tensor]:
         """The warmup targets of the train clips (:func:`warmup_targets`)."""
@@ -349,13 +248,13 @@ class Run:
 
     def rl_optimizer(self, model):
         cfg = self.cfg
-        optimizer = torch.optim.AdamW(_unwrap(model).parameters(), lr=cfg.lr,
+        optimizer = torch.optim.AdamW(unwrap(model).parameters(), lr=cfg.lr,
                                       weight_decay=cfg.weight_decay)
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, cosine_with_warmup(max(1, self.rl_steps), cfg.lr_warmup))
         return optimizer, scheduler
 
-    def run_rl(self, model, captioner, clips, cache, start_step, saved):
+    def run_rl(self, model, captioner, clips, start_step, saved):
         cfg = self.cfg
         optimizer, scheduler = self.rl_optimizer(model)
         if saved is not None:
@@ -364,8 +263,10 @@ class Run:
             set_rng_state(saved["rng"])
         cider = CiderD(corpus_references=[c.refs_av for c in clips], tokenize=True)
         targets = self.targets(captioner, clips) if cfg.lambda_target > 0 else None
-        saturation = self.exchange_saturation(captioner, cider, clips)
+        saturation = exchange_saturation(cfg, self.run_dir / EXCHANGE_CALIBRATION_FILE, captioner,
+                                         cider, clips, write=self.procs.main)
         bar = self.steps_bar("RL + AVEX", start_step, self.rl_steps)
+        rewarded = False   # any reward above 0 yet (checked over the first steps of a run)
         for step in bar:
             chunks = self.my_chunks(step, len(clips), "rl")
             optimizer.zero_grad(set_to_none=True)
@@ -378,7 +279,7 @@ class Run:
                 chunk_id = step * (cfg.batch_size // cfg.micro_batch_size) + \
                     self.procs.rank + i * self.procs.world
                 seed = sample_seed(cfg.seed, step, chunk_id)
-                with _no_sync(model, last=i == len(chunks) - 1):
+                with no_sync(model, last=i == len(chunks) - 1):
                     terms = rl_loss(cfg, model, captioner, cider, batch, batch_clips, seed,
                                     draw_retention(cfg, seed),
                                     None if targets is None else [targets[j] for j in chunk],
@@ -400,51 +301,28 @@ class Run:
                       **{k: v for k, v in sums.items()}}
             if diagnostics:  # this rank's micro-batches
                 record["exchange_diagnostics"] = diagnostics
-            self.log(record)
+            self.books.log(record)
             bar.set_postfix(reward=f"{float(sums['reward']):.1f}",
                             loss=f"{float(sums['loss']):.3f}")
             if start_step == 0 and step < ZERO_REWARD_STEPS:
                 # the mean anchor reward and its spread over anchors: both 0 only if every
                 # anchor's CIDEr-D was 0 (it is never negative)
-                rewarded = self.any_rank(float(sums["reward"]) > 0
-                                         or float(sums.get("reward_spread", 0.0)) > 0)
-                rewarded_so_far = rewarded or getattr(self, "_rewarded", False)
-                self._rewarded = rewarded_so_far
-                if not rewarded_so_far and step + 1 == min(ZERO_REWARD_STEPS, self.rl_steps):
+                rewarded = self.books.any_rank(float(sums["reward"]) > 0
+                                         or float(sums.get("reward_spread", 0.0)) > 0) or rewarded
+                if not rewarded and step + 1 == min(ZERO_REWARD_STEPS, self.rl_steps):
                     raise zero_reward_error(step + 1, min(len(clips), cfg.batch_size
                                                           * (step + 1)))
-            if self.stop_requested() and step + 1 < self.rl_steps:
-                self.interrupt(model, "rl", step + 1, optimizer, scheduler)
+            if self.books.stop_requested() and step + 1 < self.rl_steps:
+                self.books.interrupt(model, "rl", step + 1, optimizer, scheduler)
             if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < self.rl_steps:
-                self.save(model, "rl", step + 1, optimizer, scheduler)
-        self.save(model, "done", self.rl_steps, optimizer, scheduler)
+                self.books.save(model, "rl", step + 1, optimizer, scheduler)
+        self.books.save(model, "done", self.rl_steps, optimizer, scheduler)
         if cfg.exchanges and self.procs.main:
             write_exchange_report(self.run_dir)
         if self.procs.main:  # the artifact: AVEXPolicy.from_pretrained / avex.load_policy
-            _unwrap(model).save_pretrained(self.run_dir / SAVED_POLICY_DIR)
-        if self.stop_requested():   # asked during the last step: done, but no evaluation
-            raise TrainingInterrupted(latest_checkpoint(self.run_dir), self.resume_command())
-
-    def exchange_saturation(self, captioner, cider, clips) -> float:
-        """w(dR)'s saturation: ``cfg.exchange_saturation``, or the paper's scaled by the mean
-        full-token reward of the first 256 train clips (measured once, kept in the run's
-        ``exchange_calibration.json``)."""
-        cfg = self.cfg
-        if not cfg.exchanges or cfg.exchange_saturation is not None:
-            return cfg.exchange_saturation or SATURATION_POINTS
-        path = self.run_dir / EXCHANGE_CALIBRATION_FILE
-        if path.is_file():
-            return float(json.loads(path.read_text())["saturation"])
-        sample = clips[:256]
-        captions = caption_split(captioner, sample, keep_all, 1.0, num_beams=cfg.num_beams,
-                                 max_new_tokens=cfg.max_new_tokens)
-        reward = float(100.0 * cider.score(captions, [c.refs_av for c in sample]).mean())
-        record = {"full_token_reward": reward, "clips": len(sample),
-                  "saturation": saturation_for(reward)}
-        if self.procs.main:
-            path.write_text(json.dumps(record, indent=1) + "\n")
-        return record["saturation"]
-
+            unwrap(model).save_pretrained(self.run_dir / SAVED_POLICY_DIR)
+        if self.books.stop_requested():   # asked during the last step: done, but no evaluation
+            raise TrainingInterrupted(latest_checkpoint(self.run_dir), self.books.resume_command())
 
 
 def prepare_run(cfg: TrainConfig, *, resume: bool = False, explicit: dict | None = None) -> "Run":

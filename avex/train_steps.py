@@ -1,9 +1,22 @@
-"""One micro-batch's losses in each phase of training (Sections 3.3 and 3.4): the warmup's
-fit to the balanced attention selection, and the RL step with its exchange sets.
+"""What each step of ``python -m avex.train`` reads and computes: its clips and seeds (a pure
+function of the run's seed, the phase and the step, so a resumed run reads what it would have),
+the learning-rate schedule, and one micro-batch's losses in each phase (Sections 3.3 and 3.4):
+the warmup's fit to the balanced attention selection, and the RL step with its exchange sets.
+
+One RL step, per micro-batch (:func:`rl_loss`):
+    scores      = policy(inputs_embeds, modality)                 on the AV axis [B, M]
+    S, log pi   = gumbel_topk(scores, K)                          the anchors
+    exchanges   = build_exchanges(scores, S, modality, g)         V>V, A>A, V>A, A>V
+    captions    = one generation over anchors + counterfactuals   compacted, original positions
+    R           = 100 * CIDEr-D(captions, AV references)
+    L           = L_RL + lambda_ex * L_ex
 """
 from __future__ import annotations
 
+import json
+import math
 import zlib
+from pathlib import Path
 from typing import NamedTuple
 
 import torch
@@ -13,9 +26,52 @@ from avex.config import TrainConfig
 from avex.exchange_diagnostics import exchange_statistics, grad_norm
 from avex.kernels import build_exchanges, gumbel_topk
 from avex.losses import (SATURATION_POINTS, anchored_policy_gradient_loss, exchange_terms,
-                         group_normalized_loss, leave_one_out_loss, set_level_loss)
+                         group_normalized_loss, leave_one_out_loss, saturation_for,
+                         set_level_loss)
 from avex.modality import AUDIO, VISUAL
+from avex.scoring import caption_split, keep_all
 from avex.selection import AVLayout, balanced_attention_keep, indices_to_keep
+
+
+# ----------------------------------------------------------------------------------------------
+# Batches, seeds and the learning rate: functions of (seed, phase, step), so a resumed run
+# reads what it would have
+# ----------------------------------------------------------------------------------------------
+
+def batch_indices(step: int, batch_size: int, n: int, seed: int, phase: str) -> list[int]:
+    """Clip indices of global batch ``step``: consecutive slices of per-epoch permutations."""
+    out = []
+    position = step * batch_size
+    while len(out) < batch_size:
+        epoch, offset = divmod(position, n)
+        gen = torch.Generator().manual_seed(zlib.crc32(f"{seed}:{phase}:{epoch}".encode()))
+        perm = torch.randperm(n, generator=gen).tolist()
+        take = perm[offset:offset + batch_size - len(out)]
+        out.extend(take)
+        position += len(take)
+    return out
+
+
+def micro_batches(indices: list[int], micro: int, procs) -> list[list[int]]:
+    """This rank's micro-batches of a global batch (rank r takes chunks r, r + W, ...;
+    ``procs``: an :class:`avex.distributed.Processes`)."""
+    chunks = [indices[i:i + micro] for i in range(0, len(indices), micro)]
+    return chunks[procs.rank::procs.world]
+
+
+def sample_seed(seed: int, step: int, chunk: int) -> int:
+    return zlib.crc32(f"gumbel:{seed}:{step}:{chunk}".encode())
+
+
+def cosine_with_warmup(total_steps: int, warmup_fraction: float):
+    warm = max(1, round(total_steps * warmup_fraction)) if warmup_fraction > 0 else 0
+
+    def factor(step: int) -> float:
+        if step < warm:
+            return (step + 1) / warm
+        progress = (step - warm) / max(1, total_steps - warm)
+        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+    return factor
 
 
 # ----------------------------------------------------------------------------------------------
@@ -236,3 +292,22 @@ def random_exchanges(scores, anchor_idx, modality, cfg: TrainConfig, seed: int,
     delta_f = (group_sum(drawn.removed) - group_sum(drawn.inserted)).to(drawn.delta_f.dtype)
     return drawn._replace(delta_f=torch.where(drawn.valid, delta_f, torch.zeros_like(delta_f)))
 
+
+def exchange_saturation(cfg: TrainConfig, calibration_file: Path, captioner, cider, clips, *,
+                        write: bool) -> float:
+    """w(dR)'s saturation: ``cfg.exchange_saturation``, or the paper's scaled by the mean
+    full-token reward of the first 256 train clips (measured once, kept in the run's
+    ``calibration_file``, written where ``write``)."""
+    if not cfg.exchanges or cfg.exchange_saturation is not None:
+        return cfg.exchange_saturation or SATURATION_POINTS
+    if calibration_file.is_file():
+        return float(json.loads(calibration_file.read_text())["saturation"])
+    sample = clips[:256]
+    captions = caption_split(captioner, sample, keep_all, 1.0, num_beams=cfg.num_beams,
+                             max_new_tokens=cfg.max_new_tokens)
+    reward = float(100.0 * cider.score(captions, [c.refs_av for c in sample]).mean())
+    record = {"full_token_reward": reward, "clips": len(sample),
+              "saturation": saturation_for(reward)}
+    if write:
+        calibration_file.write_text(json.dumps(record, indent=1) + "\n")
+    return record["saturation"]
