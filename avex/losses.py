@@ -6,9 +6,12 @@ tokens score 56.8; ``saturation`` sets that scale (training derives it from the 
 reward: :func:`saturation_for`).
 
 Shapes: B samples, E exchange slots per sample (the four types, some of them skipped).
-Every function checks its shapes, dtypes (``valid`` is bool) and devices, and refuses NaN or
-inf where it would reach the loss; values in slots that ``valid`` masks out are never read, so
-they can't reach the loss or its gradient.
+Every public function checks its shapes, dtypes (``valid`` is bool) and devices once, and
+refuses NaN or inf where it would reach the loss; values in slots that ``valid`` masks out are
+never read, so they can't reach the loss or its gradient. The ``*_unchecked`` forms are the same
+arithmetic without the checks (whose host syncs cost every micro-batch), for a caller whose
+inputs are built by this package: training's step (:mod:`avex.train_steps`), as the kernels'
+``*_unchecked`` forms are.
 """
 from __future__ import annotations
 
@@ -38,9 +41,13 @@ def exchange_weight(delta_reward, saturation: float = SATURATION_POINTS):
     if isinstance(delta_reward, torch.Tensor):
         _checks.tensor("delta_reward", delta_reward, floating=True)
         _checks.finite("delta_reward", delta_reward.detach())
-        return (delta_reward.abs() / saturation).clamp(max=1.0)
+        return _weight(delta_reward, saturation)
     value = _checks.real("delta_reward", delta_reward)
     return min(abs(value) / saturation, 1.0)
+
+
+def _weight(delta_reward: torch.Tensor, saturation: float) -> torch.Tensor:
+    return (delta_reward.abs() / saturation).clamp(max=1.0)
 
 
 def exchange_terms(delta_f: torch.Tensor, delta_reward: torch.Tensor, valid: torch.Tensor, *,
@@ -49,10 +56,18 @@ def exchange_terms(delta_f: torch.Tensor, delta_reward: torch.Tensor, valid: tor
     sample's number of valid exchanges, 0 where ``valid`` is False. Summed over E it is
     :func:`exchange_loss`; summed over the slots of one exchange type, that type's part."""
     _check_slots(delta_f=delta_f, delta_reward=delta_reward, valid=valid)
+    saturation = _checks.positive_float("saturation", saturation)
+    return exchange_terms_unchecked(delta_f, delta_reward, valid, saturation=saturation)
+
+
+def exchange_terms_unchecked(delta_f: torch.Tensor, delta_reward: torch.Tensor,
+                             valid: torch.Tensor, *,
+                             saturation: float = SATURATION_POINTS) -> torch.Tensor:
+    """:func:`exchange_terms` without its checks (no host sync)."""
     # masked slots are replaced before any arithmetic: a NaN there must not reach the gradient
     delta_f = torch.where(valid, delta_f, torch.zeros_like(delta_f))
     delta_reward = torch.where(valid, delta_reward, torch.zeros_like(delta_reward))
-    pairwise = exchange_weight(delta_reward, saturation) * \
+    pairwise = _weight(delta_reward, saturation) * \
         F.softplus(-torch.sign(delta_reward) * delta_f)
     pairwise = torch.where(valid, pairwise, torch.zeros_like(pairwise))
     count = valid.sum(dim=1, keepdim=True)
@@ -87,12 +102,14 @@ def policy_gradient_loss(log_prob: torch.Tensor, anchor_reward: torch.Tensor,
     _check_samples(log_prob=log_prob, anchor_reward=anchor_reward)
     _check_slots(counterfactual_rewards=counterfactual_rewards, valid=valid)
     _check_batch(log_prob, counterfactual_rewards)
-    _checks.flag("normalize", normalize)
-    if normalize:
-        if set_size is None:
-            raise TypeError("normalize=True divides log pi by the set size K: pass set_size, "
-                            "an integer tensor [B]")
-        _check_set_size(set_size, log_prob)
+    _check_normalize(normalize, set_size, log_prob)
+    return policy_gradient_loss_unchecked(log_prob, anchor_reward, counterfactual_rewards, valid,
+                                          normalize=normalize, set_size=set_size)
+
+
+def policy_gradient_loss_unchecked(log_prob, anchor_reward, counterfactual_rewards, valid, *,
+                                   normalize: bool = False, set_size=None) -> torch.Tensor:
+    """:func:`policy_gradient_loss` without its checks (no host sync)."""
     cf = torch.where(valid, counterfactual_rewards, torch.zeros_like(counterfactual_rewards))
     baseline = (anchor_reward + cf.sum(dim=1)) / (1 + valid.sum(dim=1))
     advantage = (anchor_reward - baseline).detach()
@@ -108,6 +125,11 @@ def set_level_loss(log_prob: torch.Tensor, reward: torch.Tensor) -> torch.Tensor
     sample [B]. Without counterfactuals the baseline is the mean reward of the *other* samples
     of the batch (leave-one-out), so that it does not depend on the sample's own action."""
     _check_samples(log_prob=log_prob, reward=reward)
+    return set_level_loss_unchecked(log_prob, reward)
+
+
+def set_level_loss_unchecked(log_prob: torch.Tensor, reward: torch.Tensor) -> torch.Tensor:
+    """:func:`set_level_loss` without its checks (no host sync)."""
     count = reward.shape[0]
     if count < 2:
         baseline = torch.zeros_like(reward)
@@ -129,11 +151,17 @@ def leave_one_out_loss(log_prob: torch.Tensor, rewards: torch.Tensor,
     that are all equal are divided by their common magnitude, and a sample with K = 0 gives 0.
     """
     _check_anchors(log_prob=log_prob, rewards=rewards)
-    count = rewards.shape[1]
-    if count < 2:
-        raise ValueError(f"rewards has {count} anchor per sample; the leave-one-out baseline "
-                         "needs at least 2")
+    if rewards.shape[1] < 2:
+        raise ValueError(f"rewards has {rewards.shape[1]} anchor per sample; the leave-one-out "
+                         "baseline needs at least 2")
     _check_set_size(set_size, log_prob[:, 0])
+    return leave_one_out_loss_unchecked(log_prob, rewards, set_size)
+
+
+def leave_one_out_loss_unchecked(log_prob: torch.Tensor, rewards: torch.Tensor,
+                                 set_size: torch.Tensor) -> torch.Tensor:
+    """:func:`leave_one_out_loss` without its checks (no host sync)."""
+    count = rewards.shape[1]
     baseline = (rewards.sum(dim=1, keepdim=True) - rewards) / (count - 1)
     advantage = (rewards - baseline).detach()
     advantage = advantage / _advantage_scale(advantage)
@@ -153,11 +181,16 @@ def group_normalized_loss(log_prob: torch.Tensor, rewards: torch.Tensor,
     with K = 0 gives 0), as in :func:`leave_one_out_loss`.
     """
     _check_anchors(log_prob=log_prob, rewards=rewards)
-    count = rewards.shape[1]
-    if count < 2:
-        raise ValueError(f"rewards has {count} sample per clip; a group-normalised advantage "
-                         "needs at least 2")
+    if rewards.shape[1] < 2:
+        raise ValueError(f"rewards has {rewards.shape[1]} sample per clip; a group-normalised "
+                         "advantage needs at least 2")
     _check_set_size(set_size, log_prob[:, 0])
+    return group_normalized_loss_unchecked(log_prob, rewards, set_size)
+
+
+def group_normalized_loss_unchecked(log_prob: torch.Tensor, rewards: torch.Tensor,
+                                    set_size: torch.Tensor) -> torch.Tensor:
+    """:func:`group_normalized_loss` without its checks (no host sync)."""
     centred = rewards - rewards.mean(dim=1, keepdim=True)
     std = rewards.std(dim=1, unbiased=False, keepdim=True)
     spread = std > 1e-6 * rewards.abs().amax(dim=1, keepdim=True).clamp_min(1e-12)
@@ -184,17 +217,23 @@ def anchored_policy_gradient_loss(log_prob: torch.Tensor, anchor_rewards: torch.
     _check_anchors(log_prob=log_prob, anchor_rewards=anchor_rewards)
     _check_slots(counterfactual_rewards=counterfactual_rewards, valid=valid)
     _check_batch(log_prob, counterfactual_rewards)
-    _checks.flag("normalize", normalize)
     anchors, slots = log_prob.shape[1], valid.shape[1]
-    owner = torch.as_tensor(owner, dtype=torch.long, device=log_prob.device)
-    if owner.shape != (slots,) or bool(((owner < 0) | (owner >= anchors)).any()):
+    owner_t = torch.as_tensor(owner, dtype=torch.long, device=log_prob.device)
+    if owner_t.shape != (slots,) or bool(((owner_t < 0) | (owner_t >= anchors)).any()):
         raise ValueError(f"owner must hold {slots} anchor indices in [0, {anchors}), got "
-                         f"{owner.tolist()}")
-    if normalize:
-        if set_size is None:
-            raise TypeError("normalize=True divides log pi by the set size K: pass set_size, "
-                            "an integer tensor [B]")
-        _check_set_size(set_size, log_prob[:, 0])
+                         f"{owner_t.tolist()}")
+    _check_normalize(normalize, set_size, log_prob[:, 0])
+    return anchored_policy_gradient_loss_unchecked(log_prob, anchor_rewards,
+                                                   counterfactual_rewards, valid, owner,
+                                                   normalize=normalize, set_size=set_size)
+
+
+def anchored_policy_gradient_loss_unchecked(log_prob, anchor_rewards, counterfactual_rewards,
+                                            valid, owner, *, normalize: bool = False,
+                                            set_size=None) -> torch.Tensor:
+    """:func:`anchored_policy_gradient_loss` without its checks (no host sync)."""
+    anchors = log_prob.shape[1]
+    owner = torch.as_tensor(owner, dtype=torch.long, device=log_prob.device)
     member = F.one_hot(owner, anchors).to(anchor_rewards.dtype)               # [E, A]
     cf = torch.where(valid, counterfactual_rewards, torch.zeros_like(counterfactual_rewards))
     baseline = (anchor_rewards + cf @ member) / (1 + valid.to(member.dtype) @ member)
@@ -219,10 +258,14 @@ def avex_objective(log_prob, anchor_reward, counterfactual_rewards, delta_f, val
     _check_samples(log_prob=log_prob, anchor_reward=anchor_reward)
     _check_slots(counterfactual_rewards=counterfactual_rewards, delta_f=delta_f, valid=valid)
     _check_batch(log_prob, counterfactual_rewards)
+    _check_normalize(normalize_rl, set_size, log_prob)
+    saturation = _checks.positive_float("saturation", saturation)
+    # checked once here: the terms below trust their inputs
     delta_reward = anchor_reward[:, None] - counterfactual_rewards
-    rl = policy_gradient_loss(log_prob, anchor_reward, counterfactual_rewards, valid,
-                              normalize=normalize_rl, set_size=set_size).mean()
-    ex = exchange_loss(delta_f, delta_reward, valid, saturation=saturation).mean()
+    rl = policy_gradient_loss_unchecked(log_prob, anchor_reward, counterfactual_rewards, valid,
+                                        normalize=normalize_rl, set_size=set_size).mean()
+    ex = exchange_terms_unchecked(delta_f, delta_reward, valid,
+                                  saturation=saturation).sum(dim=1).mean()
     zero = torch.zeros((), dtype=rl.dtype, device=rl.device)
     loss = (rl if use_rl else zero) + (lambda_ex * ex if use_exchange else zero)
     return {"loss": loss, "rl": rl.detach(), "exchange": ex.detach()}
@@ -279,6 +322,15 @@ def _check_batch(per_sample: torch.Tensor, per_slot: torch.Tensor):
         raise ValueError(f"counterfactual_rewards has {per_slot.shape[0]} rows but log_prob has "
                          f"{per_sample.shape[0]} samples")
     _checks.same_device("counterfactual_rewards", per_slot, "log_prob", per_sample)
+
+
+def _check_normalize(normalize, set_size, log_prob):
+    _checks.flag("normalize", normalize)
+    if normalize:
+        if set_size is None:
+            raise TypeError("normalize=True divides log pi by the set size K: pass set_size, "
+                            "an integer tensor [B]")
+        _check_set_size(set_size, log_prob)
 
 
 def _check_set_size(set_size, log_prob):

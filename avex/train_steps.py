@@ -25,9 +25,10 @@ import torch.nn.functional as F
 from avex.config import TrainConfig
 from avex.exchange_diagnostics import exchange_statistics, grad_norm
 from avex.kernels import build_exchanges, gumbel_topk
-from avex.losses import (SATURATION_POINTS, anchored_policy_gradient_loss, exchange_terms,
-                         group_normalized_loss, leave_one_out_loss, saturation_for,
-                         set_level_loss)
+from avex.losses import (SATURATION_POINTS, anchored_policy_gradient_loss_unchecked,
+                         exchange_terms_unchecked, group_normalized_loss_unchecked,
+                         leave_one_out_loss_unchecked, saturation_for,
+                         set_level_loss_unchecked)
 from avex.modality import AUDIO, VISUAL
 from avex.scoring import caption_split, keep_all
 from avex.selection import AVLayout, balanced_attention_keep, indices_to_keep
@@ -214,22 +215,22 @@ def rl_loss(cfg: TrainConfig, policy, captioner, cider, batch, clips, seed: int,
     zero = torch.zeros((), device=scores.device)
     rl = None
     if cfg.rl_estimator == "rloo" and (cfg.rl or not cfg.exchanges):
-        rl = leave_one_out_loss(log_prob, anchor_rewards, budget).mean()
+        rl = leave_one_out_loss_unchecked(log_prob, anchor_rewards, budget).mean()
     elif cfg.rl_estimator == "group" and (cfg.rl or not cfg.exchanges):
-        rl = group_normalized_loss(log_prob, anchor_rewards, budget).mean()
+        rl = group_normalized_loss_unchecked(log_prob, anchor_rewards, budget).mean()
     elif cfg.rl_estimator == "paper" and exchanges is not None:
-        rl = anchored_policy_gradient_loss(log_prob, anchor_rewards, counterfactual,
-                                           exchanges.valid, exchanges.owner,
-                                           normalize=cfg.normalize_rl, set_size=budget).mean()
+        rl = anchored_policy_gradient_loss_unchecked(
+            log_prob, anchor_rewards, counterfactual, exchanges.valid, exchanges.owner,
+            normalize=cfg.normalize_rl, set_size=budget).mean()
     elif cfg.rl_estimator == "paper":  # the set-level reward is the only signal: always on
-        rl = set_level_loss(log_prob[:, 0], anchor_rewards[:, 0]).mean()
+        rl = set_level_loss_unchecked(log_prob[:, 0], anchor_rewards[:, 0]).mean()
     terms = {"loss": zero if rl is None or not (cfg.rl or exchanges is None) else rl}
     if rl is not None:
         terms["rl"] = rl.detach()
     if exchanges is not None:
         delta_reward = anchor_rewards[:, exchanges.owner] - counterfactual
-        parts = exchange_terms(exchanges.delta_f, delta_reward, exchanges.valid,
-                               saturation=saturation)                          # [B, E]
+        parts = exchange_terms_unchecked(exchanges.delta_f, delta_reward, exchanges.valid,
+                                         saturation=saturation)                # [B, E]
         ex = parts.sum(dim=1).mean()
         weight = cfg.lambda_ex
         diagnostics = {"retention": float(retention), "k": int(budget.max()),

@@ -167,3 +167,52 @@ def test_leave_one_out_baseline_ignores_the_anchors_own_reward():
 def test_leave_one_out_needs_two_anchors():
     with pytest.raises(ValueError, match="rewards has 1 anchor per sample"):
         leave_one_out_loss(torch.zeros(2, 1), torch.zeros(2, 1), torch.ones(2))
+
+
+def test_the_unchecked_forms_are_the_checked_arithmetic():
+    """Training's step calls the *_unchecked forms (no host syncs): the same values, bit for
+    bit, as the checked public functions on valid input."""
+    from avex import losses
+
+    torch.manual_seed(0)
+    log_prob, rewards = torch.randn(3, 4), 50 * torch.rand(3, 4)
+    k = torch.tensor([5, 0, 7])
+    cf, valid = 50 * torch.rand(3, 6), torch.rand(3, 6) > 0.3
+    delta_f = torch.randn(3, 6)
+    pairs = [
+        (losses.leave_one_out_loss(log_prob, rewards, k),
+         losses.leave_one_out_loss_unchecked(log_prob, rewards, k)),
+        (losses.group_normalized_loss(log_prob, rewards, k),
+         losses.group_normalized_loss_unchecked(log_prob, rewards, k)),
+        (losses.set_level_loss(log_prob[:, 0], rewards[:, 0]),
+         losses.set_level_loss_unchecked(log_prob[:, 0], rewards[:, 0])),
+        (losses.anchored_policy_gradient_loss(log_prob, rewards, cf, valid, [0, 1, 2, 3, 0, 1],
+                                              normalize=True, set_size=k),
+         losses.anchored_policy_gradient_loss_unchecked(log_prob, rewards, cf, valid,
+                                                        [0, 1, 2, 3, 0, 1], normalize=True,
+                                                        set_size=k)),
+        (losses.policy_gradient_loss(log_prob[:, 0], rewards[:, 0], cf, valid),
+         losses.policy_gradient_loss_unchecked(log_prob[:, 0], rewards[:, 0], cf, valid)),
+        (losses.exchange_terms(delta_f, cf, valid, saturation=8.0),
+         losses.exchange_terms_unchecked(delta_f, cf, valid, saturation=8.0)),
+    ]
+    for checked, unchecked in pairs:
+        assert torch.equal(checked, unchecked)
+
+
+def test_the_objective_checks_its_inputs_once(monkeypatch):
+    """avex_objective checks at its boundary; the terms it computes trust their inputs (each
+    check is a host sync on every micro-batch)."""
+    from avex import losses
+
+    calls = {"samples": 0, "slots": 0}
+    for name, key in (("_check_samples", "samples"), ("_check_slots", "slots")):
+        original = getattr(losses, name)
+
+        def counted(*args, _original=original, _key=key, **kwargs):
+            calls[_key] += 1
+            return _original(*args, **kwargs)
+        monkeypatch.setattr(losses, name, counted)
+    avex_objective(torch.tensor([-1.0]), torch.tensor([10.0]), torch.tensor([[4.0, 12.0]]),
+                   torch.tensor([[1.0, -0.5]]), torch.tensor([[True, True]]))
+    assert calls == {"samples": 1, "slots": 1}
