@@ -62,11 +62,10 @@ def main(argv=None) -> int:
         settings.validate()
     except (ValueError, TypeError) as e:
         p.error(str(e))
-    try:
+    try:  # what only a built model shows (its size, its family) is a usage error too
         results = profile(settings)
     except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        p.error(str(e))
     print(results["markdown"])
     print("wrote " + ", ".join(results["files"]))
     return 0
