@@ -277,3 +277,27 @@ def test_two_gloo_processes_match_one(cache_dir, tmp_path):
                                    msg=name)
     assert any(not torch.equal(single[name], load_file(
         str(tmp_path / "single" / "warmup_policy.safetensors"))[name]) for name in single)
+
+
+def test_the_callable_trains_what_the_command_line_trains(cache_dir, tmp_path):
+    """train(TrainConfig(...)) is python -m avex.train: the same settings give the same
+    policy, byte for byte, and the same table, and it returns the run's rows."""
+    from avex.config import TrainConfig
+    from avex.train import train
+
+    cli = main(tiny_args(cache_dir, tmp_path / "cli", "--eval-retentions", "0.4",
+                         "--eval-methods", "random"))
+    cfg = TrainConfig(benchmark_preset="tiny", captioner_preset="tiny", cache_dir=str(cache_dir),
+                      run_dir=str(tmp_path / "api"), batch_size=8, micro_batch_size=4,
+                      epochs=1, warmup_epochs=0.5, progress=False, seed=3,
+                      eval_retentions=[0.4], eval_methods=["random"])
+    asked = cfg.to_dict()
+    api = train(cfg)
+    assert api["run_dir"] == str(tmp_path / "api") and api["rows"] == cli["rows"]
+    assert [row["method"] for row in api["rows"]] == [
+        "Full tokens", "Random", "warmup only", "AVEX, L_RL (RLOO) (this run)"]
+    for name in ("warmup_policy.safetensors", "policy/model.safetensors"):
+        assert (tmp_path / "api" / name).read_bytes() == (tmp_path / "cli" / name).read_bytes()
+    got, want = final_weights(tmp_path / "api"), final_weights(tmp_path / "cli")
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in got)
+    assert cfg.to_dict() == asked   # the caller's settings are not changed
