@@ -5,7 +5,7 @@ STAMP  := $(VENV)/.avex-installed
 PYTEST_ARGS ?=
 TRAIN_ARGS ?=
 
-.PHONY: test train bench install cuda-lib clean wheel-check test-gpu-image
+.PHONY: test test-fast train bench install cuda-lib clean wheel-check test-gpu-image
 
 $(STAMP): setup.py pyproject.toml kernels/gumbel_topk_host.c
 	@# A machine that already has torch (a GPU image with its CUDA build) keeps it: the venv
@@ -33,6 +33,10 @@ cuda-lib:
 
 test: $(STAMP) cuda-lib
 	$(PY) -m pytest tests $(PYTEST_ARGS)
+
+# The contributor's lane: every test but those marked slow (end-to-end training and evaluation).
+test-fast: $(STAMP) cuda-lib
+	$(PY) -m pytest tests -m "not slow" $(PYTEST_ARGS)
 
 # The wheel installed without -e in a fresh venv: every module, `avex.train --help`, README snippet.
 wheel-check: $(STAMP)
