@@ -150,11 +150,7 @@ def leave_one_out_loss(log_prob: torch.Tensor, rewards: torch.Tensor,
     Where that is undefined the value is defined as in :func:`policy_gradient_loss`: advantages
     that are all equal are divided by their common magnitude, and a sample with K = 0 gives 0.
     """
-    _check_anchors(log_prob=log_prob, rewards=rewards)
-    if rewards.shape[1] < 2:
-        raise ValueError(f"rewards has {rewards.shape[1]} anchor per sample; the leave-one-out "
-                         "baseline needs at least 2")
-    _check_set_size(set_size, log_prob[:, 0])
+    _check_sets(log_prob, rewards, set_size, "anchor per sample; the leave-one-out baseline")
     return leave_one_out_loss_unchecked(log_prob, rewards, set_size)
 
 
@@ -180,11 +176,7 @@ def group_normalized_loss(log_prob: torch.Tensor, rewards: torch.Tensor,
     equal gives advantages of 0. log pi is divided by the set size K (``set_size`` [B]; a sample
     with K = 0 gives 0), as in :func:`leave_one_out_loss`.
     """
-    _check_anchors(log_prob=log_prob, rewards=rewards)
-    if rewards.shape[1] < 2:
-        raise ValueError(f"rewards has {rewards.shape[1]} sample per clip; a group-normalised "
-                         "advantage needs at least 2")
-    _check_set_size(set_size, log_prob[:, 0])
+    _check_sets(log_prob, rewards, set_size, "sample per clip; a group-normalised advantage")
     return group_normalized_loss_unchecked(log_prob, rewards, set_size)
 
 
@@ -322,6 +314,15 @@ def _check_batch(per_sample: torch.Tensor, per_slot: torch.Tensor):
         raise ValueError(f"counterfactual_rewards has {per_slot.shape[0]} rows but log_prob has "
                          f"{per_sample.shape[0]} samples")
     _checks.same_device("counterfactual_rewards", per_slot, "log_prob", per_sample)
+
+
+def _check_sets(log_prob, rewards, set_size, needs: str):
+    """[B, A] log-probabilities and rewards of A >= 2 sampled sets per sample, and their
+    size K [B]; ``needs`` says what the A sets are for, in the error."""
+    _check_anchors(log_prob=log_prob, rewards=rewards)
+    if rewards.shape[1] < 2:
+        raise ValueError(f"rewards has {rewards.shape[1]} {needs} needs at least 2")
+    _check_set_size(set_size, log_prob[:, 0])
 
 
 def _check_normalize(normalize, set_size, log_prob):

@@ -112,7 +112,7 @@ def test_motivation_writes_figure_and_numbers(cache_dir, tmp_path):
 
 
 @pytest.mark.parametrize("flags,match", [
-    (["--methods", "random,fastvv"], "methods must be drawn from"),
+    (["--methods", "random,fastvv"], r"methods must be one of .* got .fastvv."),
     (["--retentions", "0.4,0"], r"retentions must be in \(0, 1\], got 0"),
     (["--avex-run", "/no/such/run"], "--avex-run: no run directory"),
     (["--retentions", "0.4,0.2,0.4"], r"retentions has duplicates: \[0.4, 0.2, 0.4\]"),

@@ -52,50 +52,18 @@ DEFAULT_METHODS = SELECTORS
 # Arguments
 # ----------------------------------------------------------------------------------------------
 
-def _float_list(name):
+def _list(name: str, kind, what: str):
+    """An argparse type: a comma-separated list of ``kind``; the settings check the values."""
     def parse(text):
         try:
-            values = [float(x) for x in text.split(",") if x.strip()]
+            values = [kind(x.strip()) for x in text.split(",") if x.strip()]
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be comma-separated numbers, "
-                                             f"got {text!r}")
-        for v in values:
-            if not 0 < v <= 1:
-                raise argparse.ArgumentTypeError(f"{name} must be in (0, 1], got {v:g}")
+            raise argparse.ArgumentTypeError(f"{name} must be comma-separated {what}, got "
+                                             f"{text!r}")
         if not values:
             raise argparse.ArgumentTypeError(f"{name} is empty")
         return values
     return parse
-
-
-def _int_list(name):
-    def parse(text):
-        try:
-            values = [int(x) for x in text.split(",") if x.strip()]
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be comma-separated integers, "
-                                             f"got {text!r}")
-        if not values:
-            raise argparse.ArgumentTypeError(f"{name} is empty")
-        return values
-    return parse
-
-
-def _name_list(name, choices):
-    def parse(text):
-        names = [x.strip() for x in text.split(",") if x.strip()]
-        for item in names:
-            if item not in choices:
-                raise argparse.ArgumentTypeError(f"{name} must be drawn from {list(choices)}, "
-                                                 f"got {item!r}")
-        if not names:
-            raise argparse.ArgumentTypeError(f"{name} is empty")
-        return names
-    return parse
-
-
-_variants = _name_list("variants", ABLATIONS)
-_methods = _name_list("methods", SELECTORS)
 
 
 def _common(parser):
@@ -127,9 +95,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command")
     sweep = sub.add_parser("sweep", help="the retention sweep of every method (Table 2, Fig. 3)")
     _common(sweep)
-    sweep.add_argument("--methods", type=_methods, default=list(DEFAULT_METHODS))
-    sweep.add_argument("--retentions", type=_float_list("retentions"), default=list(RETENTIONS))
-    sweep.add_argument("--seeds", type=_int_list("seeds"), default=[0])
+    sweep.add_argument("--methods", type=_list("methods", str, "method names"),
+                       default=list(DEFAULT_METHODS))
+    sweep.add_argument("--retentions", type=_list("retentions", float, "numbers"),
+                       default=list(RETENTIONS))
+    sweep.add_argument("--seeds", type=_list("seeds", int, "integers"), default=[0])
     sweep.add_argument("--split", default="test")
     sweep.add_argument("--transfer-split", default="transfer",
                        help="the split for the transfer CIDEr column ('none' to skip)")
@@ -145,13 +115,14 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--qualitative", type=int, default=3, help="clips shown at 40%%")
     abl = sub.add_parser("ablation", help="the paper's Table 3 (training signal, group size)")
     _common(abl)
-    abl.add_argument("--variants", type=_variants, default=list(ABLATIONS))
+    abl.add_argument("--variants", type=_list("variants", str, "variant names"),
+                     default=list(ABLATIONS))
     abl.add_argument("--retention", type=float, default=0.2,
                      help="training and evaluation retention (default 0.2)")
-    abl.add_argument("--retentions", type=_float_list("retentions"), default=None,
+    abl.add_argument("--retentions", type=_list("retentions", float, "numbers"), default=None,
                      help="evaluate every variant at each of these (e.g. 0.5,0.4,0.3,0.2,0.1: "
                           "the matched-budget comparison's table); default: --retention")
-    abl.add_argument("--seeds", type=_int_list("seeds"), default=[0],
+    abl.add_argument("--seeds", type=_list("seeds", int, "integers"), default=[0],
                      help="training seeds, comma-separated: mean ± std over them")
     abl.add_argument("--split", default="test")
     abl.add_argument("--run", action="append", default=[], metavar="VARIANT=DIR",

@@ -15,8 +15,8 @@ from avex.scoring import caption_split, keep_all, score_captions
 from avex.tables import markdown_table
 from avex.train import train_variant
 
-from .common import (ExperimentSettings, check_retentions, check_seeds, check_split, fmt,
-                     given_run, load_assets, output_dir, split_clips)
+from .common import (ExperimentSettings, begin, check_names, check_retentions, check_seeds,
+                     check_split, fmt, given_run, load_assets, split_clips)
 
 #: The exchange term as Table 3's rows were measured (before issue #25's calibration): L_RL +
 #: 0.1 L_ex unnormalised, every type around the first anchor, g fixed, w saturating at 5 points.
@@ -74,11 +74,7 @@ class AblationSettings(ExperimentSettings):
     def check(self) -> None:
         super().check()
         check_split("split", self.split)
-        _checks.str_list("variants", self.variants)
-        if not self.variants:
-            raise ValueError("variants is empty")
-        for name in self.variants:
-            _checks.choice("variants", name, set(ABLATIONS))
+        check_names("variants", self.variants, ABLATIONS)
         _checks.ratio("retention", self.retention)
         if self.retentions is not None:
             check_retentions(self.retentions)
@@ -107,11 +103,8 @@ def run_ablation(settings: AblationSettings) -> dict:
     starts from it (``warmup_from``), as the sweep's CaCoVID-AV does. The random-exchange row
     draws G and G' at random (``--exchange-selection random``) for cross-modal exchanges, with
     the same g and number of reward evaluations per step."""
-    if not isinstance(settings, AblationSettings):
-        raise TypeError(f"settings must be an AblationSettings, got {type(settings).__name__}")
-    settings = settings.validate()
     started = time.perf_counter()
-    out = output_dir(settings, "ablation")
+    settings, out = begin(settings, AblationSettings, "ablation")
     cache, captioner = load_assets(settings)
     clips = split_clips(cache, settings.split, settings.max_clips)
     out.mkdir(parents=True, exist_ok=True)

@@ -135,6 +135,15 @@ class ExperimentSettings:
             return None  # not built yet, or not a plain config: checked once it is loaded
 
 
+def check_names(name: str, values, choices) -> None:
+    """A non-empty list of names, each one of ``choices``."""
+    _checks.str_list(name, values)
+    if not values:
+        raise ValueError(f"{name} is empty")
+    for value in values:
+        _checks.choice(name, value, set(choices))
+
+
 def check_split(name: str, value, *extra) -> str:
     return _checks.choice(name, value, set(SPLITS) | set(extra))
 
@@ -194,10 +203,17 @@ def load_assets(settings: ExperimentSettings):
     return load_cache_and_captioner(data_path, captioner_path, device=device)
 
 
-def output_dir(settings: ExperimentSettings, experiment: str) -> Path:
-    """``settings.out``, or ``runs/<experiment>-<date-time>``."""
-    return Path(settings.out) if settings.out else \
+def begin(settings, kind: type, experiment: str):
+    """(``settings`` checked, its output folder) at the start of an experiment: ``settings``
+    must be a ``kind``; the folder is ``settings.out`` or ``runs/<experiment>-<date-time>``."""
+    if not isinstance(settings, kind):
+        article = "an" if kind.__name__[0] in "AEIOU" else "a"
+        raise TypeError(f"settings must be {article} {kind.__name__}, got "
+                        f"{type(settings).__name__}")
+    settings = settings.validate()
+    out = Path(settings.out) if settings.out else \
         Path("runs") / time.strftime(f"{experiment}-%Y%m%d-%H%M%S")
+    return settings, out
 
 
 def split_clips(cache, split: str, max_clips):

@@ -16,7 +16,7 @@ from avex.progress import progress_bar
 from avex.reward import CiderD
 
 from . import gates
-from .common import (ExperimentSettings, check_split, fmt, load_assets, output_dir, percent,
+from .common import (ExperimentSettings, begin, check_split, fmt, load_assets, percent,
                      split_clips)
 
 
@@ -51,11 +51,8 @@ def run_motivation(settings: MotivationSettings) -> dict:
     text-to-AV attention within its clip (0 = most attended); Spearman per clip (mean) and
     pooled. (b) ``gates.non_additivity``: gain of a visual group, an audio group and both over a
     shared base set; the joint gain is plotted against the sum of the separate ones."""
-    if not isinstance(settings, MotivationSettings):
-        raise TypeError(f"settings must be a MotivationSettings, got {type(settings).__name__}")
-    settings = settings.validate()
     started = time.perf_counter()
-    out = output_dir(settings, "motivation")
+    settings, out = begin(settings, MotivationSettings, "motivation")
     cache, captioner = load_assets(settings)
     clips = split_clips(cache, settings.split, settings.max_clips)[:settings.clips]
     out.mkdir(parents=True, exist_ok=True)

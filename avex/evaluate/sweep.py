@@ -20,8 +20,8 @@ from avex.scoring import caption_and_score
 from avex.tables import markdown_table
 from avex.train import train_variant
 
-from .common import (ExperimentSettings, check_retentions, check_seeds, check_split, fmt,
-                     given_run, load_assets, output_dir, split_clips)
+from .common import (ExperimentSettings, begin, check_names, check_retentions, check_seeds,
+                     check_split, fmt, given_run, load_assets, split_clips)
 
 RETENTIONS = (0.5, 0.4, 0.3, 0.2, 0.1)
 
@@ -50,11 +50,7 @@ class SweepSettings(ExperimentSettings):
     def check(self) -> None:
         super().check()
         check_split("split", self.split)
-        _checks.str_list("methods", self.methods)
-        if not self.methods:
-            raise ValueError("methods is empty")
-        for name in self.methods:
-            _checks.choice("methods", name, set(SELECTORS))
+        check_names("methods", self.methods, SELECTORS)
         check_retentions(self.retentions)
         check_seeds(self.seeds)
         check_split("transfer_split", self.transfer_split, "none")
@@ -218,11 +214,8 @@ def run_sweep(settings: SweepSettings) -> dict:
     """Caption every split under every (method, seed, retention) of ``settings``, score,
     aggregate and write ``sweep.md``, ``sweep.json`` and ``sweep.png`` under ``settings.out``
     (default ``runs/eval-<time>``). Every setting is checked first."""
-    if not isinstance(settings, SweepSettings):
-        raise TypeError(f"settings must be a SweepSettings, got {type(settings).__name__}")
-    settings = settings.validate()
     started = time.perf_counter()
-    out = output_dir(settings, "eval")
+    settings, out = begin(settings, SweepSettings, "eval")
     cache, captioner = load_assets(settings)
     if "fastv" in settings.methods:  # fastv_layer against the LLM's depth, before captioning
         make_selector("fastv", captioner=captioner, layer=settings.fastv_layer)
