@@ -258,7 +258,7 @@ def test_copied_or_moved_run_resumes_where_it_is_now(tmp_path, move):
     move(original, tmp_path / "runE")
     run = prepare_run(TrainConfig(run_dir=str(tmp_path / "runE")), resume=True)
     assert run.run_dir == tmp_path / "runE" and run.cfg.run_dir == str(tmp_path / "runE")
-    assert run.checkpoint == step_dir(tmp_path / "runE")
+    assert run.books.checkpoint == step_dir(tmp_path / "runE")
     assert json.loads((tmp_path / "runE" / "config.json").read_text())["run_dir"] == \
         str(tmp_path / "runE")
     assert run.cfg.benchmark_preset == "tiny"  # the run's own settings, not the defaults

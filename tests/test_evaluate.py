@@ -43,6 +43,7 @@ def test_relative_performance_is_the_papers_definition():
                                 {"C_av": 20, "C_v": 20, "C_a": 20}) == pytest.approx(100.0)
 
 
+@pytest.mark.slow
 def test_sweep_writes_table_json_figure_and_examples(trained_sweep):
     out, result = trained_sweep
     rows = json.loads((out / "sweep.json").read_text())["rows"]
@@ -71,6 +72,7 @@ def test_sweep_writes_table_json_figure_and_examples(trained_sweep):
     assert len(result["qualitative"]) == 2 and set(SELECTORS) <= set(result["qualitative"][0])
 
 
+@pytest.mark.slow
 def test_seeds_give_mean_and_std_and_given_runs_are_reused(trained_sweep, cache_dir, tmp_path):
     first, _ = trained_sweep
     result = main(["sweep", *tiny(cache_dir, tmp_path, "--retentions", "0.2", "--seeds", "0,1",
@@ -125,6 +127,7 @@ def test_bad_arguments(cache_dir, tmp_path, flags, match, capsys):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_ablation_trains_variants_and_reuses_given_runs(trained_sweep, cache_dir, tmp_path,
                                                        capsys):
     first, _ = trained_sweep
@@ -147,6 +150,7 @@ def test_ablation_trains_variants_and_reuses_given_runs(trained_sweep, cache_dir
                            capsys)
 
 
+@pytest.mark.slow
 def test_ablation_over_seeds_reports_mean_and_std(trained_sweep, cache_dir, tmp_path):
     result = main(["ablation", *tiny(cache_dir, tmp_path, "--variants", "warmup,vv",
                                      "--train-args", TRAIN, "--seeds", "0,1")])
@@ -192,6 +196,7 @@ def test_random_exchanges_keep_delta_f_on_the_policy_scores():
         TrainConfig(exchange_selection="greedy").validate()
 
 
+@pytest.mark.slow
 def test_matched_budget_arms_at_several_retentions_and_a_sweep_of_their_runs(
         trained_sweep, cache_dir, tmp_path):
     """The ablation machinery runs issue #25's arms from one warmup per seed and scores them at

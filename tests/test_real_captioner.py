@@ -61,6 +61,7 @@ def export(builder, root: Path) -> tuple[Path, Path]:
     return model_dir, root / "cache"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["qwen2_5_omni", "qwen2_5_vl"])
 def test_train_against_a_real_architecture(name, tmp_path):
     builder = tiny.BUILDERS[name]

@@ -37,6 +37,7 @@ def final_weights(run_dir) -> dict:
     return load_file(str(Path(run_dir) / "checkpoints" / latest / "policy.safetensors"))
 
 
+@pytest.mark.slow
 def test_tiny_end_to_end_run(cache_dir, tmp_path):
     results = main(tiny_args(cache_dir, tmp_path / "run", "--eval-retentions", "0.4"))
     methods = [(row["method"], row["retention"]) for row in results["rows"]]
@@ -124,6 +125,7 @@ def test_anchor_exchanges_around_first_each_and_all_anchors():
     assert every.keep.shape == (3, 16, 20) and every.owner == [a for a in range(4) for _ in "1234"]
 
 
+@pytest.mark.slow
 def test_run_finishes_without_java_and_pycocoevalcap(cache_dir, tmp_path, monkeypatch):
     """The GPU image has neither: the reward needs neither, and the final table reports CIDEr
     (from CiderD) with BLEU-4 and METEOR as NaN instead of crashing after training."""
@@ -191,6 +193,7 @@ def _env():
     return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_to_the_same_policy(cache_dir, tmp_path):
     subprocess.run(_command(cache_dir, tmp_path / "whole"), check=True, cwd=REPO, env=_env(),
                    capture_output=True)
@@ -215,6 +218,7 @@ def test_killed_run_resumes_to_the_same_policy(cache_dir, tmp_path):
         assert torch.equal(whole[name], resumed[name]), name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_signal_checkpoints_at_the_step_boundary_and_resume_logs_each_step_once(
         cache_dir, tmp_path, signum):
@@ -263,6 +267,7 @@ def test_signal_checkpoints_at_the_step_boundary_and_resume_logs_each_step_once(
         assert torch.equal(reference[name], resumed[name]), name
 
 
+@pytest.mark.slow
 def test_two_gloo_processes_match_one(cache_dir, tmp_path):
     extra = ["--epochs", "0.5"]
     subprocess.run(_command(cache_dir, tmp_path / "single", *extra), check=True, cwd=REPO,
@@ -279,6 +284,7 @@ def test_two_gloo_processes_match_one(cache_dir, tmp_path):
         str(tmp_path / "single" / "warmup_policy.safetensors"))[name]) for name in single)
 
 
+@pytest.mark.slow
 def test_the_callable_trains_what_the_command_line_trains(cache_dir, tmp_path):
     """train(TrainConfig(...)) is python -m avex.train: the same settings give the same
     policy, byte for byte, and the same table, and it returns the run's rows."""
