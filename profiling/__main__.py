@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .suite import FLOPS_COUNTERS, METHODS, ProfileSettings, profile
+from .suite import FLOPS_COUNTERS, PROFILED, ProfileSettings, profile
 
 
 def main(argv=None) -> int:
@@ -17,7 +17,7 @@ def main(argv=None) -> int:
                    help="qwen2-7b, llama3-8b, or a path to a Hugging Face config")
     p.add_argument("--retention", type=float, default=d.retention, help="rho in (0, 1]")
     p.add_argument("--methods", default=",".join(d.methods),
-                   help=f"comma-separated, from {list(METHODS)} (fastv: FastV-AV, tome: "
+                   help=f"comma-separated, from {list(PROFILED)} (fastv: FastV-AV, tome: "
                         "ToMe-AV, fastav: FastAV, attention: Attention-AV (balanced), as "
                         "avex.methods runs them)")
     p.add_argument("--visual-tokens", type=int, default=d.visual_tokens)

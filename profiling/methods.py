@@ -35,8 +35,9 @@ from avex.selection import AVLayout
 #: the registry's baselines: untrained selectors whose selection has a cost of its own
 BASELINES = tuple(name for name, method in REGISTRY.items()
                   if method.train is None and name not in ("full", "random"))
-METHODS = ("full", "avex") + BASELINES
-NAMES = {m: label(m) for m in METHODS}
+#: what the suite profiles: full tokens, AVEX and the baselines (names and labels: the registry's)
+PROFILED = ("full", "avex") + BASELINES
+NAMES = {m: label(m) for m in PROFILED}
 
 
 def av_batch(inputs_embeds: torch.Tensor, modality: torch.Tensor):
@@ -93,8 +94,8 @@ def selection(method: str, model, policy, inputs_embeds, modality, retention: fl
                 mark("policy")
             return prune_inputs(inputs_embeds, modality, scores=scores, retention=retention)
         return select
-    if method not in METHODS:
-        raise ValueError(f"methods: unknown method {method!r}; available: {list(METHODS)}")
+    if method not in PROFILED:
+        raise ValueError(f"methods: unknown method {method!r}; available: {list(PROFILED)}")
 
     selector, _ = baseline_selector(method, model)
     batch = av_batch(inputs_embeds, modality)
