@@ -247,7 +247,7 @@ def test_the_command_line_builds_the_settings_the_functions_take(cache_dir, tmp_
                             progress=False, max_new_tokens=12, seeds=[0, 1],
                             methods=["random", "avex"],
                             train=TrainConfig(epochs=0.5, anchors=3, lr=0.001)).validate()
-    assert settings == by_hand
+    assert settings == by_hand and settings.validate() == settings   # run_sweep checks again
     assert settings.decoding_source == {"num_beams": "default", "max_new_tokens": "flag"}
     base = settings.base_train_config()
     assert (base.epochs, base.anchors, base.lr, base.evaluate) == (0.5, 3, 0.001, False)

@@ -94,11 +94,12 @@ class ExperimentSettings:
     def resolve_decoding(self, runs: dict) -> None:
         """Set ``num_beams`` / ``max_new_tokens``: a setting's value, else the given runs' own
         decoding (their reward and results table used it), else :data:`DECODING`. Runs that
-        decode differently from each other are refused unless a setting settles it."""
+        decode differently from each other are refused unless a setting settles it. Resolved
+        once, it stays resolved: validating again keeps where each value came from."""
         sources = {}
         for key in DECODING:
             if getattr(self, key) is not None:
-                sources[key] = "flag"
+                sources[key] = (self.decoding_source or {}).get(key, "flag")
                 continue
             values = {flag: cfg.get(key, DECODING[key]) for flag, cfg in runs.items()}
             if len(set(values.values())) > 1:
