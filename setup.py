@@ -7,6 +7,9 @@ Every subpackage below these folders (any folder with an ``__init__.py``) is fou
 ``.ci/wheel_check.sh`` fails if a built wheel misses a source module. ``kernels/csrc`` (the CUDA
 C++ library's source) is not shipped: no Python code reads it.
 
+The reference captioners under ``avex/captioner/reference/`` ship as package data (their
+sha256 are checked on load).
+
 One C extension, ``avex.kernels._gumbel_topk_host`` (plain CPython API, no torch headers, a
 second to compile), is optional: without a C compiler the install still succeeds and
 ``gumbel_topk`` runs the same check in NumPy, a few microseconds slower per call.
@@ -30,6 +33,10 @@ setup(
     python_requires=">=3.10",
     packages=PACKAGES,
     package_dir=PACKAGE_DIRS,
+    # the reference captioners of the embedded benchmarks (weights, config, tokenizer; ~1.5 MB
+    # each), so every machine judges with the same weights (avex.captioner.reference)
+    package_data={"avex.captioner": ["reference/references.json", "reference/*/*.json",
+                                     "reference/*/*.safetensors", "reference/*/tokenizer/*"]},
     ext_modules=[Extension("avex.kernels._gumbel_topk_host", ["kernels/gumbel_topk_host.c"],
                            optional=True)],
     # Torch first, by hand: an unpinned torch on a CPU machine pulls CUDA wheels (see Makefile).

@@ -1,14 +1,16 @@
 """The feature cache and frozen captioner a run uses: a path each, or the embedded ones, built
-on first use. Training and evaluation both resolve their assets here."""
+on first use. Training and evaluation both resolve and load their assets here."""
 from __future__ import annotations
 
 from pathlib import Path
 
+from avex.captioner import FrozenCaptioner
 from avex.captioner.train import ensure_captioner
+from avex.data import FeatureCache
 from avex.data.embedded import ensure_benchmark
 from avex.paths import default_captioner_path
 
-__all__ = ["resolve_asset_paths"]
+__all__ = ["resolve_asset_paths", "load_cache_and_captioner", "reference_sample"]
 
 
 def resolve_asset_paths(data: str, captioner: str, *, benchmark_preset: str = "default",
@@ -27,3 +29,18 @@ def resolve_asset_paths(data: str, captioner: str, *, benchmark_preset: str = "d
                          "cache pass --captioner PATH to its Hugging Face causal LM")
     ensure_captioner(benchmark_preset, captioner_preset, cache_dir=cache_dir, progress=progress)
     return data_path, default_captioner_path(data_path.name, captioner_preset, cache_dir)
+
+
+def load_cache_and_captioner(data_path, captioner_path, *, device=None):
+    """(feature cache, frozen captioner) at these paths; the captioner's tokenizer must
+    round-trip a sample of the cache's references (:func:`reference_sample`)."""
+    cache = FeatureCache(data_path)
+    return cache, FrozenCaptioner.load(captioner_path, device=device,
+                                       references=reference_sample(cache))
+
+
+def reference_sample(cache, count: int = 32) -> list[str]:
+    """Reference captions spread over the cache (the manifest's; no tensor is read), for the
+    captioner's tokenizer round-trip check."""
+    rows = cache.rows[::max(1, len(cache.rows) // count)]
+    return [row["refs_av"][0] for row in rows][:count]

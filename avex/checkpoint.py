@@ -24,8 +24,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from avex.run_files import CHECKPOINTS_DIR, CONFIG_FILE
+
 LATEST = "latest"
-CONFIG_FILE = "config.json"
 POLICY_FILE = "policy.safetensors"
 STATE_FILE = "state.pt"
 STATE_KEYS = ("phase", "step", "optimizer", "rng", "config")
@@ -58,7 +59,7 @@ def _write_atomically(path: Path, text: str) -> None:
 def save_checkpoint(run_dir, step: int, policy: torch.nn.Module, state: dict,
                     keep_last: int = 2) -> Path:
     """Write checkpoint ``step`` atomically and point ``latest`` at it; keep the newest few."""
-    root = Path(run_dir) / "checkpoints"
+    root = Path(run_dir) / CHECKPOINTS_DIR
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:08d}"
     staging = Path(tempfile.mkdtemp(dir=root, prefix=f".step-{step:08d}."))
@@ -83,7 +84,7 @@ def latest_checkpoint(run_dir) -> Path | None:
     """The checkpoint ``<run>/checkpoints/latest`` names, or None when there is none. A pointer
     that names anything but a ``step-N`` directory of this run is refused: a run resumes only
     from its own checkpoints."""
-    pointer = Path(run_dir) / "checkpoints" / LATEST
+    pointer = Path(run_dir) / CHECKPOINTS_DIR / LATEST
     if not pointer.exists():
         return None
     try:

@@ -14,21 +14,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from avex import _checks
-from avex.captioner.train import PRESETS as CAPTIONER_PRESETS
-from avex.data import PRESETS as BENCHMARK_PRESETS
-from avex.data import SPLITS
+from avex.registry import BENCHMARK_PRESETS, CAPTIONER_PRESETS, EVAL_METHODS, SPLITS
+from avex.run_files import warmup_policy_file
 
 EXCHANGE_TYPES = ("vv", "aa", "va", "av")
-#: methods the end-of-training table can score beside the run (avex.methods' registry names)
-EVAL_METHODS = ("random", "fastv", "tome", "fastav", "attention", "cacovid")
 
 PRESETS = {
     # Section 3.4 of the paper, for a real backbone (VideoLLaMA 2 / VILA features).
     "paper": dict(lr=2e-5, weight_decay=0.01, lr_warmup=0.05, grad_clip=1.0, batch_size=64,
-                  epochs=3, num_beams=3, max_new_tokens=64, g=8, lambda_ex=1.0, rl=True,
+                  epochs=3, num_beams=3, max_new_tokens=64, lambda_ex=1.0, rl=True,
                   policy_hidden=768, rl_estimator="paper", anchors=1, train_retentions=[],
-                  g_fraction=0.0, policy_positional=False, tau=1.0, warmup_epochs=0.5,
-                  exchanges=True),
+                  policy_positional=False, tau=1.0, warmup_epochs=0.5, exchanges=True,
+                  exchange_anchors="first",
+                  # the paper's g = 8 at K = 64 and w's 5 points at full tokens' 56.8, carried
+                  # to any K and reward scale; L_ex's gradient normalised to lambda_ex x
+                  # L_RL's (unnormalised, clipping left it ~0.2% of the update)
+                  g_fraction=0.125, exchange_saturation=None, normalize_exchange=True),
     # The embedded benchmark on a CPU: the dataclass defaults (docs/training.md, "The recipe").
     "embedded": {},
 }
@@ -64,20 +65,34 @@ class TrainConfig:
     # (empty: `retention` alone); evaluation may pick any retention
     train_retentions: list = field(default_factory=lambda: [0.5, 0.4, 0.3, 0.2, 0.1])
     # the AVEX objective
-    g: int = 8
+    g: int = 8                        # the group size when g_fraction is 0
     exchange_types: list = field(default_factory=lambda: list(EXCHANGE_TYPES))
     # the exchange term L_ex (lambda_ex beside L_RL): off by default, because over 3 seeds on
     # two benchmarks it measured no better than L_RL alone on one and worse on the other
     # (docs/results.md, "The default recipe"); --exchanges turns it on
     exchanges: bool = False
     exchange_selection: str = "confidence"  # "random": groups drawn at random (ablation)
+    # which anchors exchanges are built around: "first" (every type around anchor 0, the
+    # paper's one anchor), "each" (one exchange per anchor, anchor a taking type a mod T, so
+    # 4 anchors and 4 types give each type once per clip) or "all" (every type, every anchor)
+    exchange_anchors: str = "each"
+    # w(dR) = min(|dR| / saturation, 1); None: the paper's 5 points at full tokens' 56.8,
+    # scaled by this run's full-token reward (about 42 on the embedded benchmark)
+    exchange_saturation: float | None = None
+    # L_ex's gradient rescaled, per micro-batch, to lambda_ex x the norm of L_RL's, so that
+    # lambda_ex is the share it gets whatever the reward scale (measured: unnormalised, the
+    # paper preset's L_ex was ~0.2% of the clipped update)
+    normalize_exchange: bool = True
+    diagnostics_every: int = 10       # RL steps between per-type gradient-norm ratios (0: off)
     warmup_only: bool = False
     lambda_ex: float = 0.1
     rl: bool = True                   # L_RL on (the estimator: rl_estimator)
     normalize_rl: bool = False        # standardised advantages, log pi / K (not in the paper)
-    rl_estimator: str = "rloo"        # "paper": b = mean of anchor + counterfactuals; "rloo"
+    # "rloo": leave-one-out b over the anchors; "group": (R - group mean) / group std (GRPO);
+    # "paper": b = mean of anchor + its counterfactuals (set-level, batch b without exchanges)
+    rl_estimator: str = "rloo"
     anchors: int = 4                  # Gumbel-Top-K anchors per clip (rloo: leave-one-out b)
-    g_fraction: float = 0.0           # > 0: g = max(2, round(g_fraction * K)) per micro-batch
+    g_fraction: float = 0.125         # > 0: g = max(2, round(g_fraction * K)) per micro-batch
     lambda_target: float = 0.0        # weight of the warmup BCE kept on during RL (an anchor)
     warmup_from: str | None = None    # a run directory: start from its warmup policy, skip ours
     # reward decoding
@@ -152,10 +167,8 @@ class TrainConfig:
         _checks.real("lambda_target", self.lambda_target, low=0)
         if self.data != "embedded" and not Path(self.data).exists():
             raise FileNotFoundError(f"data: no feature cache at {self.data!r}")
-        if self.warmup_from is not None and \
-                not (Path(self.warmup_from) / "warmup_policy.safetensors").is_file():
-            raise FileNotFoundError(f"warmup_from: no warmup_policy.safetensors in "
-                                    f"{self.warmup_from!r}")
+        if self.warmup_from is not None:
+            warmup_policy_file(self.warmup_from)
         if self.captioner != "embedded" and not Path(self.captioner).exists():
             raise FileNotFoundError(f"captioner: no model directory at {self.captioner!r}")
         if self.captioner == "embedded" and self.data != "embedded":
@@ -164,6 +177,8 @@ class TrainConfig:
         _checks.str_list("eval_methods", self.eval_methods)
         for name in self.eval_methods:
             _checks.choice("eval_methods", name, set(EVAL_METHODS))
+        if len(set(self.eval_methods)) != len(self.eval_methods):
+            raise ValueError(f"eval_methods has duplicates: {self.eval_methods}")
         if not isinstance(self.train_retentions, (list, tuple)):
             raise TypeError(f"train_retentions must be a list of ratios in (0, 1], got "
                             f"{type(self.train_retentions).__name__}: {self.train_retentions!r}")
@@ -171,11 +186,20 @@ class TrainConfig:
             _checks.ratio("train_retentions", r)
         _checks.flag("policy_positional", self.policy_positional)
         _checks.text("warmup_from", self.warmup_from, optional=True)
-        _checks.choice("rl_estimator", self.rl_estimator, {"paper", "rloo"})
+        _checks.choice("rl_estimator", self.rl_estimator, {"paper", "rloo", "group"})
         _checks.int_at_least("anchors", self.anchors, 1)
-        if self.rl_estimator == "rloo" and self.anchors < 2:
-            raise ValueError(f"anchors must be >= 2 with rl_estimator='rloo' (the baseline of "
-                             f"an anchor is the mean reward of the others), got {self.anchors}")
+        if self.rl_estimator in ("rloo", "group") and self.anchors < 2:
+            raise ValueError(f"anchors must be >= 2 with rl_estimator={self.rl_estimator!r} "
+                             f"(an anchor's baseline is the other anchors' reward), got "
+                             f"{self.anchors}")
+        _checks.choice("exchange_anchors", self.exchange_anchors, {"first", "each", "all"})
+        if self.exchange_saturation is not None:
+            _checks.positive_float("exchange_saturation", self.exchange_saturation)
+        _checks.flag("normalize_exchange", self.normalize_exchange)
+        _checks.int_at_least("diagnostics_every", self.diagnostics_every, 0)
+        if self.exchanges and self.normalize_exchange and not self.rl:
+            raise ValueError("normalize_exchange scales L_ex's gradient to L_RL's, but rl is off; "
+                             "pass --no-normalize-exchange for L_ex alone")
         if not 0 <= self.g_fraction <= 1:
             raise ValueError(f"g_fraction must be in [0, 1], got {self.g_fraction}")
         _checks.choice("benchmark_preset", self.benchmark_preset, set(BENCHMARK_PRESETS))
@@ -243,6 +267,8 @@ def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
             kind = {int: int, float: float}.get(type(default), str)
             if f.name in ("policy_hidden", "max_eval_clips"):
                 kind = int
+            elif f.name == "exchange_saturation":
+                kind = float
             elif f.name in ("run_dir", "cache_dir", "warmup_from"):
                 kind = str
             parser.add_argument(_flag(f.name), dest=f.name, type=kind, default=None,
@@ -251,7 +277,8 @@ def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
 
 
 #: settings that only shape the exchange term: asked for without it, they would do nothing
-EXCHANGE_SETTINGS = ("g", "g_fraction", "exchange_types", "exchange_selection", "lambda_ex")
+EXCHANGE_SETTINGS = ("g", "g_fraction", "exchange_types", "exchange_selection", "lambda_ex",
+                     "exchange_anchors", "exchange_saturation", "normalize_exchange")
 
 
 def explicit_settings(args: argparse.Namespace, *, with_preset: bool = True) -> dict:
@@ -275,10 +302,14 @@ def resolve_config(args: argparse.Namespace) -> TrainConfig:
     (by the file or a flag) while the exchange term is off is refused: it would be ignored."""
     asked = explicit_settings(args, with_preset=False)
     cfg = TrainConfig(**{**PRESETS[args.preset], **asked}).validate()
-    if not cfg.exchanges and not getattr(args, "resume", False):  # a resume checks its own run
-        for name in EXCHANGE_SETTINGS:
+    if not getattr(args, "resume", False):  # a resume checks its own run
+        for name in EXCHANGE_SETTINGS if not cfg.exchanges else ():
             if name in asked:
                 raise ValueError(f"{name} = {asked[name]!r} has no effect without the exchange "
                                  "term (off by default); add --exchanges (exchanges: true) or "
                                  f"drop {name}")
+        if "g" in asked and cfg.g_fraction > 0:
+            raise ValueError(f"g = {asked['g']!r} has no effect while g_fraction is "
+                             f"{cfg.g_fraction} (g = g_fraction x K); add --g-fraction 0 for a "
+                             "fixed g")
     return cfg

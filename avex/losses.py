@@ -1,12 +1,17 @@
 """Training objective of Section 3.4: L = L_RL + lambda_ex * L_ex.
 
-Rewards are CIDEr-D in *points* (pycocoevalcap's score x 100, the unit of the paper's tables),
-so that w(dR) = min(|dR| / 5, 1) saturates at 5 points as the paper states.
+Rewards are CIDEr-D in *points* (pycocoevalcap's score x 100, the unit of the paper's tables).
+The paper's weight w(dR) = min(|dR| / 5, 1) saturates at 5 points on a reward scale where full
+tokens score 56.8; ``saturation`` sets that scale (training derives it from the full-token
+reward: :func:`saturation_for`).
 
 Shapes: B samples, E exchange slots per sample (the four types, some of them skipped).
-Every function checks its shapes, dtypes (``valid`` is bool) and devices, and refuses NaN or
-inf where it would reach the loss; values in slots that ``valid`` masks out are never read, so
-they can't reach the loss or its gradient.
+Every public function checks its shapes, dtypes (``valid`` is bool) and devices once, and
+refuses NaN or inf where it would reach the loss; values in slots that ``valid`` masks out are
+never read, so they can't reach the loss or its gradient. The ``*_unchecked`` forms are the same
+arithmetic without the checks (whose host syncs cost every micro-batch), for a caller whose
+inputs are built by this package: training's step (:mod:`avex.train_steps`), as the kernels'
+``*_unchecked`` forms are.
 """
 from __future__ import annotations
 
@@ -15,30 +20,70 @@ import torch.nn.functional as F
 
 from avex import _checks
 
-SATURATION_POINTS = 5.0
+SATURATION_POINTS = 5.0      # the paper's saturation of w(dR), in CIDEr points ...
+PAPER_FULL_TOKEN_CIDER = 56.8  # ... on its reward scale: full-token C_av on AVCaps (Table 2)
 
 
-def exchange_weight(delta_reward: torch.Tensor) -> torch.Tensor:
-    """w(dR) = min(|dR| / 5, 1): near-zero reward differences barely count."""
-    return (delta_reward.abs() / SATURATION_POINTS).clamp(max=1.0)
+def saturation_for(full_token_reward: float) -> float:
+    """w's saturation on a reward scale where full tokens score ``full_token_reward``: the
+    paper's 5 points at its 56.8, scaled (about 42 where full tokens score 476)."""
+    full = _checks.positive_float("full_token_reward", full_token_reward)
+    return SATURATION_POINTS * full / PAPER_FULL_TOKEN_CIDER
+
+
+def exchange_weight(delta_reward, saturation: float = SATURATION_POINTS):
+    """w(dR) = min(|dR| / saturation, 1): near-zero reward differences barely count.
+
+    ``delta_reward``: a tensor (the weight of each element) or a plain number (a float back);
+    NaN and inf are refused. ``saturation`` (> 0, CIDEr points): 5 is the paper's, on its
+    reward scale; :func:`saturation_for` scales it to another."""
+    saturation = _checks.positive_float("saturation", saturation)
+    if isinstance(delta_reward, torch.Tensor):
+        _checks.tensor("delta_reward", delta_reward, floating=True)
+        _checks.finite("delta_reward", delta_reward.detach())
+        return _weight(delta_reward, saturation)
+    value = _checks.real("delta_reward", delta_reward)
+    return min(abs(value) / saturation, 1.0)
+
+
+def _weight(delta_reward: torch.Tensor, saturation: float) -> torch.Tensor:
+    return (delta_reward.abs() / saturation).clamp(max=1.0)
+
+
+def exchange_terms(delta_f: torch.Tensor, delta_reward: torch.Tensor, valid: torch.Tensor, *,
+                   saturation: float = SATURATION_POINTS) -> torch.Tensor:
+    """Each exchange's share of L_ex, [B, E]: w(dR) log(1 + exp(-sign(dR) dF)) divided by the
+    sample's number of valid exchanges, 0 where ``valid`` is False. Summed over E it is
+    :func:`exchange_loss`; summed over the slots of one exchange type, that type's part."""
+    _check_slots(delta_f=delta_f, delta_reward=delta_reward, valid=valid)
+    saturation = _checks.positive_float("saturation", saturation)
+    return exchange_terms_unchecked(delta_f, delta_reward, valid, saturation=saturation)
+
+
+def exchange_terms_unchecked(delta_f: torch.Tensor, delta_reward: torch.Tensor,
+                             valid: torch.Tensor, *,
+                             saturation: float = SATURATION_POINTS) -> torch.Tensor:
+    """:func:`exchange_terms` without its checks (no host sync)."""
+    # masked slots are replaced before any arithmetic: a NaN there must not reach the gradient
+    delta_f = torch.where(valid, delta_f, torch.zeros_like(delta_f))
+    delta_reward = torch.where(valid, delta_reward, torch.zeros_like(delta_reward))
+    pairwise = _weight(delta_reward, saturation) * \
+        F.softplus(-torch.sign(delta_reward) * delta_f)
+    pairwise = torch.where(valid, pairwise, torch.zeros_like(pairwise))
+    count = valid.sum(dim=1, keepdim=True)
+    return pairwise / count.clamp(min=1)
 
 
 def exchange_loss(delta_f: torch.Tensor, delta_reward: torch.Tensor,
-                  valid: torch.Tensor) -> torch.Tensor:
+                  valid: torch.Tensor, *, saturation: float = SATURATION_POINTS) -> torch.Tensor:
     """L_ex, per sample [B]: mean over the sample's valid exchanges of
     w(dR) * log(1 + exp(-sign(dR) * dF)); 0 for a sample with none.
 
     delta_f = sum s_G - sum s_G' (differentiable), delta_reward = R(S) - R(S') (constants),
-    valid marks the exchanges that were built (group size >= 2).
+    valid marks the exchanges that were built (group size >= 2); ``saturation``: w's (see
+    :func:`exchange_weight`).
     """
-    _check_slots(delta_f=delta_f, delta_reward=delta_reward, valid=valid)
-    # masked slots are replaced before any arithmetic: a NaN there must not reach the gradient
-    delta_f = torch.where(valid, delta_f, torch.zeros_like(delta_f))
-    delta_reward = torch.where(valid, delta_reward, torch.zeros_like(delta_reward))
-    pairwise = exchange_weight(delta_reward) * F.softplus(-torch.sign(delta_reward) * delta_f)
-    pairwise = torch.where(valid, pairwise, torch.zeros_like(pairwise))
-    count = valid.sum(dim=1)
-    return pairwise.sum(dim=1) / count.clamp(min=1)
+    return exchange_terms(delta_f, delta_reward, valid, saturation=saturation).sum(dim=1)
 
 
 def policy_gradient_loss(log_prob: torch.Tensor, anchor_reward: torch.Tensor,
@@ -57,12 +102,14 @@ def policy_gradient_loss(log_prob: torch.Tensor, anchor_reward: torch.Tensor,
     _check_samples(log_prob=log_prob, anchor_reward=anchor_reward)
     _check_slots(counterfactual_rewards=counterfactual_rewards, valid=valid)
     _check_batch(log_prob, counterfactual_rewards)
-    _checks.flag("normalize", normalize)
-    if normalize:
-        if set_size is None:
-            raise TypeError("normalize=True divides log pi by the set size K: pass set_size, "
-                            "an integer tensor [B]")
-        _check_set_size(set_size, log_prob)
+    _check_normalize(normalize, set_size, log_prob)
+    return policy_gradient_loss_unchecked(log_prob, anchor_reward, counterfactual_rewards, valid,
+                                          normalize=normalize, set_size=set_size)
+
+
+def policy_gradient_loss_unchecked(log_prob, anchor_reward, counterfactual_rewards, valid, *,
+                                   normalize: bool = False, set_size=None) -> torch.Tensor:
+    """:func:`policy_gradient_loss` without its checks (no host sync)."""
     cf = torch.where(valid, counterfactual_rewards, torch.zeros_like(counterfactual_rewards))
     baseline = (anchor_reward + cf.sum(dim=1)) / (1 + valid.sum(dim=1))
     advantage = (anchor_reward - baseline).detach()
@@ -78,6 +125,11 @@ def set_level_loss(log_prob: torch.Tensor, reward: torch.Tensor) -> torch.Tensor
     sample [B]. Without counterfactuals the baseline is the mean reward of the *other* samples
     of the batch (leave-one-out), so that it does not depend on the sample's own action."""
     _check_samples(log_prob=log_prob, reward=reward)
+    return set_level_loss_unchecked(log_prob, reward)
+
+
+def set_level_loss_unchecked(log_prob: torch.Tensor, reward: torch.Tensor) -> torch.Tensor:
+    """:func:`set_level_loss` without its checks (no host sync)."""
     count = reward.shape[0]
     if count < 2:
         baseline = torch.zeros_like(reward)
@@ -98,12 +150,14 @@ def leave_one_out_loss(log_prob: torch.Tensor, rewards: torch.Tensor,
     Where that is undefined the value is defined as in :func:`policy_gradient_loss`: advantages
     that are all equal are divided by their common magnitude, and a sample with K = 0 gives 0.
     """
-    _check_anchors(log_prob=log_prob, rewards=rewards)
+    _check_sets(log_prob, rewards, set_size, "anchor per sample; the leave-one-out baseline")
+    return leave_one_out_loss_unchecked(log_prob, rewards, set_size)
+
+
+def leave_one_out_loss_unchecked(log_prob: torch.Tensor, rewards: torch.Tensor,
+                                 set_size: torch.Tensor) -> torch.Tensor:
+    """:func:`leave_one_out_loss` without its checks (no host sync)."""
     count = rewards.shape[1]
-    if count < 2:
-        raise ValueError(f"rewards has {count} anchor per sample; the leave-one-out baseline "
-                         "needs at least 2")
-    _check_set_size(set_size, log_prob[:, 0])
     baseline = (rewards.sum(dim=1, keepdim=True) - rewards) / (count - 1)
     advantage = (rewards - baseline).detach()
     advantage = advantage / _advantage_scale(advantage)
@@ -112,20 +166,98 @@ def leave_one_out_loss(log_prob: torch.Tensor, rewards: torch.Tensor,
     return -(advantage * scaled).mean(dim=1)
 
 
+def group_normalized_loss(log_prob: torch.Tensor, rewards: torch.Tensor,
+                          set_size: torch.Tensor) -> torch.Tensor:
+    """L_RL with a group-normalised advantage (GRPO's), per sample [B].
+
+    ``log_prob`` and ``rewards`` are [B, A]: A >= 2 keep-sets sampled independently for each
+    sample and their rewards. Each set's advantage is its reward minus the mean of the sample's
+    A rewards, divided by their standard deviation (population); a sample whose rewards are all
+    equal gives advantages of 0. log pi is divided by the set size K (``set_size`` [B]; a sample
+    with K = 0 gives 0), as in :func:`leave_one_out_loss`.
+    """
+    _check_sets(log_prob, rewards, set_size, "sample per clip; a group-normalised advantage")
+    return group_normalized_loss_unchecked(log_prob, rewards, set_size)
+
+
+def group_normalized_loss_unchecked(log_prob: torch.Tensor, rewards: torch.Tensor,
+                                    set_size: torch.Tensor) -> torch.Tensor:
+    """:func:`group_normalized_loss` without its checks (no host sync)."""
+    centred = rewards - rewards.mean(dim=1, keepdim=True)
+    std = rewards.std(dim=1, unbiased=False, keepdim=True)
+    spread = std > 1e-6 * rewards.abs().amax(dim=1, keepdim=True).clamp_min(1e-12)
+    advantage = torch.where(spread, centred / std.clamp_min(1e-12),
+                            torch.zeros_like(centred)).detach()
+    k = set_size.to(log_prob.dtype)[:, None]
+    scaled = torch.where(k > 0, log_prob / k.clamp_min(1), torch.zeros_like(log_prob))
+    return -(advantage * scaled).mean(dim=1)
+
+
+def anchored_policy_gradient_loss(log_prob: torch.Tensor, anchor_rewards: torch.Tensor,
+                                  counterfactual_rewards: torch.Tensor, valid: torch.Tensor,
+                                  owner, *, normalize: bool = False,
+                                  set_size=None) -> torch.Tensor:
+    """The paper's L_RL for exchanges built around several anchors, per sample [B].
+
+    ``log_prob``, ``anchor_rewards``: [B, A]; ``counterfactual_rewards``, ``valid``: [B, E];
+    ``owner``: E anchor indices, the anchor each exchange slot was built around. Anchor a's
+    baseline is the mean reward of a and its valid counterfactuals (the paper's b); the loss is
+    averaged over the anchors that own at least one slot. With one anchor this is
+    :func:`policy_gradient_loss`; ``normalize`` as there (the std over every anchor of the
+    batch).
+    """
+    _check_anchors(log_prob=log_prob, anchor_rewards=anchor_rewards)
+    _check_slots(counterfactual_rewards=counterfactual_rewards, valid=valid)
+    _check_batch(log_prob, counterfactual_rewards)
+    anchors, slots = log_prob.shape[1], valid.shape[1]
+    owner_t = torch.as_tensor(owner, dtype=torch.long, device=log_prob.device)
+    if owner_t.shape != (slots,) or bool(((owner_t < 0) | (owner_t >= anchors)).any()):
+        raise ValueError(f"owner must hold {slots} anchor indices in [0, {anchors}), got "
+                         f"{owner_t.tolist()}")
+    _check_normalize(normalize, set_size, log_prob[:, 0])
+    return anchored_policy_gradient_loss_unchecked(log_prob, anchor_rewards,
+                                                   counterfactual_rewards, valid, owner,
+                                                   normalize=normalize, set_size=set_size)
+
+
+def anchored_policy_gradient_loss_unchecked(log_prob, anchor_rewards, counterfactual_rewards,
+                                            valid, owner, *, normalize: bool = False,
+                                            set_size=None) -> torch.Tensor:
+    """:func:`anchored_policy_gradient_loss` without its checks (no host sync)."""
+    anchors = log_prob.shape[1]
+    owner = torch.as_tensor(owner, dtype=torch.long, device=log_prob.device)
+    member = F.one_hot(owner, anchors).to(anchor_rewards.dtype)               # [E, A]
+    cf = torch.where(valid, counterfactual_rewards, torch.zeros_like(counterfactual_rewards))
+    baseline = (anchor_rewards + cf @ member) / (1 + valid.to(member.dtype) @ member)
+    advantage = (anchor_rewards - baseline).detach()
+    if normalize:
+        advantage = advantage / _advantage_scale(advantage)
+        k = set_size.to(log_prob.dtype)[:, None]
+        log_prob = torch.where(k > 0, log_prob / k.clamp_min(1), torch.zeros_like(log_prob))
+    used = member.sum(dim=0) > 0                                              # [A]
+    return -(advantage * log_prob)[:, used].mean(dim=1)
+
+
 def avex_objective(log_prob, anchor_reward, counterfactual_rewards, delta_f, valid,
                    *, lambda_ex: float = 1.0, use_rl: bool = True, use_exchange: bool = True,
-                   normalize_rl: bool = False, set_size=None) -> dict[str, torch.Tensor]:
-    """The batch-mean losses: {"loss", "rl", "exchange"}. dR = R(S) - R(S') per exchange."""
+                   normalize_rl: bool = False, set_size=None,
+                   saturation: float = SATURATION_POINTS) -> dict[str, torch.Tensor]:
+    """The batch-mean losses: {"loss", "rl", "exchange"}. dR = R(S) - R(S') per exchange;
+    ``saturation``: w's (:func:`exchange_weight`)."""
     _checks.real("lambda_ex", lambda_ex, low=0)
     _checks.flag("use_rl", use_rl)
     _checks.flag("use_exchange", use_exchange)
     _check_samples(log_prob=log_prob, anchor_reward=anchor_reward)
     _check_slots(counterfactual_rewards=counterfactual_rewards, delta_f=delta_f, valid=valid)
     _check_batch(log_prob, counterfactual_rewards)
+    _check_normalize(normalize_rl, set_size, log_prob)
+    saturation = _checks.positive_float("saturation", saturation)
+    # checked once here: the terms below trust their inputs
     delta_reward = anchor_reward[:, None] - counterfactual_rewards
-    rl = policy_gradient_loss(log_prob, anchor_reward, counterfactual_rewards, valid,
-                              normalize=normalize_rl, set_size=set_size).mean()
-    ex = exchange_loss(delta_f, delta_reward, valid).mean()
+    rl = policy_gradient_loss_unchecked(log_prob, anchor_reward, counterfactual_rewards, valid,
+                                        normalize=normalize_rl, set_size=set_size).mean()
+    ex = exchange_terms_unchecked(delta_f, delta_reward, valid,
+                                  saturation=saturation).sum(dim=1).mean()
     zero = torch.zeros((), dtype=rl.dtype, device=rl.device)
     loss = (rl if use_rl else zero) + (lambda_ex * ex if use_exchange else zero)
     return {"loss": loss, "rl": rl.detach(), "exchange": ex.detach()}
@@ -182,6 +314,24 @@ def _check_batch(per_sample: torch.Tensor, per_slot: torch.Tensor):
         raise ValueError(f"counterfactual_rewards has {per_slot.shape[0]} rows but log_prob has "
                          f"{per_sample.shape[0]} samples")
     _checks.same_device("counterfactual_rewards", per_slot, "log_prob", per_sample)
+
+
+def _check_sets(log_prob, rewards, set_size, needs: str):
+    """[B, A] log-probabilities and rewards of A >= 2 sampled sets per sample, and their
+    size K [B]; ``needs`` says what the A sets are for, in the error."""
+    _check_anchors(log_prob=log_prob, rewards=rewards)
+    if rewards.shape[1] < 2:
+        raise ValueError(f"rewards has {rewards.shape[1]} {needs} needs at least 2")
+    _check_set_size(set_size, log_prob[:, 0])
+
+
+def _check_normalize(normalize, set_size, log_prob):
+    _checks.flag("normalize", normalize)
+    if normalize:
+        if set_size is None:
+            raise TypeError("normalize=True divides log pi by the set size K: pass set_size, "
+                            "an integer tensor [B]")
+        _check_set_size(set_size, log_prob)
 
 
 def _check_set_size(set_size, log_prob):

@@ -9,7 +9,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["default_cache_dir", "benchmarks_dir", "default_captioner_path", "attention_dir"]
+__all__ = ["default_cache_dir", "benchmarks_dir", "default_captioner_path", "attention_dir",
+           "CAPTIONER_FILE"]
+
+#: a captioner directory's record of what it is (format, feature dim, training, reference)
+CAPTIONER_FILE = "avex_captioner.json"
 
 
 def default_cache_dir() -> Path:

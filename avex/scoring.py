@@ -3,7 +3,8 @@
 A *selector* (the interface of :mod:`avex.methods`) maps a micro-batch to a keep-set on the AV
 axis. C_av, C_v and C_a are pycocoevalcap's CIDEr (x 100) of the same captions against the AV,
 visual-only and audio-only references. Training's end-of-run table and every experiment of
-``python -m avex.evaluate`` caption and score through these two functions.
+``python -m avex.evaluate`` caption and score through these functions; the sweep and that
+table through one loop, :func:`caption_and_score`.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from avex.selection import AVLayout
 
 Selector = Callable[[object, AVLayout, float], torch.Tensor]
 
-__all__ = ["Selector", "keep_all", "caption_split", "score_captions"]
+__all__ = ["Selector", "keep_all", "caption_split", "score_captions", "caption_and_score"]
 
 
 def keep_all(batch, layout: AVLayout, retention: float) -> torch.Tensor:
@@ -77,3 +78,37 @@ def score_captions(captions: list[str], clips) -> dict[str, float]:
         return 100 * metrics[kind]["CIDEr"] if kind in metrics else None
     return {"C_av": cider("AV"), "C_v": cider("V"), "C_a": cider("A"),
             "BLEU-4": 100 * metrics["AV"]["BLEU-4"], "METEOR": 100 * metrics["AV"]["METEOR"]}
+
+
+def caption_and_score(captioner, splits: dict, jobs, selector_for, *, batch_size: int = 64,
+                      num_beams: int = 1, max_new_tokens: int = 24, progress: bool = False,
+                      desc: str = "scoring") -> dict:
+    """Caption every split of ``splits`` (name -> clips) with full tokens, then under every job,
+    and score the captions (:func:`score_captions`).
+
+    ``jobs``: (key, retention) pairs in the order to caption them; ``selector_for(key)`` builds
+    the selector a key names (once a key, when first needed). A pair met again is not captioned
+    again. Returns ``{(split, key, retention): (captions, scores)}``, full tokens under
+    ``(split, "full", 1.0)``."""
+    decode = dict(batch_size=batch_size, num_beams=num_beams, max_new_tokens=max_new_tokens)
+    bar = progress_bar(total=len(splits) * (1 + len(jobs)), desc=desc, unit="setting",
+                       disable=not progress)
+    out = {}
+    for split, clips in splits.items():
+        captions = caption_split(captioner, clips, keep_all, 1.0, **decode)
+        out[(split, "full", 1.0)] = (captions, score_captions(captions, clips))
+        bar.update(1)
+    selectors = {}
+    for key, retention in jobs:
+        for split, clips in splits.items():
+            named = " ".join(str(k) for k in key if k is not None) if isinstance(key, tuple) \
+                else str(key)
+            bar.set_postfix_str(f"{named} @ {retention:.0%}, {split}")
+            if (split, key, retention) not in out:
+                if key not in selectors:
+                    selectors[key] = selector_for(key)
+                captions = caption_split(captioner, clips, selectors[key], retention, **decode)
+                out[(split, key, retention)] = (captions, score_captions(captions, clips))
+            bar.update(1)
+    bar.close()
+    return out

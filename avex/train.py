@@ -7,99 +7,41 @@ policy, and print the table. ``--config run.yaml`` and flags override any settin
 continues a killed run from its latest checkpoint. Under ``torchrun`` it trains with
 DistributedDataParallel: each rank captions and scores its share of every batch.
 
-One RL step, per micro-batch (Sections 3.3 and 3.4):
-    scores      = policy(inputs_embeds, modality)                 on the AV axis [B, M]
-    S, log pi   = gumbel_topk(scores, K)                          the anchor
-    exchanges   = build_exchanges(scores, S, modality, g)         V>V, A>A, V>A, A>V
-    captions    = one generation over anchor + counterfactuals    compacted, original positions
-    R           = 100 * CIDEr-D(captions, AV references)
-    L           = L_RL + lambda_ex * L_ex
+This module runs the phases (warmup, RL, the final table) and keeps the run's books (metrics,
+checkpoints, the saved policy); one micro-batch's losses are :mod:`avex.train_steps`'.
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
-import json
 import math
 import os
-import shlex
-import signal
 import sys
-import threading
 import time
-import zlib
-from contextlib import nullcontext
 from pathlib import Path
 
 import torch
-import torch.distributed as torch_dist
-import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from avex import _checks, metrics
-from avex.assets import resolve_asset_paths
-from avex.captioner import FrozenCaptioner
-from avex.checkpoint import (POLICY_FILE, check_weights, latest_checkpoint, load_checkpoint,
-                             read_run_config, read_state, rng_state, save_checkpoint,
-                             set_rng_state)
+from avex import _checks
+from avex.assets import load_cache_and_captioner, resolve_asset_paths
+from avex.checkpoint import latest_checkpoint, load_checkpoint, read_state, set_rng_state
 from avex.config import TrainConfig, build_parser, explicit_settings, resolve_config
 from avex.data import FeatureCache
-from avex.kernels import build_exchanges, gumbel_topk
-from avex.losses import avex_objective, leave_one_out_loss, set_level_loss
-from avex.methods import METHODS, label, load_policy, make_selector, policy_selector
-from avex.methods.learned import RUN_POLICY_RECORD
-from avex.modality import AUDIO, VISUAL
-from avex.policy import AVEXPolicy, TrainedOn, layout_of, policy_record, row_layouts
+from avex.distributed import Processes, no_sync, pick_device, unwrap
+from avex.exchange_diagnostics import write_report as write_exchange_report
+from avex.policy import AVEXPolicy, TrainedOn, layout_of, row_layouts
 from avex.progress import progress_bar
+from avex.registry import METHODS
 from avex.reward import CiderD
-from avex.scoring import caption_split, keep_all, score_captions
-from avex.selection import AVLayout, balanced_attention_keep, indices_to_keep
-from avex.tables import markdown_table
-
-
-# ----------------------------------------------------------------------------------------------
-# Processes and devices
-# ----------------------------------------------------------------------------------------------
-
-class Processes:
-    """This process's place in a torchrun job (a single process outside torchrun)."""
-
-    def __init__(self, device_kind: str):
-        self.world = int(os.environ.get("WORLD_SIZE", "1"))
-        self.rank = int(os.environ.get("RANK", "0"))
-        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        if self.world > 1 and not torch_dist.is_initialized():
-            torch_dist.init_process_group("nccl" if device_kind == "cuda" else "gloo")
-
-    @property
-    def main(self) -> bool:
-        return self.rank == 0
-
-    def barrier(self):
-        if self.world > 1:
-            torch_dist.barrier()
-
-    def close(self):
-        if self.world > 1 and torch_dist.is_initialized():
-            torch_dist.destroy_process_group()
-
-
-def pick_device(cfg: TrainConfig, procs: Processes) -> torch.device:
-    kind = cfg.device
-    if kind == "auto":
-        kind = "cuda" if torch.cuda.is_available() else "cpu"
-    if kind.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise ValueError(f"device={cfg.device!r} but CUDA is not available; pass "
-                             "--device cpu")
-        if procs.world > 1:
-            return torch.device("cuda", procs.local_rank)
-        index = torch.device(kind).index or 0
-        if index >= torch.cuda.device_count():
-            raise ValueError(f"device={cfg.device!r} but this machine has "
-                             f"{torch.cuda.device_count()} CUDA device(s)")
-        return torch.device("cuda", index)
-    return torch.device("cpu")
+from avex.run_books import RunBooks, choose_run_dir, resumed_config, truncate_metrics
+from avex.run_files import (CACOVID_DIR, EXCHANGE_CALIBRATION_FILE, SAVED_POLICY_DIR,
+                             WARMUP_POLICY_FILE, warmup_policy_file)
+from avex.run_table import score_run
+from avex.selection import AVLayout
+from avex.stopping import ZERO_REWARD_STEPS, StopSignals, TrainingInterrupted, zero_reward_error
+from avex.train_steps import (batch_indices, cosine_with_warmup, draw_retention,
+                              exchange_saturation, micro_batches, rl_loss, sample_seed,
+                              training_retentions, warmup_loss, warmup_targets)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -118,88 +60,11 @@ def prepare_assets(cfg: TrainConfig, procs: Processes):
 
 
 def load_assets(cfg: TrainConfig, data_path, captioner_path, device):
-    cache = FeatureCache(data_path)
-    captioner = FrozenCaptioner.load(captioner_path, device=device,
-                                     references=reference_sample(cache))
+    cache, captioner = load_cache_and_captioner(data_path, captioner_path, device=device)
     torch.manual_seed(cfg.seed)  # the policy's random init is part of the run's identity
     policy = AVEXPolicy.from_llm(captioner.model, hidden_size=cfg.policy_hidden,
                                  positional=cfg.policy_positional).to(device)
     return cache, captioner, policy
-
-
-def reference_sample(cache, count: int = 32) -> list[str]:
-    """Reference captions spread over the cache (the manifest's; no tensor is read), for the
-    captioner's tokenizer round-trip check."""
-    rows = cache.rows[::max(1, len(cache.rows) // count)]
-    return [row["refs_av"][0] for row in rows][:count]
-
-
-# ----------------------------------------------------------------------------------------------
-# Batches: a pure function of (seed, phase, step), so a resumed run reads what it would have
-# ----------------------------------------------------------------------------------------------
-
-def batch_indices(step: int, batch_size: int, n: int, seed: int, phase: str) -> list[int]:
-    """Clip indices of global batch ``step``: consecutive slices of per-epoch permutations."""
-    out = []
-    position = step * batch_size
-    while len(out) < batch_size:
-        epoch, offset = divmod(position, n)
-        gen = torch.Generator().manual_seed(zlib.crc32(f"{seed}:{phase}:{epoch}".encode()))
-        perm = torch.randperm(n, generator=gen).tolist()
-        take = perm[offset:offset + batch_size - len(out)]
-        out.extend(take)
-        position += len(take)
-    return out
-
-
-def micro_batches(indices: list[int], micro: int, procs: Processes) -> list[list[int]]:
-    """This rank's micro-batches of a global batch (rank r takes chunks r, r + W, ...)."""
-    chunks = [indices[i:i + micro] for i in range(0, len(indices), micro)]
-    return chunks[procs.rank::procs.world]
-
-
-def sample_seed(seed: int, step: int, chunk: int) -> int:
-    return zlib.crc32(f"gumbel:{seed}:{step}:{chunk}".encode())
-
-
-# ----------------------------------------------------------------------------------------------
-# Warmup: fit the policy to a balanced attention-based selection
-# ----------------------------------------------------------------------------------------------
-
-def warmup_targets(attention: dict, clips, retentions) -> list[torch.Tensor]:
-    """Per clip, float [M]: the share of ``retentions`` at which each AV token is in the
-    balanced attention keep-set (:func:`avex.selection.balanced_attention_keep`). One retention
-    gives the 0/1 set; several give a graded target whose order serves every one of them.
-    ``attention`` maps clip_id -> float [M] (``FrozenCaptioner.cached_text_to_av_attention``)."""
-    return [torch.stack([balanced_attention_keep(attention[clip.clip_id], clip.n_visual,
-                                                 clip.n_audio, r, av_modality=_av_order(clip)
-                                                 ).float()
-                         for r in retentions]).mean(0) for clip in clips]
-
-
-def _av_order(clip):
-    """The modality of each AV token in sequence order for a clip exported from a model (its AV
-    tokens may interleave, as Qwen2.5-Omni's audio and video do); None: video then audio."""
-    if clip.merged is None:
-        return None
-    codes = clip.merged["modality"]
-    return codes[(codes == VISUAL) | (codes == AUDIO)]
-
-
-def warmup_loss(policy, batch, layout: AVLayout, targets: list[torch.Tensor]) -> torch.Tensor:
-    """Binary cross-entropy of the scores against the (graded) target, over AV tokens."""
-    return target_loss(layout.gather(policy(batch.inputs_embeds, batch.modality)), layout,
-                       targets)
-
-
-def target_loss(scores: torch.Tensor, layout: AVLayout, targets: list[torch.Tensor]):
-    """BCE of AV-axis scores [B, M] against the warmup targets (padding ignored)."""
-    scores = scores.masked_fill(layout.modality < 0, 0.0)
-    labels = torch.zeros_like(scores)
-    for row, target in enumerate(targets):
-        labels[row, :len(target)] = target.to(labels)
-    present = layout.modality >= 0
-    return F.binary_cross_entropy_with_logits(scores[present], labels[present])
 
 
 def training_layout(clips) -> str:
@@ -217,214 +82,14 @@ def training_layout(clips) -> str:
     return layout_of(names)
 
 
-def training_retentions(cfg: TrainConfig) -> list[float]:
-    return list(cfg.train_retentions) or [cfg.retention]
-
-
-def draw_retention(cfg: TrainConfig, seed: int) -> float:
-    """The retention of one RL micro-batch, drawn from ``train_retentions`` by its seed."""
-    choices = training_retentions(cfg)
-    return choices[zlib.crc32(f"retention:{seed}".encode()) % len(choices)]
-
-
-def group_size(cfg: TrainConfig, budget: torch.Tensor) -> int:
-    """g: fixed, or ``g_fraction`` of the micro-batch's largest K (at least 2)."""
-    if cfg.g_fraction <= 0:
-        return cfg.g
-    return max(2, round(cfg.g_fraction * int(budget.max())))
-
-
-# ----------------------------------------------------------------------------------------------
-# RL + AVEX step
-# ----------------------------------------------------------------------------------------------
-
-def rl_loss(cfg: TrainConfig, policy, captioner, cider, batch, clips, seed: int,
-            retention: float | None = None, targets: list | None = None) -> dict:
-    """The losses of one micro-batch. ``cfg.anchors`` Gumbel-Top-K sets per clip; the
-    exchanges are built around the first; every keep-set is captioned in one generation.
-    With ``cfg.lambda_target`` > 0, the warmup's BCE on ``targets`` keeps the scores anchored
-    (their scale and the attention ranking) while the reward terms move them."""
-    layout = AVLayout.of(batch.modality)
-    scores = layout.gather(policy(batch.inputs_embeds, batch.modality))
-    budget = layout.budget(cfg.retention if retention is None else retention)
-    rows, width, count = scores.shape[0], scores.shape[1], cfg.anchors
-    indices, log_prob = gumbel_topk(scores.repeat_interleave(count, 0),
-                                    budget.repeat_interleave(count), tau=cfg.tau, seed=seed)
-    indices, log_prob = indices.view(rows, count, -1), log_prob.view(rows, count)
-    sets = indices_to_keep(indices, width)                                    # [B, A, M]
-    g = group_size(cfg, budget)
-    if cfg.exchanges:
-        if cfg.exchange_selection == "random":
-            exchanges = random_exchanges(scores, indices[:, 0], layout.modality, cfg, seed, g)
-        else:
-            exchanges = build_exchanges(scores, indices[:, 0], layout.modality, g=g,
-                                        types=tuple(cfg.exchange_types))
-        sets = torch.cat([sets, exchanges.keep], dim=1)
-    captions = captioner.caption_keep_sets(batch.inputs_embeds, batch.modality, sets,
-                                           num_beams=cfg.num_beams,
-                                           max_new_tokens=cfg.max_new_tokens,
-                                           position_ids=batch.native_position_ids)
-    num_sets = sets.shape[1]
-    flat = [c for row in captions for c in row]
-    refs = [clip.refs_av for clip in clips for _ in range(num_sets)]
-    rewards = torch.as_tensor(100.0 * cider.score(flat, refs), dtype=torch.float32,
-                              device=scores.device).view(-1, num_sets)
-    anchor_rewards, counterfactual = rewards[:, :count], rewards[:, count:]
-    if cfg.exchanges:
-        terms = avex_objective(log_prob[:, 0], anchor_rewards[:, 0], counterfactual,
-                               exchanges.delta_f, exchanges.valid, lambda_ex=cfg.lambda_ex,
-                               use_rl=cfg.rl and cfg.rl_estimator == "paper",
-                               normalize_rl=cfg.normalize_rl, set_size=budget)
-        terms["valid_exchanges"] = exchanges.valid.float().mean(0)
-    elif cfg.rl_estimator == "paper":  # the set-level reward is the only signal: always on
-        rl = set_level_loss(log_prob[:, 0], anchor_rewards[:, 0]).mean()
-        terms = {"loss": rl, "rl": rl.detach()}
-    else:
-        terms = {"loss": torch.zeros((), device=scores.device)}
-    if cfg.rl_estimator == "rloo" and (cfg.rl or not cfg.exchanges):
-        rl = leave_one_out_loss(log_prob, anchor_rewards, budget).mean()
-        terms["loss"] = terms["loss"] + rl
-        terms["rl"] = rl.detach()
-    if cfg.lambda_target > 0:
-        if targets is None:
-            raise ValueError("lambda_target > 0 needs the warmup targets of the batch")
-        anchor = target_loss(scores, layout, targets)
-        terms["loss"] = terms["loss"] + cfg.lambda_target * anchor
-        terms["target"] = anchor.detach()
-    terms["reward"] = anchor_rewards[:, 0].mean()
-    terms["reward_spread"] = anchor_rewards.std(dim=1).mean() if count > 1 else \
-        torch.zeros(())
-    terms["retention"] = torch.tensor(float(cfg.retention if retention is None else retention))
-    return terms
-
-
-def random_exchanges(scores, anchor_idx, modality, cfg: TrainConfig, seed: int,
-                     g: int | None = None):
-    """The "random exchange" ablation: the same number and size of exchanges, but G and G' are
-    drawn uniformly at random (from seeded noise) instead of by lowest / highest score; delta F
-    is still sum s_G - sum s_G' of the policy's scores, so L_ex trains the same parameters.
-    ``g``: the group size (default ``cfg.g``)."""
-    # drawn on the scores' device (a CPU run draws exactly what it always did; a GPU run copies
-    # nothing from the host)
-    gen = torch.Generator(device=scores.device).manual_seed(
-        zlib.crc32(f"random-exchange:{seed}".encode()))
-    noise = torch.rand(scores.shape, generator=gen, dtype=torch.float32, device=scores.device)
-    noise = noise.masked_fill(~torch.isfinite(scores.detach()), float("-inf"))
-    drawn = build_exchanges(noise, anchor_idx, modality, g=cfg.g if g is None else g,
-                            types=tuple(cfg.exchange_types))
-    finite = scores.masked_fill(~torch.isfinite(scores), 0.0)
-
-    def group_sum(index):
-        values = finite.gather(1, index.clamp_min(0).flatten(1)).view(index.shape)
-        return values.masked_fill(index < 0, 0.0).sum(-1)
-    delta_f = (group_sum(drawn.removed) - group_sum(drawn.inserted)).to(drawn.delta_f.dtype)
-    return drawn._replace(delta_f=torch.where(drawn.valid, delta_f, torch.zeros_like(delta_f)))
-
-
-def cosine_with_warmup(total_steps: int, warmup_fraction: float):
-    warm = max(1, round(total_steps * warmup_fraction)) if warmup_fraction > 0 else 0
-
-    def factor(step: int) -> float:
-        if step < warm:
-            return (step + 1) / warm
-        progress = (step - warm) / max(1, total_steps - warm)
-        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-    return factor
-
-
-# ----------------------------------------------------------------------------------------------
-# Stopping: SIGINT / SIGTERM, and a run that learns nothing
-# ----------------------------------------------------------------------------------------------
-
-class TrainingInterrupted(KeyboardInterrupt):
-    """SIGINT or SIGTERM stopped training at a step boundary, after a checkpoint was written;
-    ``resume`` is the command that continues the run. ``python -m avex.train`` prints it and
-    exits with status 130."""
-
-    def __init__(self, checkpoint: Path, resume: str):
-        super().__init__(f"training stopped; checkpoint {checkpoint}; resume with: {resume}")
-        self.checkpoint, self.resume = checkpoint, resume
-
-
-class StopSignals:
-    """While active, SIGINT and SIGTERM only ask the loop to stop at its next step boundary
-    (:attr:`requested`); a second signal stops at once, as without it. Handlers can only be
-    set from the main thread: elsewhere this does nothing."""
-
-    SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
-    def __init__(self):
-        self.requested = False
-        self._previous = {}
-
-    def _handle(self, signum, frame):
-        if self.requested:   # asked twice: stop now
-            self.__exit__(None, None, None)
-            raise KeyboardInterrupt
-        self.requested = True
-        print(f"\n{signal.Signals(signum).name}: stopping after this step (a checkpoint is "
-              "written first; send it again to stop at once)", file=sys.stderr, flush=True)
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            for sig in self.SIGNALS:
-                self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def __exit__(self, *exc):
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous = {}
-        return False
-
-
-#: RL steps at the start of a run whose rewards must not all be 0
-ZERO_REWARD_STEPS = 3
-
-
-def zero_reward_error(steps: int, clips: int) -> RuntimeError:
-    return RuntimeError(
-        f"every reward of the first {steps} RL step(s) was 0 (CIDEr-D of the captions of "
-        f"{clips} clips against their references): the frozen captioner writes nothing the "
-        "references share, so there is no gradient to learn from. That usually means its "
-        "tokenizer is not the one it was trained with (a custom tokenizer saved beside a "
-        "config.json is loaded as that model type's tokenizer; save it in the tokenizer/ "
-        "sub-folder), that --max-new-tokens is too small to write a caption, or that the "
-        "captioner was never trained to caption these clips (check the full-token CIDEr with "
-        "python -m avex.evaluate --methods random). The run stopped; nothing was learned")
-
-
-def truncate_metrics(path: Path, phase: str, step: int) -> int:
-    """Drop the records of ``metrics.jsonl`` at or after the checkpoint a run resumes from
-    (``phase``, ``step``): they are done again, and a step must appear once. Returns the
-    number of records dropped."""
-    if not path.is_file():
-        return 0
-    order = {"warmup": 0, "rl": 1, "done": 2}
-    kept, dropped = [], 0
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            record = json.loads(line)
-            position = (order[record["phase"]], int(record["step"]))
-        except (ValueError, KeyError, TypeError):
-            kept.append(line)   # not a step record: kept as it is
-            continue
-        if position >= (order[phase], step):
-            dropped += 1
-        else:
-            kept.append(line)
-    if dropped:
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
-        os.replace(tmp, path)
-    return dropped
-
-
 # ----------------------------------------------------------------------------------------------
 # The run
 # ----------------------------------------------------------------------------------------------
 
 class Run:
+    """One training run: its processes and device, its books (:class:`RunBooks`) and its
+    phases: warmup, RL, then the comparison policies and the final table."""
+
     def __init__(self, cfg: TrainConfig, resume: bool):
         self.cfg = cfg
         self.procs = Processes("cuda" if cfg.device.startswith("cuda") or (
@@ -436,66 +101,16 @@ class Run:
         if cfg.deterministic:
             torch.use_deterministic_algorithms(True, warn_only=True)
         self.device = pick_device(cfg, self.procs)
-        self.run_dir = Path(cfg.run_dir)
-        self.cfg.run_dir = str(self.run_dir)
-        self.checkpoint = latest_checkpoint(self.run_dir) if resume else None
-        if resume and self.checkpoint is None:
-            raise FileNotFoundError(f"--resume: no checkpoint under {self.run_dir}/checkpoints; "
-                                    "start the run without --resume")
-        if resume:
-            check_owner(self.checkpoint, cfg)
-        if not resume and latest_checkpoint(self.run_dir) is not None:
-            raise FileExistsError(f"{self.run_dir} already holds a run; pass --resume to "
-                                  "continue it or --run-dir for a new one")
-        if self.procs.main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            (self.run_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
-        self.log_file = self.run_dir / "metrics.jsonl"
-
-    # -- bookkeeping ------------------------------------------------------------------------
-    def log(self, record: dict):
-        if not self.procs.main:
-            return
-        record = {k: (v.tolist() if isinstance(v, torch.Tensor) else v) for k, v in record.items()}
-        with open(self.log_file, "a") as f:
-            f.write(json.dumps(record) + "\n")
-
-    def save(self, policy, phase, step, optimizer, scheduler):
-        if self.procs.main:
-            state = {"phase": phase, "step": step, "optimizer": optimizer.state_dict(),
-                     "scheduler": scheduler.state_dict() if scheduler else None,
-                     "rng": rng_state(), "config": self.cfg.to_dict()}
-            save_checkpoint(self.run_dir, self._global_step(phase, step), _unwrap(policy), state)
-        self.procs.barrier()
-
-    def any_rank(self, flag: bool) -> bool:
-        """``flag`` or'ed over every process (so that all of them take the same branch)."""
-        if self.procs.world == 1:
-            return flag
-        value = torch.tensor([1.0 if flag else 0.0], device=self.device)
-        torch_dist.all_reduce(value, op=torch_dist.ReduceOp.MAX)
-        return bool(value.item())
-
-    def stop_requested(self) -> bool:
-        stop = getattr(self, "stop", None)
-        return self.any_rank(stop is not None and stop.requested)
-
-    def resume_command(self) -> str:
-        return f"python -m avex.train --resume --run-dir {shlex.quote(str(self.run_dir))}"
-
-    def interrupt(self, model, phase, step, optimizer, scheduler):
-        """A stop was asked for: checkpoint this step boundary, then stop."""
-        self.save(model, phase, step, optimizer, scheduler)
-        raise TrainingInterrupted(latest_checkpoint(self.run_dir), self.resume_command())
+        self.cfg.run_dir = str(Path(cfg.run_dir))
+        self.books = RunBooks(cfg, self.procs, self.device, resume)
+        self.run_dir = self.books.run_dir
 
     def record_policy(self, policy, captioner, clips) -> None:
         """What the policy is trained on (avex.policy.TrainedOn), on the policy and in
         ``<run>/policy.json``: ``avex.load_policy`` reads it to rebuild and check the policy."""
         policy.trained_on = TrainedOn.of_model(captioner.model, training_layout(clips),
                                                training_retentions(self.cfg))
-        if self.procs.main:
-            text = json.dumps(policy_record(policy.config, policy.trained_on), indent=2)
-            (self.run_dir / RUN_POLICY_RECORD).write_text(text + "\n")
+        self.books.record_policy(policy)
 
     def steps_bar(self, desc: str, start: int, total: int):
         return progress_bar(range(start, total), desc=desc, unit="step", initial=start, total=total,
@@ -506,9 +121,6 @@ class Run:
         cfg = self.cfg
         return micro_batches(batch_indices(step, cfg.batch_size, n, cfg.seed, phase),
                              cfg.micro_batch_size, self.procs)
-
-    def _global_step(self, phase, step):
-        return step if phase == "warmup" else self.warmup_steps + step
 
     # -- phases -----------------------------------------------------------------------------
     def execute(self) -> dict:
@@ -528,16 +140,16 @@ class Run:
         if n == 0:
             raise ValueError(f"{data_path}: the train split is empty")
         self.record_policy(policy, captioner, clips_train)
-        self.warmup_steps = 0 if cfg.warmup_from else \
+        self.warmup_steps = self.books.warmup_steps = 0 if cfg.warmup_from else \
             math.ceil(cfg.warmup_epochs * n / cfg.batch_size)
         self.rl_steps = 0 if cfg.warmup_only else math.ceil(cfg.epochs * n / cfg.batch_size)
 
         start_phase, start_step, saved = "warmup", 0, None
-        if self.checkpoint is not None:
-            saved = load_checkpoint(self.checkpoint, policy)
+        if self.books.checkpoint is not None:
+            saved = load_checkpoint(self.books.checkpoint, policy)
             start_phase, start_step = saved["phase"], saved["step"]
             if self.procs.main:
-                dropped = truncate_metrics(self.log_file, start_phase, start_step)
+                dropped = truncate_metrics(self.books.log_file, start_phase, start_step)
                 print(f"resuming {self.run_dir} at {start_phase} step {start_step}"
                       + (f" ({dropped} metrics records after it dropped: they are redone)"
                          if dropped else ""))
@@ -547,23 +159,35 @@ class Run:
             model = torch.nn.parallel.DistributedDataParallel(
                 policy, device_ids=[self.device.index] if self.device.type == "cuda" else None)
 
-        with StopSignals() as self.stop:
+        with StopSignals() as self.books.stop:
             if start_phase == "warmup":
                 self.run_warmup(model, captioner, clips_train, start_step, saved)
                 saved, start_step = None, 0
             if start_phase != "done":
-                self.run_rl(model, captioner, clips_train, cache, start_step, saved)
-        warmup_policy_path = self.run_dir / "warmup_policy.safetensors"
+                self.run_rl(model, captioner, clips_train, start_step, saved)
         results = {}
-        if self.procs.main and cfg.evaluate:
-            results = self.evaluate(policy, captioner, cache, warmup_policy_path)
+        if cfg.evaluate:
+            comparisons = self.train_comparisons()
+            if self.procs.main:
+                results = score_run(cfg, self.run_dir, policy, captioner, cache, comparisons)
         self.procs.barrier()
         self.procs.close()
         return results
 
+    def train_comparisons(self) -> dict:
+        """The trained methods of the final table, each trained from this run's seed and warmup
+        policy (so only the training signal differs), before the table: CaCoVID-AV in
+        ``<run_dir>/cacovid``. Method name -> run directory."""
+        cfg = self.cfg
+        if cfg.warmup_only or "cacovid" not in cfg.eval_methods:
+            return {}
+        return {"cacovid": train_variant(cfg, self.run_dir / CACOVID_DIR,
+                                         warmup_from=self.run_dir, evaluate=False,
+                                         eval_methods=[], **METHODS["cacovid"].train)}
+
     def run_warmup(self, model, captioner, clips, start_step, saved):
         cfg = self.cfg
-        optimizer = torch.optim.AdamW(_unwrap(model).parameters(), lr=cfg.warmup_lr,
+        optimizer = torch.optim.AdamW(unwrap(model).parameters(), lr=cfg.warmup_lr,
                                       weight_decay=cfg.weight_decay)
         # cosine decay: the late steps refine the ranking instead of jumping around it
         scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -574,7 +198,8 @@ class Run:
                 scheduler.load_state_dict(saved["scheduler"])
             set_rng_state(saved["rng"])
         if cfg.warmup_from:  # another run's warmup policy; no warmup steps here
-            _unwrap(model).load_state_dict(load_file(str(warmup_file(cfg.warmup_from))))
+            unwrap(model).load_state_dict(
+                load_file(str(warmup_policy_file(cfg.warmup_from))))
         targets = self.targets(captioner, clips) if self.warmup_steps else []
         bar = self.steps_bar("warmup", start_step, self.warmup_steps)
         for step in bar:
@@ -583,7 +208,7 @@ class Run:
             total = 0.0  # summed on the device, read once a step (a sync per chunk otherwise)
             for i, chunk in enumerate(chunks):
                 batch = captioner.embed([clips[j] for j in chunk])
-                with _no_sync(model, last=i == len(chunks) - 1):
+                with no_sync(model, last=i == len(chunks) - 1):
                     loss = warmup_loss(model, batch, AVLayout.of(batch.modality),
                                        [targets[j] for j in chunk])
                     (loss * len(chunk) * self.procs.world / cfg.batch_size).backward()
@@ -594,20 +219,20 @@ class Run:
             optimizer.step()
             scheduler.step()
             bar.set_postfix(bce=f"{total:.3f}")
-            self.log({"phase": "warmup", "step": step, "bce": total, "time": time.time()})
-            if self.stop_requested():
-                self.interrupt(model, "warmup", step + 1, optimizer, scheduler)
+            self.books.log({"phase": "warmup", "step": step, "bce": total, "time": time.time()})
+            if self.books.stop_requested():
+                self.books.interrupt(model, "warmup", step + 1, optimizer, scheduler)
             if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < self.warmup_steps:
-                self.save(model, "warmup", step + 1, optimizer, scheduler)
+                self.books.save(model, "warmup", step + 1, optimizer, scheduler)
         if self.procs.main:
             weights = {k: v.detach().cpu().contiguous()
-                       for k, v in _unwrap(model).state_dict().items()}
+                       for k, v in unwrap(model).state_dict().items()}
             tmp = self.run_dir / ".warmup_policy.tmp"
             save_file(weights, str(tmp))
-            os.replace(tmp, self.run_dir / "warmup_policy.safetensors")
+            os.replace(tmp, self.run_dir / WARMUP_POLICY_FILE)
         # the RL phase starts from here on resume
         rl_optimizer, rl_scheduler = self.rl_optimizer(model)
-        self.save(model, "rl", 0, rl_optimizer, rl_scheduler)
+        self.books.save(model, "rl", 0, rl_optimizer, rl_scheduler)
 
     def targets(self, captioner, clips) -> list[torch.Tensor]:
         """The warmup targets of the train clips (:func:`warmup_targets`)."""
@@ -623,13 +248,13 @@ class Run:
 
     def rl_optimizer(self, model):
         cfg = self.cfg
-        optimizer = torch.optim.AdamW(_unwrap(model).parameters(), lr=cfg.lr,
+        optimizer = torch.optim.AdamW(unwrap(model).parameters(), lr=cfg.lr,
                                       weight_decay=cfg.weight_decay)
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, cosine_with_warmup(max(1, self.rl_steps), cfg.lr_warmup))
         return optimizer, scheduler
 
-    def run_rl(self, model, captioner, clips, cache, start_step, saved):
+    def run_rl(self, model, captioner, clips, start_step, saved):
         cfg = self.cfg
         optimizer, scheduler = self.rl_optimizer(model)
         if saved is not None:
@@ -638,210 +263,66 @@ class Run:
             set_rng_state(saved["rng"])
         cider = CiderD(corpus_references=[c.refs_av for c in clips], tokenize=True)
         targets = self.targets(captioner, clips) if cfg.lambda_target > 0 else None
+        saturation = exchange_saturation(cfg, self.run_dir / EXCHANGE_CALIBRATION_FILE, captioner,
+                                         cider, clips, write=self.procs.main)
         bar = self.steps_bar("RL + AVEX", start_step, self.rl_steps)
+        rewarded = False   # any reward above 0 yet (checked over the first steps of a run)
         for step in bar:
             chunks = self.my_chunks(step, len(clips), "rl")
             optimizer.zero_grad(set_to_none=True)
             sums: dict[str, float] = {}
+            diagnostics = []
+            every = cfg.diagnostics_every
             for i, chunk in enumerate(chunks):
                 batch_clips = [clips[j] for j in chunk]
                 batch = captioner.embed(batch_clips)
                 chunk_id = step * (cfg.batch_size // cfg.micro_batch_size) + \
                     self.procs.rank + i * self.procs.world
                 seed = sample_seed(cfg.seed, step, chunk_id)
-                with _no_sync(model, last=i == len(chunks) - 1):
+                with no_sync(model, last=i == len(chunks) - 1):
                     terms = rl_loss(cfg, model, captioner, cider, batch, batch_clips, seed,
                                     draw_retention(cfg, seed),
-                                    None if targets is None else [targets[j] for j in chunk])
+                                    None if targets is None else [targets[j] for j in chunk],
+                                    saturation=saturation,
+                                    grad_ratios=every > 0 and step % every == 0)
                     (terms["loss"] * len(chunk) * self.procs.world / cfg.batch_size).backward()
+                if "diagnostics" in terms:
+                    diagnostics.append(terms.pop("diagnostics"))
                 weight = len(chunk) / (cfg.batch_size / self.procs.world)
                 for name, value in terms.items():
                     value = value.detach().float()
                     sums[name] = sums.get(name, 0.0) + value * weight
             sums = {name: value.cpu() for name, value in sums.items()}  # one copy a step
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            total_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             optimizer.step()
             scheduler.step()
             record = {"phase": "rl", "step": step, "lr": scheduler.get_last_lr()[0],
-                      "grad_norm": float(grad_norm), "time": time.time(),
+                      "grad_norm": float(total_norm), "time": time.time(),
                       **{k: v for k, v in sums.items()}}
-            self.log(record)
+            if diagnostics:  # this rank's micro-batches
+                record["exchange_diagnostics"] = diagnostics
+            self.books.log(record)
             bar.set_postfix(reward=f"{float(sums['reward']):.1f}",
                             loss=f"{float(sums['loss']):.3f}")
             if start_step == 0 and step < ZERO_REWARD_STEPS:
                 # the mean anchor reward and its spread over anchors: both 0 only if every
                 # anchor's CIDEr-D was 0 (it is never negative)
-                rewarded = self.any_rank(float(sums["reward"]) > 0
-                                         or float(sums.get("reward_spread", 0.0)) > 0)
-                rewarded_so_far = rewarded or getattr(self, "_rewarded", False)
-                self._rewarded = rewarded_so_far
-                if not rewarded_so_far and step + 1 == min(ZERO_REWARD_STEPS, self.rl_steps):
+                rewarded = self.books.any_rank(float(sums["reward"]) > 0
+                                         or float(sums.get("reward_spread", 0.0)) > 0) or rewarded
+                if not rewarded and step + 1 == min(ZERO_REWARD_STEPS, self.rl_steps):
                     raise zero_reward_error(step + 1, min(len(clips), cfg.batch_size
                                                           * (step + 1)))
-            if self.stop_requested() and step + 1 < self.rl_steps:
-                self.interrupt(model, "rl", step + 1, optimizer, scheduler)
+            if self.books.stop_requested() and step + 1 < self.rl_steps:
+                self.books.interrupt(model, "rl", step + 1, optimizer, scheduler)
             if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < self.rl_steps:
-                self.save(model, "rl", step + 1, optimizer, scheduler)
-        self.save(model, "done", self.rl_steps, optimizer, scheduler)
+                self.books.save(model, "rl", step + 1, optimizer, scheduler)
+        self.books.save(model, "done", self.rl_steps, optimizer, scheduler)
+        if cfg.exchanges and self.procs.main:
+            write_exchange_report(self.run_dir)
         if self.procs.main:  # the artifact: AVEXPolicy.from_pretrained / avex.load_policy
-            _unwrap(model).save_pretrained(self.run_dir / SAVED_POLICY_DIR)
-        if self.stop_requested():   # asked during the last step: done, but no evaluation
-            raise TrainingInterrupted(latest_checkpoint(self.run_dir), self.resume_command())
-
-    def train_cacovid(self) -> Path:
-        """CaCoVID-AV for the final table: the registry's settings, this run's seed and warmup
-        policy (so only the training signal differs), in ``<run_dir>/cacovid``."""
-        run_dir = self.run_dir / "cacovid"
-        cfg = dataclasses.replace(self.cfg, run_dir=str(run_dir), warmup_from=str(self.run_dir),
-                                  evaluate=False, eval_methods=[], **METHODS["cacovid"].train)
-        with torch.enable_grad():  # called from evaluate(), which runs without gradients
-            return ensure_trained(cfg)
-
-    @torch.no_grad()
-    def evaluate(self, policy, captioner, cache, warmup_policy_path) -> dict:
-        cfg = self.cfg
-        split = cache.split(cfg.eval_split)
-        count = len(split) if cfg.max_eval_clips is None else min(len(split), cfg.max_eval_clips)
-        clips = [split[i] for i in range(count)]
-        policy.eval()
-        warmup_policy = None
-        if warmup_policy_path.exists() and not cfg.warmup_only:
-            warmup_policy = copy.deepcopy(policy)
-            warmup_policy.load_state_dict(load_file(str(warmup_policy_path)))
-        methods = []
-        for name in cfg.eval_methods:
-            if name == "cacovid":
-                if cfg.warmup_only:
-                    continue
-                selector = policy_selector(load_policy(self.train_cacovid(), captioner))
-            else:
-                selector = make_selector(name, captioner=captioner, seed=cfg.seed)
-            methods.append((label(name), selector))
-        if warmup_policy is not None:
-            methods.append(("warmup only", policy_selector(warmup_policy)))
-        methods.append((run_label(cfg), policy_selector(policy)))
-        decode = dict(num_beams=cfg.num_beams, max_new_tokens=cfg.max_new_tokens,
-                      progress=cfg.progress)
-        rows = [{"method": label("full"), "retention": 1.0,
-                 **score_captions(caption_split(captioner, clips, keep_all, 1.0, **decode,
-                                                desc="full tokens"), clips)}]
-        for retention in cfg.eval_retentions:
-            for name, selector in methods:
-                captions = caption_split(captioner, clips, selector, retention, **decode,
-                                         desc=f"{name} @ {retention:.0%}")
-                rows.append({"method": name, "retention": retention,
-                             **score_captions(captions, clips)})
-        table = results_table(rows, f"{cfg.eval_split} split, {len(clips)} clips")
-        (self.run_dir / "results.json").write_text(json.dumps(rows, indent=2))
-        (self.run_dir / "results.md").write_text(table + "\n")
-        print(table)
-        return {"rows": rows, "table": table}
-
-
-def warmup_file(run_dir) -> Path:
-    """The warmup policy of a finished run directory (``--warmup-from``)."""
-    path = Path(run_dir) / "warmup_policy.safetensors"
-    if not path.is_file():
-        raise FileNotFoundError(f"warmup_from: no warmup policy at {str(path)!r}")
-    return path
-
-
-def run_label(cfg: TrainConfig) -> str:
-    if cfg.warmup_only:
-        return "warmup only (this run)"
-    if not cfg.exchanges:
-        if cfg.rl_estimator == "rloo":
-            return "AVEX, L_RL (RLOO) (this run)"
-        return "set-level reward, no exchanges (this run)"
-    if cfg.exchange_selection == "random":
-        return "random exchanges (this run)"
-    terms = []
-    if cfg.rl:
-        terms.append("L_RL (RLOO)" if cfg.rl_estimator == "rloo" else "L_RL")
-    if cfg.lambda_ex > 0:
-        terms.append("L_ex")
-    return f"AVEX, {' + '.join(terms) or 'no loss'} (this run)"
-
-
-def results_table(rows: list[dict], caption: str) -> str:
-    table = markdown_table(
-        ["method", "retention", "C_av", "C_v", "C_a", "BLEU-4", "METEOR"],
-        [[r["method"], f"{r['retention']:.0%}"] + ["n/a" if r[k] is None else f"{r[k]:.1f}"
-                                                   for k in ("C_av", "C_v", "C_a", "BLEU-4",
-                                                             "METEOR")]
-         for r in rows])
-    return f"Results on the {caption} (CIDEr points; {metrics.cider_source()}):\n\n{table}"
-
-
-def _unwrap(model):
-    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
-
-
-def _no_sync(model, last: bool):
-    """Skip DDP's gradient all-reduce on all but the last micro-batch of an accumulation."""
-    if isinstance(model, torch.nn.parallel.DistributedDataParallel) and not last:
-        return model.no_sync()
-    return nullcontext()
-
-
-RUNS_ROOT = Path("runs")
-#: where a finished run saves its policy (AVEXPolicy.save_pretrained)
-SAVED_POLICY_DIR = "policy"
-
-
-def choose_run_dir(cfg: TrainConfig, resume: bool) -> str:
-    if cfg.run_dir is not None:
-        return cfg.run_dir
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise ValueError("under torchrun, pass --run-dir (every rank must write to the same one)")
-    if resume:
-        runs = sorted(p for p in RUNS_ROOT.glob("*") if (p / "checkpoints").is_dir())
-        if not runs:
-            raise FileNotFoundError(f"--resume: no run under {RUNS_ROOT}/; pass --run-dir")
-        return str(runs[-1])
-    return str(RUNS_ROOT / time.strftime("%Y%m%d-%H%M%S"))
-
-
-# Settings a resumed run may take from the command line: where it lives and how it reports.
-# Every other setting is the run's own; a flag that contradicts it is refused.
-RESUME_OVERRIDES = ("run_dir", "cache_dir", "device", "progress")
-
-
-def resumed_config(cfg: TrainConfig, explicit: dict | None = None) -> TrainConfig:
-    """The settings a resumed run continues with: its own ``config.json``, in the directory it
-    was given (a copied or moved run writes where it now is, never where it was made).
-    ``explicit`` (settings asked for on the command line) must agree with them."""
-    run_dir = Path(cfg.run_dir)
-    if not (run_dir / "config.json").exists():
-        return cfg
-    saved = read_run_config(run_dir)
-    unknown = set(saved) - {f.name for f in dataclasses.fields(TrainConfig)}
-    if unknown:
-        raise ValueError(f"{run_dir / 'config.json'}: unknown settings {sorted(unknown)} (a "
-                         "run of another version, or a corrupt file)")
-    overrides = {name: getattr(cfg, name) for name in RESUME_OVERRIDES
-                 if name == "run_dir" or name in (explicit or {})}
-    conflicts = {name: (value, saved[name]) for name, value in (explicit or {}).items()
-                 if name not in RESUME_OVERRIDES and name in saved and value != saved[name]}
-    if conflicts:
-        listed = ", ".join(f"{name}={asked!r} (the run has {had!r})"
-                           for name, (asked, had) in sorted(conflicts.items()))
-        raise ValueError(f"--resume continues {run_dir} with its own settings, but the command "
-                         f"line asks for {listed}; drop those flags, or start a new run")
-    return TrainConfig(**{**saved, **overrides}).validate()
-
-
-def check_owner(checkpoint: Path, cfg: TrainConfig) -> None:
-    """Refuse a checkpoint written by a run with other settings (checkpoints copied in from
-    elsewhere): resuming it would mix two runs."""
-    check_weights(checkpoint / POLICY_FILE)
-    saved = read_state(checkpoint)["config"]
-    differ = sorted(name for name, value in cfg.to_dict().items()
-                    if name not in RESUME_OVERRIDES and name in saved and saved[name] != value)
-    if differ:
-        raise ValueError(f"{checkpoint} belongs to a run with other settings than "
-                         f"{Path(cfg.run_dir) / 'config.json'} (they differ in {differ}); "
-                         "resume the run it came from, or start a new one")
+            unwrap(model).save_pretrained(self.run_dir / SAVED_POLICY_DIR)
+        if self.books.stop_requested():   # asked during the last step: done, but no evaluation
+            raise TrainingInterrupted(latest_checkpoint(self.run_dir), self.books.resume_command())
 
 
 def prepare_run(cfg: TrainConfig, *, resume: bool = False, explicit: dict | None = None) -> "Run":
@@ -885,6 +366,16 @@ def ensure_trained(cfg: TrainConfig) -> Path:
     else:
         train(cfg)
     return run_dir
+
+
+def train_variant(base: TrainConfig, run_dir, *, warmup_from=None, **settings) -> Path:
+    """``base`` with ``settings`` (TrainConfig fields: a method's, an ablation's), trained in
+    ``run_dir`` from the warmup policy of the run ``warmup_from`` (None: a warmup of its own),
+    so that variants of one warmup differ in their RL phase alone. A finished run in
+    ``run_dir`` is reused and an unfinished one resumed (:func:`ensure_trained`)."""
+    return ensure_trained(dataclasses.replace(
+        base, run_dir=str(run_dir), warmup_from=None if warmup_from is None else str(warmup_from),
+        **settings))
 
 
 def main(argv=None) -> dict:

@@ -17,8 +17,7 @@ from typing import NamedTuple
 
 import torch
 
-from avex import _checks
-
+from . import _checks
 from ._utils import next_power_of_2, resolve_backend, row_launch_config
 from .compact_ref import compact_ref
 from .cuda_lib import load as load_cuda_library

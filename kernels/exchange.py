@@ -15,8 +15,7 @@ from typing import NamedTuple
 
 import torch
 
-from avex import _checks
-
+from . import _checks
 from ._utils import (ROW_KERNEL_MAX_WIDTH, first_true, next_power_of_2,
                      ranked_row_launch_config, resolve_row_backend)
 from .exchange_ref import (EXCHANGE_TYPES, build_exchanges_ref, group_width, type_codes)

@@ -25,8 +25,7 @@ import math
 import numpy
 import torch
 
-from avex import _checks
-
+from . import _checks
 from ._utils import (ROW_KERNEL_MAX_WIDTH, first_true, next_power_of_2,
                      ranked_row_launch_config, resolve_row_backend)
 from .cuda_lib import TOPK_MAX_WIDTH as CUDA_TOPK_MAX_WIDTH

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .suite import FLOPS_COUNTERS, METHODS, ProfileSettings, profile
+from .suite import FLOPS_COUNTERS, PROFILED, ProfileSettings, profile
 
 
 def main(argv=None) -> int:
@@ -17,7 +17,7 @@ def main(argv=None) -> int:
                    help="qwen2-7b, llama3-8b, or a path to a Hugging Face config")
     p.add_argument("--retention", type=float, default=d.retention, help="rho in (0, 1]")
     p.add_argument("--methods", default=",".join(d.methods),
-                   help=f"comma-separated, from {list(METHODS)} (fastv: FastV-AV, tome: "
+                   help=f"comma-separated, from {list(PROFILED)} (fastv: FastV-AV, tome: "
                         "ToMe-AV, fastav: FastAV, attention: Attention-AV (balanced), as "
                         "avex.methods runs them)")
     p.add_argument("--visual-tokens", type=int, default=d.visual_tokens)
@@ -62,11 +62,10 @@ def main(argv=None) -> int:
         settings.validate()
     except (ValueError, TypeError) as e:
         p.error(str(e))
-    try:
+    try:  # what only a built model shows (its size, its family) is a usage error too
         results = profile(settings)
     except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        p.error(str(e))
     print(results["markdown"])
     print("wrote " + ", ".join(results["files"]))
     return 0

@@ -31,8 +31,8 @@ attention term grows), so the sum over the forced decode length is exact too.
 from __future__ import annotations
 
 import copy
+import functools
 import math
-import types
 import warnings
 from collections import Counter
 from dataclasses import dataclass
@@ -40,16 +40,17 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from avex.captioner.frozen import text_to_av_attention
 from avex.kernels import compact as _compact
 from avex.kernels import gumbel_topk as _gumbel_topk
-from avex.methods import attention_selector, fastav_selector, fastv_selector, tome_selector
-from avex.methods.fastav import attention_rollout
+from avex.methods import make_selector
+from avex.methods.fastav import DEFAULT_STAGE1_DROP, attention_rollout
 from avex.modality import AUDIO, VISUAL
 from avex.policy import POSITION_FEATURES
 from avex.pruning import cache_keyword
 from avex.selection import AVLayout, num_kept, split_budget
 
-from .methods import FASTAV_STAGE1_DROP, AttentionSource, av_batch
+from .methods import av_batch
 
 UNIT = "fvcore flops (1 multiply-add = 1 flop, i.e. MACs)"
 
@@ -501,7 +502,7 @@ def fastv_flops(models: tuple | None, config, modality, retention: float,
     k = min(layer, _layers(config))
     fv = None
     if traced:
-        counts = [selector_count(fastv_selector(types.SimpleNamespace(model=m), layer=n),
+        counts = [selector_count(make_selector("fastv", llm=m, layer=n),
                                  modality, retention, config.hidden_size, m).total
                   for n, m in enumerate(models, 1)]
         fv = counts[0] + (k - 1) * (counts[1] - counts[0])
@@ -525,8 +526,7 @@ def fastav_flops(models: tuple | None, config, modality, retention: float, *,
     fv = None
     if traced:
         counts = [selector_count(
-            fastav_selector(types.SimpleNamespace(model=m), rollout_layers=1, late_layer=depth,
-                            stage1_drop=FASTAV_STAGE1_DROP),
+            make_selector("fastav", llm=m, rollout_layers=1, late_layer=depth),
             modality, retention, config.hidden_size, m).total
             for depth, m in enumerate(models, 1)]
         maps = tuple(torch.rand(1, length, length) for _ in range(rollout_layers))
@@ -536,7 +536,7 @@ def fastav_flops(models: tuple | None, config, modality, retention: float, *,
 
     nv, na, text = _av_counts(modality)
     k = int(num_kept(retention, torch.tensor([nv + na]))[0])
-    k1 = nv + na - math.ceil(FASTAV_STAGE1_DROP * (nv + na - k))
+    k1 = nv + na - math.ceil(DEFAULT_STAGE1_DROP * (nv + na - k))
     stage1 = n * analytic_layer_flops(config, length, causal=False)
     stage2 = n * analytic_layer_flops(config, text + k1, causal=False)
     analytic = stage1 + (rollout_layers - 1) * length ** 3 + stage2 \
@@ -554,7 +554,7 @@ def tome_flops(config, modality, retention: float, *, traced: bool = True) -> Se
     the |A| best matches. The size-weighted averages of the merges are elementwise (not
     counted, fvcore's convention)."""
 
-    fv = (selector_count(tome_selector(), modality, retention, config.hidden_size).total
+    fv = (selector_count(make_selector("tome"), modality, retention, config.hidden_size).total
           if traced else None)
     nv, na, _ = _av_counts(modality)
     k = int(num_kept(retention, torch.tensor([nv + na]))[0])
@@ -578,8 +578,11 @@ def attention_flops(models: tuple | None, config, modality, retention: float, *,
     n = _layers(config)
     fv = None
     if traced:
-        counts = [selector_count(attention_selector(AttentionSource(m)), modality, retention,
-                                 config.hidden_size, m).total for m in models]
+        selectors = [make_selector("attention",
+                                   attention=functools.partial(text_to_av_attention, m))
+                     for m in models]
+        counts = [selector_count(selector, modality, retention, config.hidden_size, m).total
+                  for selector, m in zip(selectors, models)]
         fv = counts[0] + (n - 1) * (counts[1] - counts[0])
     nv, na, _ = _av_counts(modality)
     length = modality.shape[1]

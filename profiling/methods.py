@@ -2,35 +2,42 @@
 
 * ``full``: every token; ``avex``: the policy's scores, Top-K and compaction
   (:func:`avex.prune_inputs`);
-* ``fastv``, ``tome``, ``fastav``, ``attention``: the selectors of :mod:`avex.methods`, called
-  on a batch-1 :class:`~avex.captioner.frozen.AVBatch`, then the same compaction.
+* the baselines, ``fastv``, ``tome``, ``fastav`` and ``attention``: the registry's selectors
+  (:func:`avex.methods.make_selector`), called on a batch-1 :class:`~avex.captioner.frozen.AVBatch`,
+  then the same compaction. Random's keep-set costs nothing beyond AVEX's compaction, and
+  CaCoVID-AV is AVEX's policy with other weights, so neither is profiled apart.
 
 FastV-AV gets a copy of the LLM cut to its first K layers (weights shared, not copied):
 ``avex.methods._attention`` runs every layer of the model it is given, and the attention of
 layer K-1 does not depend on the layers after it, so the cut model selects the same tokens for
 K layers' work instead of all of them. FastAV needs the attention of the last layer, so it gets
 the whole model (and its stage 1 runs every layer too, though it reads only the first E).
-Attention-AV runs the whole model too: its full-token prefill with eager attention, through the
-frozen captioner's own ``text_to_av_attention``.
+Attention-AV runs the whole model too: its full-token prefill with eager attention, the frozen
+captioner's own text-to-AV attention (:func:`avex.captioner.frozen.text_to_av_attention`).
 """
 from __future__ import annotations
 
 import copy
-import types
+import functools
 
 import torch
 
+from avex.captioner import AVBatch
+from avex.captioner.frozen import text_to_av_attention
+from avex.methods import make_selector
+from avex.methods.fastv import fastv_layer
 from avex.modality import AUDIO, VISUAL
-from avex.captioner import AVBatch, FrozenCaptioner
-from avex.methods import (attention_selector, fastav_selector, fastv_selector, label,
-                          tome_selector)
 from avex.pruning import expand_av_keep, prune_inputs
+from avex.registry import METHODS as REGISTRY
+from avex.registry import label
 from avex.selection import AVLayout
 
-METHODS = ("full", "avex", "fastv", "tome", "fastav", "attention")
-NAMES = {m: label(m) for m in METHODS}   # the labels of avex.methods' registry
-FASTV_LAYER = 2   # avex.methods.fastv's default K
-FASTAV_STAGE1_DROP = 0.5   # avex.methods.fastav's default, passed explicitly to it
+#: the registry's baselines: untrained selectors whose selection has a cost of its own
+BASELINES = tuple(name for name, method in REGISTRY.items()
+                  if method.train is None and name not in ("full", "random"))
+#: what the suite profiles: full tokens, AVEX and the baselines (names and labels: the registry's)
+PROFILED = ("full", "avex") + BASELINES
+NAMES = {m: label(m) for m in PROFILED}
 
 
 def av_batch(inputs_embeds: torch.Tensor, modality: torch.Tensor):
@@ -57,33 +64,20 @@ def first_layers(model, layers: int):
     return cut
 
 
-class AttentionSource:
-    """A bare LLM with the one captioner method Attention-AV calls: the frozen captioner's own
-    ``text_to_av_attention`` (on an AVBatch it reads only ``self.model``)."""
-
-    text_to_av_attention = FrozenCaptioner.text_to_av_attention
-
-    def __init__(self, model):
-        self.model = model
-
-
-def baseline_selector(method: str, model, *, fastv_layer: int = FASTV_LAYER, **options):
-    """The :mod:`avex.methods` selector for ``method`` on ``model`` (see the module
-    docstring for the model each one is given)."""
-
+def baseline_selector(method: str, model, **options):
+    """(selector, model its selection runs or None) for ``method``, one of :data:`BASELINES`,
+    on the LLM ``model`` (see the module docstring for the model each one is given)."""
+    if method not in BASELINES:
+        raise ValueError(f"method: {method!r} is not a baseline; baselines: "
+                         f"{', '.join(BASELINES)}")
     if method == "fastv":
-        layer = min(fastv_layer, model.config.num_hidden_layers)
+        layer = fastv_layer(model, options.pop("layer", None))
         cut = first_layers(model, layer)
-        return fastv_selector(types.SimpleNamespace(model=cut), layer=layer), cut
-    if method == "fastav":
-        options.setdefault("stage1_drop", FASTAV_STAGE1_DROP)
-        return fastav_selector(types.SimpleNamespace(model=model), **options), model
-    if method == "tome":
-        return tome_selector(**options), None
+        return make_selector("fastv", llm=cut, layer=layer, **options), cut
     if method == "attention":
-        return attention_selector(AttentionSource(model), **options), model
-    raise ValueError(f"method: {method!r} is not a baseline; baselines: fastv, tome, fastav, "
-                     "attention")
+        attention = functools.partial(text_to_av_attention, model)
+        return make_selector("attention", attention=attention, **options), model
+    return make_selector(method, llm=model, **options), model if method == "fastav" else None
 
 
 def selection(method: str, model, policy, inputs_embeds, modality, retention: float):
@@ -100,8 +94,8 @@ def selection(method: str, model, policy, inputs_embeds, modality, retention: fl
                 mark("policy")
             return prune_inputs(inputs_embeds, modality, scores=scores, retention=retention)
         return select
-    if method not in METHODS:
-        raise ValueError(f"methods: unknown method {method!r}; available: {list(METHODS)}")
+    if method not in PROFILED:
+        raise ValueError(f"methods: unknown method {method!r}; available: {list(PROFILED)}")
 
     selector, _ = baseline_selector(method, model)
     batch = av_batch(inputs_embeds, modality)

@@ -15,6 +15,7 @@ import torch
 
 from avex import _checks
 from avex.backbones import backbone_config
+from avex.methods.fastv import DEFAULT_LAYER as FASTV_LAYER
 from avex.modality import AUDIO, TEXT, VISUAL
 from avex.policy import AVEXPolicy
 from avex.progress import progress_bar
@@ -23,7 +24,7 @@ from avex.tables import markdown_table
 
 from . import flops as F
 from .latency import measure, ratio_text, stage_table
-from .methods import FASTV_LAYER, METHODS, NAMES as METHOD_NAMES
+from .methods import PROFILED, NAMES as METHOD_NAMES
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 FLOPS_COUNTERS = ("auto", "fvcore", "hand")
@@ -35,7 +36,7 @@ CPU_WIDTH, CPU_LAYERS = 512, 4
 class ProfileSettings:
     backbone: str = "qwen2-7b"
     retention: float = 0.4
-    methods: tuple = METHODS
+    methods: tuple = PROFILED
     visual_tokens: int = 256
     audio_tokens: int = 64
     # "<|im_start|>system ... user" before the AV tokens, the instruction and the assistant
@@ -91,10 +92,10 @@ class ProfileSettings:
         if not isinstance(self.extra, dict):
             raise TypeError(f"extra must be a dict, got {type(self.extra).__name__}")
         if not self.methods:
-            raise ValueError(f"methods: none given; available: {list(METHODS)}")
+            raise ValueError(f"methods: none given; available: {list(PROFILED)}")
         for m in self.methods:
-            if m not in METHODS:
-                raise ValueError(f"methods: unknown method {m!r}; available: {list(METHODS)}")
+            if m not in PROFILED:
+                raise ValueError(f"methods: unknown method {m!r}; available: {list(PROFILED)}")
         if len(set(self.methods)) != len(self.methods):
             raise ValueError(f"methods: a method is listed twice: {list(self.methods)}")
         for name in ("visual_tokens", "audio_tokens", "text_before", "text_after"):

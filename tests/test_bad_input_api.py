@@ -8,6 +8,9 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from avex.captioner import FrozenCaptioner
 from avex.captioner.frozen import CAPTIONER_FILE
 from avex.config import TrainConfig
+from avex.evaluate.ablation import AblationSettings, run_ablation
+from avex.evaluate.motivation import MotivationSettings, run_motivation
+from avex.evaluate.sweep import SweepSettings, run_sweep
 from avex.kernels import build_exchanges, compact, gumbel_topk, plackett_luce_log_prob
 from avex.methods import load_policy
 from avex.modality import AUDIO, TEXT, VISUAL
@@ -186,8 +189,27 @@ PROFILING_CASES = [
 ]
 
 
+# The experiments' settings, refused by run_* before any asset is built or file written (the
+# CLI builds the same settings: test_bad_input_cli.py)
+EXPERIMENT_CASES = [
+    case("run_sweep a dict", lambda: run_sweep({"seeds": [0]}), TypeError, "settings must be a SweepSettings, got dict"),
+    case("SweepSettings seeds 1,1", lambda: run_sweep(SweepSettings(seeds=[1, 1])), ValueError, r"seeds has duplicates: \[1, 1\]"),
+    case("SweepSettings seeds a str", lambda: run_sweep(SweepSettings(seeds="0")), TypeError, "seeds must be a list of ints, got str"),
+    case("SweepSettings retentions [1.5]", lambda: run_sweep(SweepSettings(retentions=[1.5])), ValueError, r"retentions must be in \(0, 1\], got 1.5"),
+    case("SweepSettings methods bogus", lambda: run_sweep(SweepSettings(methods=["bogus"])), ValueError, r"methods must be one of .* got 'bogus'"),
+    case("SweepSettings train a dict", lambda: run_sweep(SweepSettings(train={"epochs": 1})), TypeError, "train must be a TrainConfig, got dict"),
+    case("SweepSettings train epochs nan", lambda: run_sweep(SweepSettings(train=TrainConfig(epochs=NAN))), ValueError, "epochs must be a finite number >= 0, got nan"),
+    case("SweepSettings batch_size 0", lambda: run_sweep(SweepSettings(batch_size=0)), ValueError, "batch_size must be >= 1, got 0"),
+    case("SweepSettings data missing", lambda: run_sweep(SweepSettings(data="/no/such/cache", captioner="/no/such")), FileNotFoundError, "--data: no feature cache at '/no/such/cache'"),
+    case("AblationSettings variants bogus", lambda: run_ablation(AblationSettings(variants=["bogus"])), ValueError, r"variants must be one of .* got 'bogus'"),
+    case("AblationSettings runs with two seeds", lambda: run_ablation(AblationSettings(seeds=[0, 1], runs={"full": "/tmp"})), ValueError, r"--run reuses one run per variant, so it takes one seed"),
+    case("MotivationSettings group 0", lambda: run_motivation(MotivationSettings(group=0)), ValueError, "group must be >= 1, got 0"),
+    case("MotivationSettings progress 'no'", lambda: run_motivation(MotivationSettings(progress="no")), TypeError, "progress must be True or False, got str: 'no'"),
+]
+
+
 @pytest.mark.parametrize("call,error,match", KERNEL_CASES + HELPER_CASES + PROBED_CASES +
-                         PRUNE_CASES + PROFILING_CASES)
+                         PRUNE_CASES + PROFILING_CASES + EXPERIMENT_CASES)
 def test_bad_input_is_refused_naming_the_argument(call, error, match):
     raises(call, error, match)
 

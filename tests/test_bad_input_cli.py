@@ -60,7 +60,7 @@ CLI_CASES = [
     usage("evaluate ablation --seeds 0,0", evaluate_main, ["ablation", "--seeds", "0,0"], r"seeds has duplicates: \[0, 0\]"),
     usage("evaluate ablation --seeds -1", evaluate_main, ["ablation", "--seeds", "-1"], "seeds must be >= 0, got -1"),
     usage("evaluate ablation --run with two seeds", evaluate_main, ["ablation", "--seeds", "0,1", "--run", "full=/tmp"], r"--run reuses one run per variant, so it takes one seed; got seeds \[0, 1\]"),
-    usage("evaluate ablation --variants bogus", evaluate_main, ["ablation", "--variants", "bogus"], r"variants must be drawn from .* got 'bogus'"),
+    usage("evaluate ablation --variants bogus", evaluate_main, ["ablation", "--variants", "bogus"], r"variants must be one of .* got 'bogus'"),
     usage("evaluate gates --seeds 0", evaluate_main, ["gates", "--seeds", "0"], "seeds must be >= 1, got 0"),
     usage("evaluate gates --counterfactual-clips 0", evaluate_main, ["gates", "--counterfactual-clips", "0"], "counterfactual_clips must be >= 1, got 0"),
     usage("evaluate gates --base-sets -1", evaluate_main, ["gates", "--base-sets", "-1"], "base_sets must be >= 1, got -1"),

@@ -57,6 +57,14 @@ CONFIG_CASES = [
     case("eval_retentions a float", cfg(eval_retentions=0.4), TypeError, "eval_retentions must be a list"),
     case("eval_retentions [0.4, 0]", cfg(eval_retentions=[0.4, 0]), ValueError, r"eval_retentions\[1\] must be in \(0, 1\], got 0"),
     case("exchange_types a str", cfg(exchange_types="vv"), TypeError, "exchange_types must be a list of str, got str"),
+    case("exchange_anchors 'every'", cfg(exchange_anchors="every"), ValueError, r"exchange_anchors must be one of .* got 'every'"),
+    case("exchange_saturation 0", cfg(exchange_saturation=0.0), ValueError, "exchange_saturation must be a finite number > 0, got 0.0"),
+    case("exchange_saturation nan", cfg(exchange_saturation=NAN), ValueError, "exchange_saturation must be a finite number > 0, got nan"),
+    case("normalize_exchange 'yes'", cfg(normalize_exchange="yes"), TypeError, "normalize_exchange must be True or False"),
+    case("normalize_exchange without rl", cfg(exchanges=True, rl=False), ValueError, "normalize_exchange scales L_ex's gradient to L_RL's, but rl is off"),
+    case("diagnostics_every -1", cfg(diagnostics_every=-1), ValueError, "diagnostics_every must be >= 0, got -1"),
+    case("rl_estimator 'grpo'", cfg(rl_estimator="grpo"), ValueError, r"rl_estimator must be one of .* got 'grpo'"),
+    case("group estimator, one anchor", cfg(rl_estimator="group", anchors=1), ValueError, r"anchors must be >= 2 with rl_estimator='group'"),
     case("exchange_selection unhashable", cfg(exchange_selection=["random"]), ValueError, r"exchange_selection must be one of .* got \['random'\]"),
     case("data 7", cfg(data=7), TypeError, "data must be a non-empty str, got int: 7"),
     case("run_dir empty", cfg(run_dir=""), TypeError, "run_dir must be a non-empty str or None, got str: ''"),
@@ -97,6 +105,9 @@ def test_bad_config_file_is_refused_naming_it(tmp_path, call, error, match):
 TRAIN_CLI_CASES = [
     usage("--g 4 without --exchanges", train_main, ["--g", "4"], r"g = 4 has no effect without the exchange term \(off by default\); add --exchanges"),
     usage("--lambda-ex 1 without --exchanges", train_main, ["--lambda-ex", "1"], r"lambda_ex = 1.0 has no effect without the exchange term"),
+    usage("--exchange-anchors all without --exchanges", train_main, ["--exchange-anchors", "all"], r"exchange_anchors = 'all' has no effect without the exchange term"),
+    usage("--g 4 while g is a share of K", train_main, ["--exchanges", "--g", "4"], r"g = 4 has no effect while g_fraction is 0.125 \(g = g_fraction x K\); add --g-fraction 0"),
+    usage("--exchange-saturation 0", train_main, ["--exchanges", "--exchange-saturation", "0"], "exchange_saturation must be a finite number > 0, got 0.0"),
     usage("--epochs nan", train_main, ["--epochs", "nan"], r"error: epochs must be a finite number >= 0, got nan"),
     usage("--eval-split bogus", train_main, ["--eval-split", "bogus"], r"error: eval_split must be one of"),
     usage("--device cuda:abc", train_main, ["--device", "cuda:abc"], r"error: device must be"),
@@ -247,7 +258,7 @@ def test_copied_or_moved_run_resumes_where_it_is_now(tmp_path, move):
     move(original, tmp_path / "runE")
     run = prepare_run(TrainConfig(run_dir=str(tmp_path / "runE")), resume=True)
     assert run.run_dir == tmp_path / "runE" and run.cfg.run_dir == str(tmp_path / "runE")
-    assert run.checkpoint == step_dir(tmp_path / "runE")
+    assert run.books.checkpoint == step_dir(tmp_path / "runE")
     assert json.loads((tmp_path / "runE" / "config.json").read_text())["run_dir"] == \
         str(tmp_path / "runE")
     assert run.cfg.benchmark_preset == "tiny"  # the run's own settings, not the defaults

@@ -3,8 +3,9 @@ defined values where a normalisation is undefined, and masked slots that hold Na
 import pytest
 import torch
 
-from avex.losses import (avex_objective, exchange_loss, leave_one_out_loss, policy_gradient_loss,
-                         set_level_loss)
+from avex.losses import (anchored_policy_gradient_loss, avex_objective, exchange_loss,
+                         exchange_weight, group_normalized_loss, leave_one_out_loss,
+                         policy_gradient_loss, saturation_for, set_level_loss)
 from badinput import INF, NAN, case, raises
 from conftest import requires_cuda
 
@@ -75,6 +76,21 @@ LOSS_CASES = [
     case("set_level reward nan", lambda: set_level_loss(t(2), torch.tensor([0.0, NAN])), ValueError, "reward must be finite, got nan"),
     case("exchange_loss shapes differ", lambda: exchange_loss(t(B, E), t(B, 3), VALID), ValueError, r"delta_reward has shape \[2, 3\] but valid has \[2, 4\]"),
     case("exchange_loss 3-D", lambda: exchange_loss(t(B, E, 1), t(B, E, 1), VALID[..., None]), ValueError, r"valid must be 2-D"),
+    case("exchange_weight(nan)", lambda: exchange_weight(NAN), ValueError, "delta_reward must be a finite number, got nan"),
+    case("exchange_weight(inf)", lambda: exchange_weight(INF), ValueError, "delta_reward must be a finite number, got inf"),
+    case("exchange_weight('1')", lambda: exchange_weight("1"), TypeError, "delta_reward must be a number, got str: '1'"),
+    case("exchange_weight(None)", lambda: exchange_weight(None), TypeError, "delta_reward must be a number, got NoneType"),
+    case("exchange_weight(True)", lambda: exchange_weight(True), TypeError, "delta_reward must be a number, got bool"),
+    case("exchange_weight tensor nan", lambda: exchange_weight(torch.tensor([1.0, NAN])), ValueError, r"delta_reward must be finite, got nan at \(1,\)"),
+    case("exchange_weight int tensor", lambda: exchange_weight(torch.tensor([1, 2])), TypeError, "delta_reward must be a floating-point tensor"),
+    case("exchange_weight saturation 0", lambda: exchange_weight(0.5, saturation=0), ValueError, "saturation must be a finite number > 0, got 0.0"),
+    case("exchange_weight saturation nan", lambda: exchange_weight(0.5, saturation=NAN), ValueError, "saturation must be a finite number > 0, got nan"),
+    case("exchange_loss saturation -1", lambda: exchange_loss(t(B, E), t(B, E), VALID, saturation=-1.0), ValueError, "saturation must be a finite number > 0, got -1.0"),
+    case("saturation_for(0)", lambda: saturation_for(0.0), ValueError, "full_token_reward must be a finite number > 0, got 0.0"),
+    case("group loss one sample", lambda: group_normalized_loss(t(B, 1), t(B, 1), torch.full((B,), 8)), ValueError, "rewards has 1 sample per clip; a group-normalised advantage needs at least 2"),
+    case("group loss rewards nan", lambda: group_normalized_loss(t(B, 4), t(B, 4, fill=NAN), torch.full((B,), 8)), ValueError, "rewards must be finite"),
+    case("anchored owner out of range", lambda: anchored_policy_gradient_loss(t(B, 2), t(B, 2), t(B, E), VALID, [0, 1, 2, 0]), ValueError, r"owner must hold 4 anchor indices in \[0, 2\), got \[0, 1, 2, 0\]"),
+    case("anchored owner too short", lambda: anchored_policy_gradient_loss(t(B, 2), t(B, 2), t(B, E), VALID, [0, 1]), ValueError, r"owner must hold 4 anchor indices"),
     case("devices differ", lambda: pg(anchor=t(B, device="cuda"))(), ValueError, "anchor_reward is on cuda:0 but log_prob is on cpu", marks=requires_cuda),
     case("valid on another device", lambda: pg(valid=VALID.cuda())(), ValueError, "counterfactual_rewards is on cpu but valid is on cuda:0", marks=requires_cuda),
 ]

@@ -192,6 +192,7 @@ def test_spearman_helper():
     assert spearman([1, 1, 1], [1, 2, 3]) != spearman([1, 1, 1], [1, 2, 3])  # NaN: constant
 
 
+@pytest.mark.slow
 def test_gates_run_on_the_tiny_benchmark(tiny, tmp_path):
     from avex.evaluate.gates import run_gates, write_report
 

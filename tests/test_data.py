@@ -16,6 +16,7 @@ from avex.data import world
 from avex.data.__main__ import main as data_cli
 from avex.data.embedded import (IN_DOMAIN, TRANSFER, Backbone, build_tokenizer, sample_clip,
                                  synthesize)
+from badinput import exits_with_usage_error
 
 
 # ------------------------------------------------------------------------------------------------
@@ -258,13 +259,13 @@ def test_missing_meta_and_bad_version(tmp_path, cache_root):
 
 def test_verify_cli_reports_the_file(cache_root, capsys):
     # meta.json names "my/tokenizer": neither inside the cache nor anywhere, until it is saved
-    assert data_cli(["verify", str(cache_root)]) == 2
-    assert "tokenizer 'my/tokenizer' is not a folder inside the cache" in capsys.readouterr().err
+    exits_with_usage_error(data_cli, ["verify", str(cache_root)],
+                           "tokenizer 'my/tokenizer' is not a folder inside the cache", capsys)
     build_tokenizer().save_pretrained(str(cache_root / "my" / "tokenizer"))
     assert data_cli(["verify", str(cache_root)]) == 0
     (cache_root / "shards" / "val-00000.safetensors").unlink()
-    assert data_cli(["verify", str(cache_root)]) == 2
-    assert "val-00000.safetensors: shard missing" in capsys.readouterr().err
+    exits_with_usage_error(data_cli, ["verify", str(cache_root)],
+                           "val-00000.safetensors: shard missing", capsys)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -375,5 +376,4 @@ def test_build_cli(tmp_path, capsys):
     assert data_cli(["build", "--preset", "tiny", "--out", str(out)]) == 0
     assert "already built" in capsys.readouterr().out
     shutil.rmtree(out)
-    assert data_cli(["info", str(out)]) == 2
-    assert "no such cache directory" in capsys.readouterr().err
+    exits_with_usage_error(data_cli, ["info", str(out)], "no such cache directory", capsys)

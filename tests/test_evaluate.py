@@ -43,6 +43,7 @@ def test_relative_performance_is_the_papers_definition():
                                 {"C_av": 20, "C_v": 20, "C_a": 20}) == pytest.approx(100.0)
 
 
+@pytest.mark.slow
 def test_sweep_writes_table_json_figure_and_examples(trained_sweep):
     out, result = trained_sweep
     rows = json.loads((out / "sweep.json").read_text())["rows"]
@@ -60,7 +61,10 @@ def test_sweep_writes_table_json_figure_and_examples(trained_sweep):
     cacovid = json.loads((out / "runs" / "cacovid-seed0" / "config.json").read_text())
     assert cacovid["exchanges"] is False
     md = (out / "sweep.md").read_text()
-    assert "| method | retention | C_av | C_v | C_a | transfer C | Rel. | seeds |" in md
+    assert "| method | retention | C_av | C_v | C_a | transfer C | C_av / full | Rel. | seeds |" \
+        in md
+    for r in rows[1:]:
+        assert r["C_av_full"] == pytest.approx(r["C_av"] / full["C_av"])
     for label in (METHODS[m].label for m in SELECTORS):
         assert f"| {label} | 40% |" in md and f"| {label} | 20% |" in md
     assert md.count("| Full tokens |") == 1 + 2  # the table + two qualitative clips
@@ -68,6 +72,7 @@ def test_sweep_writes_table_json_figure_and_examples(trained_sweep):
     assert len(result["qualitative"]) == 2 and set(SELECTORS) <= set(result["qualitative"][0])
 
 
+@pytest.mark.slow
 def test_seeds_give_mean_and_std_and_given_runs_are_reused(trained_sweep, cache_dir, tmp_path):
     first, _ = trained_sweep
     result = main(["sweep", *tiny(cache_dir, tmp_path, "--retentions", "0.2", "--seeds", "0,1",
@@ -109,7 +114,7 @@ def test_motivation_writes_figure_and_numbers(cache_dir, tmp_path):
 
 
 @pytest.mark.parametrize("flags,match", [
-    (["--methods", "random,fastvv"], "methods must be drawn from"),
+    (["--methods", "random,fastvv"], r"methods must be one of .* got .fastvv."),
     (["--retentions", "0.4,0"], r"retentions must be in \(0, 1\], got 0"),
     (["--avex-run", "/no/such/run"], "--avex-run: no run directory"),
     (["--retentions", "0.4,0.2,0.4"], r"retentions has duplicates: \[0.4, 0.2, 0.4\]"),
@@ -122,6 +127,7 @@ def test_bad_arguments(cache_dir, tmp_path, flags, match, capsys):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_ablation_trains_variants_and_reuses_given_runs(trained_sweep, cache_dir, tmp_path,
                                                        capsys):
     first, _ = trained_sweep
@@ -144,6 +150,7 @@ def test_ablation_trains_variants_and_reuses_given_runs(trained_sweep, cache_dir
                            capsys)
 
 
+@pytest.mark.slow
 def test_ablation_over_seeds_reports_mean_and_std(trained_sweep, cache_dir, tmp_path):
     result = main(["ablation", *tiny(cache_dir, tmp_path, "--variants", "warmup,vv",
                                      "--train-args", TRAIN, "--seeds", "0,1")])
@@ -164,7 +171,7 @@ def test_random_exchanges_keep_delta_f_on_the_policy_scores():
 
     from avex.config import TrainConfig
     from avex.kernels import build_exchanges, gumbel_topk
-    from avex.train import random_exchanges
+    from avex.train_steps import random_exchanges
 
     torch.manual_seed(0)
     scores = torch.randn(3, 40, requires_grad=True)
@@ -187,3 +194,61 @@ def test_random_exchanges_keep_delta_f_on_the_policy_scores():
     assert scores.grad.abs().sum() > 0
     with pytest.raises(ValueError, match="exchange_selection must be one of"):
         TrainConfig(exchange_selection="greedy").validate()
+
+
+@pytest.mark.slow
+def test_matched_budget_arms_at_several_retentions_and_a_sweep_of_their_runs(
+        trained_sweep, cache_dir, tmp_path):
+    """The ablation machinery runs issue #25's arms from one warmup per seed and scores them at
+    every retention; the sweep takes their runs per seed ({seed} in --avex-run)."""
+    abl = tmp_path / "abl"
+    result = main(["ablation", *tiny(cache_dir, abl, "--variants", "A,C",
+                                     "--retentions", "0.4,0.2", "--train-args", TRAIN)])
+    assert [(r["variant"], r["retention"]) for r in result["rows"]] == \
+        [("A", 0.4), ("A", 0.2), ("C", 0.4), ("C", 0.2)]
+    a = json.loads((abl / "runs" / "seed0" / "A" / "config.json").read_text())
+    c = json.loads((abl / "runs" / "seed0" / "C" / "config.json").read_text())
+    assert (a["anchors"], a["rl_estimator"], a["exchanges"]) == (8, "rloo", False)
+    assert (c["anchors"], c["rl_estimator"]) == (8, "group")
+    assert a["warmup_from"] == c["warmup_from"] == str(abl / "runs" / "seed0" / "warmup")
+    md = (abl / "ablation.md").read_text()
+    assert "| variant | 40% | 20% | seeds |" in md and "C_av / full tokens:" in md
+    saved = json.loads((abl / "ablation.json").read_text())
+    assert saved["full"]["C_av"] > 0 and saved["judge"]["benchmark"]["sha256"]
+    ratio = result["rows"][0]["C_av"] / result["full"]["C_av"]
+    assert f"{ratio:.3f}" in md
+    sweep = main(["sweep", *tiny(cache_dir, tmp_path / "sweep", "--retentions", "0.2",
+                                 "--methods", "avex,cacovid", "--qualitative", "0",
+                                 "--avex-run", str(abl / "runs" / "seed{seed}" / "A"),
+                                 "--cacovid-run", str(abl / "runs" / "seed{seed}" / "C"))])
+    assert not (tmp_path / "sweep" / "runs").exists()   # nothing trained
+    by_method = {r["method"]: r for r in sweep["rows"] if r["method"] != "full"}
+    assert by_method["avex"]["run"] == str(abl / "runs" / "seed0" / "A")
+    assert by_method["avex"]["C_av"] == pytest.approx(
+        next(r["C_av"] for r in result["rows"] if (r["variant"], r["retention"]) == ("A", 0.2)))
+
+
+def test_the_command_line_builds_the_settings_the_functions_take(cache_dir, tmp_path):
+    """python -m avex.evaluate is a thin layer: its flags become the settings dataclass that
+    run_sweep takes from Python, and --train-args is split once, as a shell would, into the
+    training settings both the check and the run use (a quoted path with a space works)."""
+    from avex.config import TrainConfig
+    from avex.evaluate.__main__ import parse_args
+    from avex.evaluate.sweep import SweepSettings
+
+    folder = tmp_path / "with space"
+    folder.mkdir()
+    (folder / "train.json").write_text('{"epochs": 0.5, "anchors": 3}')
+    _, settings = parse_args(["sweep", *tiny(cache_dir, tmp_path / "out", "--seeds", "0,1",
+                                              "--methods", "random,avex", "--train-args",
+                                              f"--config '{folder / 'train.json'}' --lr 0.001")])
+    by_hand = SweepSettings(benchmark_preset="tiny", captioner_preset="tiny",
+                            cache_dir=str(cache_dir), out=str(tmp_path / "out"),
+                            progress=False, max_new_tokens=12, seeds=[0, 1],
+                            methods=["random", "avex"],
+                            train=TrainConfig(epochs=0.5, anchors=3, lr=0.001)).validate()
+    assert settings == by_hand and settings.validate() == settings   # run_sweep checks again
+    assert settings.decoding_source == {"num_beams": "default", "max_new_tokens": "flag"}
+    base = settings.base_train_config()
+    assert (base.epochs, base.anchors, base.lr, base.evaluate) == (0.5, 3, 0.001, False)
+    assert (base.benchmark_preset, base.cache_dir) == ("tiny", str(cache_dir))

@@ -50,6 +50,7 @@ def test_usage_and_a_machine_without_cuda_are_refused(tmp_path):
     assert no_gpu.returncode == 1 and "no CUDA device here" in no_gpu.stdout
 
 
+@pytest.mark.slow
 def test_bench_stage_installs_wheels_writes_its_table_and_counts_files(tmp_path):
     wheels, site, out = tmp_path / "whl", tmp_path / "site", tmp_path / "out"
     make_wheel(wheels)
@@ -71,6 +72,7 @@ def test_bench_stage_installs_wheels_writes_its_table_and_counts_files(tmp_path)
     assert crowded.returncode == 1 and "at most 8 come back" in crowded.stdout
 
 
+@pytest.mark.slow
 def test_tests_stage_runs_the_cuda_suites_argument_checks(tmp_path):
     out = tmp_path / "out"
     done = run_stage("tests", out, "--dry-run")
@@ -91,6 +93,7 @@ def test_tests_stage_runs_the_cuda_suites_argument_checks(tmp_path):
     assert "skipped (needs CUDA): CUDA C++ library build" in (out / "machine.txt").read_text()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("exchanges", ["0", "1"])
 def test_train_stage_trains_evaluates_and_tabulates(tmp_path, tiny_cache_dir, exchanges):
     out = tmp_path / "out"
@@ -103,6 +106,7 @@ def test_train_stage_trains_evaluates_and_tabulates(tmp_path, tiny_cache_dir, ex
     assert ("AVEX, L_RL (RLOO) + L_ex (this run)" in table) == (exchanges == "1")
 
 
+@pytest.mark.slow
 def test_profile_stage_writes_the_profiling_table(tmp_path):
     """The timed table with FLOPs by hand, its rounds bounded by the stage's budget."""
     out = tmp_path / "out"
@@ -120,6 +124,7 @@ def test_profile_stage_writes_the_profiling_table(tmp_path):
     assert data["latency"]["runs"] == 2
 
 
+@pytest.mark.slow
 def test_flops_stage_counts_with_fvcore_where_installed(tmp_path):
     out = tmp_path / "out"
     done = run_stage("flops", out, "--dry-run")

@@ -4,13 +4,73 @@ import math
 import pytest
 import torch
 
-from avex.losses import (avex_objective, exchange_loss, exchange_weight, leave_one_out_loss,
-                         policy_gradient_loss)
+from avex.losses import (anchored_policy_gradient_loss, avex_objective, exchange_loss,
+                         exchange_terms, exchange_weight, group_normalized_loss,
+                         leave_one_out_loss, policy_gradient_loss, saturation_for)
 
 
 def test_exchange_weight_is_linear_then_saturates():
     dr = torch.tensor([0.0, 1.0, -2.5, 5.0, -12.0])
     assert exchange_weight(dr).tolist() == pytest.approx([0.0, 0.2, 0.5, 1.0, 1.0])
+
+
+def test_exchange_weight_saturates_on_the_reward_scale_given():
+    # the paper's 5 points at its full-token 56.8, scaled to a benchmark where full tokens score
+    # 476: about 42 points
+    assert saturation_for(56.8) == pytest.approx(5.0)
+    assert saturation_for(476.0) == pytest.approx(41.9, abs=0.05)
+    dr = torch.tensor([0.0, 21.0, -42.0, 100.0])
+    assert exchange_weight(dr, 42.0).tolist() == pytest.approx([0.0, 0.5, 1.0, 1.0])
+
+
+def test_exchange_weight_of_a_plain_number_is_a_float():
+    assert exchange_weight(2.5) == pytest.approx(0.5) and isinstance(exchange_weight(2.5), float)
+    assert exchange_weight(-50, saturation=40.0) == 1.0
+
+
+def test_exchange_terms_are_the_loss_split_by_slot():
+    delta_f = torch.tensor([[0.5, -1.0, 2.0, 0.0], [1.0, 1.0, -1.0, 3.0]])
+    delta_r = torch.tensor([[2.5, 10.0, -1.0, 3.0], [0.0, -4.0, 8.0, 1.0]])
+    valid = torch.tensor([[True, True, True, False], [True, True, True, True]])
+    terms = exchange_terms(delta_f, delta_r, valid, saturation=8.0)
+    assert terms.sum(1).tolist() == pytest.approx(
+        exchange_loss(delta_f, delta_r, valid, saturation=8.0).tolist())
+    assert terms[0, 3].item() == 0.0 and terms[1, 0].item() == 0.0  # masked; dR = 0
+
+
+def test_group_normalized_advantage_by_hand():
+    log_prob = torch.tensor([[-2.0, -4.0, -6.0]], requires_grad=True)
+    rewards = torch.tensor([[10.0, 20.0, 30.0]])
+    # advantages (R - 20) / std([10, 20, 30]) = [-1.2247, 0, 1.2247]; log pi / K with K = 2
+    loss = group_normalized_loss(log_prob, rewards, torch.tensor([2]))
+    a = 10.0 / math.sqrt(200.0 / 3)
+    assert loss.item() == pytest.approx(-(-a * -1.0 + a * -3.0) / 3, rel=1e-6)
+    # a clip whose samples all score the same gives no gradient (no division by ~0)
+    flat = group_normalized_loss(log_prob, torch.full((1, 3), 7.0), torch.tensor([2]))
+    assert flat.item() == 0.0
+
+
+def test_anchored_policy_gradient_with_one_anchor_is_the_papers():
+    torch.manual_seed(0)
+    log_prob, anchor = torch.randn(3, 1), 10 * torch.randn(3, 1)
+    cf, valid = 10 * torch.randn(3, 4), torch.rand(3, 4) > 0.3
+    for normalize in (False, True):
+        sizes = torch.tensor([4, 5, 0]) if normalize else None
+        got = anchored_policy_gradient_loss(log_prob, anchor, cf, valid, [0, 0, 0, 0],
+                                            normalize=normalize, set_size=sizes)
+        want = policy_gradient_loss(log_prob[:, 0], anchor[:, 0], cf, valid,
+                                    normalize=normalize, set_size=sizes)
+        assert got.tolist() == pytest.approx(want.tolist())
+
+
+def test_anchored_policy_gradient_baseline_per_anchor():
+    # two anchors, one exchange each: b_a = (R_a + R_cf(a)) / 2
+    log_prob = torch.tensor([[-1.0, -2.0]])
+    loss = anchored_policy_gradient_loss(log_prob, torch.tensor([[10.0, 30.0]]),
+                                         torch.tensor([[4.0, 40.0]]),
+                                         torch.tensor([[True, True]]), [0, 1])
+    # advantages 3 and -5: -(3 * -1 + -5 * -2) / 2
+    assert loss.item() == pytest.approx(-3.5)
 
 
 def test_exchange_loss_by_hand():
@@ -107,3 +167,52 @@ def test_leave_one_out_baseline_ignores_the_anchors_own_reward():
 def test_leave_one_out_needs_two_anchors():
     with pytest.raises(ValueError, match="rewards has 1 anchor per sample"):
         leave_one_out_loss(torch.zeros(2, 1), torch.zeros(2, 1), torch.ones(2))
+
+
+def test_the_unchecked_forms_are_the_checked_arithmetic():
+    """Training's step calls the *_unchecked forms (no host syncs): the same values, bit for
+    bit, as the checked public functions on valid input."""
+    from avex import losses
+
+    torch.manual_seed(0)
+    log_prob, rewards = torch.randn(3, 4), 50 * torch.rand(3, 4)
+    k = torch.tensor([5, 0, 7])
+    cf, valid = 50 * torch.rand(3, 6), torch.rand(3, 6) > 0.3
+    delta_f = torch.randn(3, 6)
+    pairs = [
+        (losses.leave_one_out_loss(log_prob, rewards, k),
+         losses.leave_one_out_loss_unchecked(log_prob, rewards, k)),
+        (losses.group_normalized_loss(log_prob, rewards, k),
+         losses.group_normalized_loss_unchecked(log_prob, rewards, k)),
+        (losses.set_level_loss(log_prob[:, 0], rewards[:, 0]),
+         losses.set_level_loss_unchecked(log_prob[:, 0], rewards[:, 0])),
+        (losses.anchored_policy_gradient_loss(log_prob, rewards, cf, valid, [0, 1, 2, 3, 0, 1],
+                                              normalize=True, set_size=k),
+         losses.anchored_policy_gradient_loss_unchecked(log_prob, rewards, cf, valid,
+                                                        [0, 1, 2, 3, 0, 1], normalize=True,
+                                                        set_size=k)),
+        (losses.policy_gradient_loss(log_prob[:, 0], rewards[:, 0], cf, valid),
+         losses.policy_gradient_loss_unchecked(log_prob[:, 0], rewards[:, 0], cf, valid)),
+        (losses.exchange_terms(delta_f, cf, valid, saturation=8.0),
+         losses.exchange_terms_unchecked(delta_f, cf, valid, saturation=8.0)),
+    ]
+    for checked, unchecked in pairs:
+        assert torch.equal(checked, unchecked)
+
+
+def test_the_objective_checks_its_inputs_once(monkeypatch):
+    """avex_objective checks at its boundary; the terms it computes trust their inputs (each
+    check is a host sync on every micro-batch)."""
+    from avex import losses
+
+    calls = {"samples": 0, "slots": 0}
+    for name, key in (("_check_samples", "samples"), ("_check_slots", "slots")):
+        original = getattr(losses, name)
+
+        def counted(*args, _original=original, _key=key, **kwargs):
+            calls[_key] += 1
+            return _original(*args, **kwargs)
+        monkeypatch.setattr(losses, name, counted)
+    avex_objective(torch.tensor([-1.0]), torch.tensor([10.0]), torch.tensor([[4.0, 12.0]]),
+                   torch.tensor([[1.0, -0.5]]), torch.tensor([[True, True]]))
+    assert calls == {"samples": 1, "slots": 1}

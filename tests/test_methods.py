@@ -142,7 +142,7 @@ def test_bad_arguments_name_themselves(tiny):
     layout = AVLayout.of(batch.modality)
     with pytest.raises(ValueError, match="method must be one of .* got 'fastvv'"):
         make_selector("fastvv", captioner=captioner)
-    with pytest.raises(ValueError, match="needs the frozen captioner"):
+    with pytest.raises(ValueError, match=r"needs the frozen LLM \(llm=\.\.\., or captioner=\.\.\.\)"):
         make_selector("fastv")
     with pytest.raises(ValueError, match="needs a trained policy"):
         make_selector("avex")

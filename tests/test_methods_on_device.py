@@ -37,7 +37,7 @@ def topk_keep_per_row(scores, budget):
 def fastav_on_host(captioner, batch, layout, retention, rollout_layers, late_layer, drop):
     budget = layout.budget(retention).cpu()
     counts = layout.counts.cpu()
-    atts = head_averaged_attentions(captioner, batch.inputs_embeds, batch.attention_mask,
+    atts = head_averaged_attentions(captioner.model, batch.inputs_embeds, batch.attention_mask,
                                     batch.position_ids, upto=rollout_layers)
     scores1 = layout.gather(attention_rollout(atts)[:, -1, :]).cpu()
     k1 = torch.tensor([n - math.ceil(drop * (n - k))
@@ -45,7 +45,7 @@ def fastav_on_host(captioner, batch, layout, retention, rollout_layers, late_lay
     keep1 = topk_keep_per_row(scores1, k1)
     pruned = prune_inputs(batch.inputs_embeds, batch.modality,
                           keep=expand_av_keep(keep1, batch.modality))
-    att2 = head_averaged_attentions(captioner, pruned.inputs_embeds, pruned.attention_mask,
+    att2 = head_averaged_attentions(captioner.model, pruned.inputs_embeds, pruned.attention_mask,
                                     pruned.position_ids, upto=late_layer)[late_layer - 1]
     width = batch.modality.shape[1]
     per_position = torch.full(batch.modality.shape, float("-inf"))
@@ -118,7 +118,7 @@ def test_device_side_baselines_select_what_the_host_side_ones_did(tiny, retentio
                               drop)
         assert torch.equal(got, want), drop
     fastv = make_selector("fastv", captioner=captioner)
-    att = head_averaged_attentions(captioner, batch.inputs_embeds, batch.attention_mask,
+    att = head_averaged_attentions(captioner.model, batch.inputs_embeds, batch.attention_mask,
                                    batch.position_ids, upto=fastv.layer)[fastv.layer - 1]
     want = topk_keep_per_row(layout.gather(att[:, -1, :]), layout.budget(retention))
     assert torch.equal(fastv(batch, layout, retention), want)

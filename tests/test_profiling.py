@@ -1,7 +1,6 @@
 """The profiling suite: FLOPs against hand counts, the table on a CPU, argument errors."""
 import json
 import math
-import types
 
 import pytest
 import torch
@@ -139,7 +138,7 @@ def test_fastv_on_the_cut_model_selects_the_same_tokens():
                                             text_after=4))
     batch = M.av_batch(torch.randn(1, 30, 64), modality)
     layout = AVLayout.of(modality)
-    whole = fastv_selector(types.SimpleNamespace(model=model), layer=2)(batch, layout, 0.4)
+    whole = fastv_selector(model, layer=2)(batch, layout, 0.4)
     selector, cut = M.baseline_selector("fastv", model)
     assert len(cut.model.layers) == 2 and len(model.model.layers) == 3
     assert cut.model.layers[1].mlp.up_proj.weight is model.model.layers[1].mlp.up_proj.weight

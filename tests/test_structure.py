@@ -1,6 +1,8 @@
 """The shape of the code: no import cycle between avex's modules and packages, and no import
 inside a function that only dodges one."""
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -109,3 +111,37 @@ def test_no_import_inside_a_function_of_our_own_modules():
 def test_the_cycle_finder_finds_a_cycle():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_the_kernel_library_stands_alone():
+    """``import avex.kernels`` loads no other avex module (the package's own ``__init__`` only
+    names things, lazily): the kernels can be lifted into another project as they are."""
+    code = ("import sys, avex.kernels; print(sorted(m for m in sys.modules if m.startswith("
+            "'avex') and m != 'avex' and not m.startswith('avex.kernels')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=ROOT)
+    assert out.stdout.strip() == "[]", out.stdout
+    for path in sorted((ROOT / "kernels").rglob("*.py")):
+        for target, _ in _imports(f"avex.kernels.{path.stem}", path):
+            assert not (target.startswith("avex.") and not target.startswith("avex.kernels")), \
+                f"{path.relative_to(ROOT)} imports {target}"
+
+
+def test_the_registrys_preset_names_are_the_presets():
+    """avex.registry names the presets (a leaf, so settings are checked without loading the
+    benchmark or the captioner); the settings of each are where they are built."""
+    from avex.captioner.train import PRESETS as CAPTIONER
+    from avex.data.embedded import PRESETS as BENCHMARK
+    from avex.registry import BENCHMARK_PRESETS, CAPTIONER_PRESETS
+
+    assert tuple(BENCHMARK) == BENCHMARK_PRESETS and tuple(CAPTIONER) == CAPTIONER_PRESETS
+
+
+def test_settings_load_nothing_they_name():
+    """avex.config (every training setting, checked) imports neither the captioner, the data
+    nor the methods: it sits near the ground floor."""
+    code = ("import sys, avex.config; print(sorted(m for m in sys.modules if m.startswith("
+            "('avex.captioner', 'avex.data', 'avex.methods'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=ROOT)
+    assert out.stdout.strip() == "[]", out.stdout

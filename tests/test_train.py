@@ -37,6 +37,7 @@ def final_weights(run_dir) -> dict:
     return load_file(str(Path(run_dir) / "checkpoints" / latest / "policy.safetensors"))
 
 
+@pytest.mark.slow
 def test_tiny_end_to_end_run(cache_dir, tmp_path):
     results = main(tiny_args(cache_dir, tmp_path / "run", "--eval-retentions", "0.4"))
     methods = [(row["method"], row["retention"]) for row in results["rows"]]
@@ -56,16 +57,75 @@ def test_tiny_end_to_end_run(cache_dir, tmp_path):
     drawn = {round(r["retention"], 6) for r in rl}
     assert len(drawn) > 1 and all(0.1 <= r <= 0.5 for r in drawn)
     assert all(r["reward_spread"] >= 0 for r in rl)
-    # CaCoVID-AV: its own run from this run's warmup policy, one anchor, set-level reward
+    # CaCoVID-AV: its own run from this run's warmup policy, set-level reward at the matched
+    # budget (8 samples per clip, group-normalised advantage)
     cacovid = json.loads((tmp_path / "run" / "cacovid" / "config.json").read_text())
     assert (cacovid["exchanges"], cacovid["anchors"], cacovid["rl_estimator"]) == \
-        (False, 1, "paper")
+        (False, 8, "group")
     assert cacovid["warmup_from"] == str(tmp_path / "run")
     warm = load_file(str(tmp_path / "run" / "warmup_policy.safetensors"))
     warm_c = load_file(str(tmp_path / "run" / "cacovid" / "warmup_policy.safetensors"))
     assert all(torch.equal(warm[k], warm_c[k]) for k in warm)
 
 
+def test_exchange_run_logs_its_diagnostics_and_calibration(cache_dir, tmp_path):
+    """--exchanges: w's saturation from the full-token reward, L_ex's gradient normalised to
+    lambda_ex x L_RL's, and per-type diagnostics in metrics.jsonl, a JSON summary and a plot."""
+    from avex.losses import saturation_for
+
+    run = tmp_path / "run"
+    main(tiny_args(cache_dir, run, "--exchanges", "--lambda-ex", "0.5", "--diagnostics-every",
+                   "2", "--no-evaluate"))
+    calibration = json.loads((run / "exchange_calibration.json").read_text())
+    assert calibration["saturation"] == pytest.approx(
+        saturation_for(calibration["full_token_reward"]))
+    rl = [json.loads(line) for line in (run / "metrics.jsonl").open()]
+    rl = [r for r in rl if r["phase"] == "rl"]
+    micro = [m for r in rl for m in r["exchange_diagnostics"]]
+    assert len(micro) == 2 * len(rl)  # one entry per micro-batch
+    for m in micro:
+        assert set(m["types"]) == {"vv", "aa", "va", "av"}   # one exchange per anchor, 4 anchors
+        for stats in m["types"].values():
+            assert 0 <= stats["valid"] <= 1
+            if stats["zero"] is not None:
+                assert 0 <= stats["zero"] <= 1 and 0 <= stats["disagree"] <= 1
+                # g = max(2, K / 8)
+                assert stats["g_over_k"] == pytest.approx(max(2, round(m["k"] / 8)) / m["k"])
+        ratio = m["grad_ratio"]
+        if ratio["unscaled"] is not None:   # None: every advantage was 0 (no L_RL gradient)
+            assert ratio["total"] == pytest.approx(0.5 if m["exchange_scale"] > 0 else 0.0)
+    assert any(r["total"] == pytest.approx(0.5) for r in (m["grad_ratio"] for m in micro))
+    assert any(set(m["grad_ratio"]) > {"total", "unscaled"} for m in micro)  # every 2nd step
+    summary = json.loads((run / "exchange_diagnostics.json").read_text())
+    assert set(summary) == {"vv", "aa", "va", "av", "total"}
+    assert summary["total"]["all"]["micro_batches"] == len(micro)
+    assert (run / "exchange_diagnostics.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_anchor_exchanges_around_first_each_and_all_anchors():
+    from avex.config import TrainConfig
+    from avex.kernels import build_exchanges, gumbel_topk
+    from avex.train_steps import anchor_exchanges
+
+    torch.manual_seed(0)
+    scores = torch.randn(3, 20)
+    modality = torch.tensor([0] * 14 + [1] * 6).repeat(3, 1)
+    idx, _ = gumbel_topk(scores.repeat_interleave(4, 0), torch.full((12,), 8), seed=1)
+    idx = idx.view(3, 4, -1)
+    first = anchor_exchanges(TrainConfig(exchange_anchors="first"), scores, idx, modality, 0, 2)
+    want = build_exchanges(scores, idx[:, 0], modality, g=2)
+    assert torch.equal(first.keep, want.keep) and first.owner == [0, 0, 0, 0]
+    each = anchor_exchanges(TrainConfig(exchange_anchors="each"), scores, idx, modality, 0, 2)
+    assert each.owner == [0, 1, 2, 3] and each.types == ["vv", "aa", "va", "av"]
+    for a, kind in enumerate(each.types):   # anchor a, exchange type a
+        alone = build_exchanges(scores, idx[:, a], modality, g=2, types=(kind,))
+        assert torch.equal(each.keep[:, a], alone.keep[:, 0])
+        assert torch.equal(each.delta_f[:, a], alone.delta_f[:, 0])
+    every = anchor_exchanges(TrainConfig(exchange_anchors="all"), scores, idx, modality, 0, 2)
+    assert every.keep.shape == (3, 16, 20) and every.owner == [a for a in range(4) for _ in "1234"]
+
+
+@pytest.mark.slow
 def test_run_finishes_without_java_and_pycocoevalcap(cache_dir, tmp_path, monkeypatch):
     """The GPU image has neither: the reward needs neither, and the final table reports CIDEr
     (from CiderD) with BLEU-4 and METEOR as NaN instead of crashing after training."""
@@ -112,7 +172,7 @@ def test_bad_config_fails_before_any_work(cache_dir, tmp_path, capsys, flags, ma
 
 def test_config_file_and_flags_override_defaults(cache_dir, tmp_path, capsys):
     config = tmp_path / "run.yaml"
-    config.write_text("exchanges: true\ng: 4\nexchange_types: [vv, av]\nlr: 0.002\n")
+    config.write_text("exchanges: true\ng_fraction: 0\ng: 4\nexchange_types: [vv, av]\nlr: 0.002\n")
     main(tiny_args(cache_dir, tmp_path / "run", "--config", str(config), "--lr", "0.003",
                    "--no-evaluate", "--epochs", "0.2"))
     saved = json.loads((tmp_path / "run" / "config.json").read_text())
@@ -133,6 +193,7 @@ def _env():
     return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_to_the_same_policy(cache_dir, tmp_path):
     subprocess.run(_command(cache_dir, tmp_path / "whole"), check=True, cwd=REPO, env=_env(),
                    capture_output=True)
@@ -157,6 +218,7 @@ def test_killed_run_resumes_to_the_same_policy(cache_dir, tmp_path):
         assert torch.equal(whole[name], resumed[name]), name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_signal_checkpoints_at_the_step_boundary_and_resume_logs_each_step_once(
         cache_dir, tmp_path, signum):
@@ -205,6 +267,7 @@ def test_signal_checkpoints_at_the_step_boundary_and_resume_logs_each_step_once(
         assert torch.equal(reference[name], resumed[name]), name
 
 
+@pytest.mark.slow
 def test_two_gloo_processes_match_one(cache_dir, tmp_path):
     extra = ["--epochs", "0.5"]
     subprocess.run(_command(cache_dir, tmp_path / "single", *extra), check=True, cwd=REPO,
@@ -219,3 +282,28 @@ def test_two_gloo_processes_match_one(cache_dir, tmp_path):
                                    msg=name)
     assert any(not torch.equal(single[name], load_file(
         str(tmp_path / "single" / "warmup_policy.safetensors"))[name]) for name in single)
+
+
+@pytest.mark.slow
+def test_the_callable_trains_what_the_command_line_trains(cache_dir, tmp_path):
+    """train(TrainConfig(...)) is python -m avex.train: the same settings give the same
+    policy, byte for byte, and the same table, and it returns the run's rows."""
+    from avex.config import TrainConfig
+    from avex.train import train
+
+    cli = main(tiny_args(cache_dir, tmp_path / "cli", "--eval-retentions", "0.4",
+                         "--eval-methods", "random"))
+    cfg = TrainConfig(benchmark_preset="tiny", captioner_preset="tiny", cache_dir=str(cache_dir),
+                      run_dir=str(tmp_path / "api"), batch_size=8, micro_batch_size=4,
+                      epochs=1, warmup_epochs=0.5, progress=False, seed=3,
+                      eval_retentions=[0.4], eval_methods=["random"])
+    asked = cfg.to_dict()
+    api = train(cfg)
+    assert api["run_dir"] == str(tmp_path / "api") and api["rows"] == cli["rows"]
+    assert [row["method"] for row in api["rows"]] == [
+        "Full tokens", "Random", "warmup only", "AVEX, L_RL (RLOO) (this run)"]
+    for name in ("warmup_policy.safetensors", "policy/model.safetensors"):
+        assert (tmp_path / "api" / name).read_bytes() == (tmp_path / "cli" / name).read_bytes()
+    got, want = final_weights(tmp_path / "api"), final_weights(tmp_path / "cli")
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in got)
+    assert cfg.to_dict() == asked   # the caller's settings are not changed

@@ -46,6 +46,7 @@ def compiled():
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ARCHS)
 def test_every_kernel_compiles(compiled, arch):
     cases = compiled[arch]

@@ -109,7 +109,7 @@ def main(argv=None) -> int:
     train.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
     train.add_argument("--overwrite", action="store_true")
     train.add_argument("--no-progress", action="store_true")
-    train.set_defaults(run=cmd_train)
+    train.set_defaults(run=cmd_train, parser=train)
 
     caption = sub.add_parser("caption", help="caption clips of a feature cache")
     caption.add_argument("--captioner", default=None,
@@ -123,14 +123,13 @@ def main(argv=None) -> int:
     caption.add_argument("--num-beams", type=int, default=1)
     caption.add_argument("--seed", type=int, default=0)
     caption.add_argument("--device", default=None)
-    caption.set_defaults(run=cmd_caption)
+    caption.set_defaults(run=cmd_caption, parser=caption)
 
     args = parser.parse_args(argv)
-    try:
+    try:  # a bad flag, path or cache is a usage error of its subcommand (exit status 2)
         return args.run(args)
     except (FileNotFoundError, FileExistsError, ValueError, TypeError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        args.parser.error(str(err))
 
 
 if __name__ == "__main__":

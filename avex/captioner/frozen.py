@@ -24,12 +24,12 @@ from .. import _checks
 from ..checkpoint import load_weights
 from ..data.cache import Clip
 from ..modality import AUDIO, PAD, TEXT, VISUAL
-from ..paths import attention_dir, default_captioner_path
+from ..paths import CAPTIONER_FILE, attention_dir, default_captioner_path
 from ..progress import progress_bar
 from ..ptb_tokenizer import tokenize
 from ..pruning import expand_av_keep, generate, prune_inputs
+from .reference import verify_reference
 
-CAPTIONER_FILE = "avex_captioner.json"
 PROJECTOR_FILE = "avex_projector.safetensors"
 CAPTIONER_FORMAT = "avex-captioner"
 
@@ -222,6 +222,8 @@ class FrozenCaptioner:
                     not isinstance(info.get("feature_dim"), int) or info["feature_dim"] < 1:
                 raise ValueError(f"{path / CAPTIONER_FILE}: 'feature_dim' must be a positive "
                                  f"int, got {info.get('feature_dim')!r}")
+            if info.get("reference") is not None:  # a shipped reference: the same bytes
+                verify_reference(path, info["reference"])
         if device is not None and not isinstance(device, torch.device):
             # a CUDA index this machine lacks is named here, not by torch's assert at .to()
             device = None if _checks.available_device("device", device) == "auto" else device
@@ -478,30 +480,7 @@ class FrozenCaptioner:
                 out.extend(self.text_to_av_attention(self.embed(clips[start:start + batch_size]),
                                                      query=query))
             return out
-        batch = inputs
-        previous = self.model.config._attn_implementation
-        # only the attention maps are read: the LM head need not run over every position
-        logits = ({"logits_to_keep": 1} if "logits_to_keep" in
-                  inspect.signature(self.model.forward).parameters else {})
-        self.model.set_attn_implementation("eager")
-        try:
-            out = self.model(inputs_embeds=batch.inputs_embeds,
-                             attention_mask=batch.attention_mask,
-                             position_ids=batch.position_ids if batch.native_position_ids is None
-                             else batch.native_position_ids, output_attentions=True, **logits)
-        finally:
-            self.model.set_attn_implementation(previous)
-        # [B, L_query, L_key], averaged over layers and heads
-        weights = torch.stack([a.float().mean(1) for a in out.attentions]).mean(0)
-        results = []
-        for b in range(len(batch)):
-            mod = batch.modality[b]
-            av = torch.nonzero((mod == VISUAL) | (mod == AUDIO)).flatten()
-            after = torch.nonzero((mod == TEXT) & (torch.arange(len(mod), device=mod.device)
-                                                   > av.max())).flatten()
-            queries = after[-1:] if query == "last" else after
-            results.append(weights[b][queries][:, av].mean(0).cpu())
-        return results
+        return text_to_av_attention(self.model, inputs, query=query)
 
     def cached_text_to_av_attention(self, cache, split: str, *, query: str = "suffix",
                                     cache_dir=None, batch_size: int = 64,
@@ -537,3 +516,35 @@ class FrozenCaptioner:
         save_file(out, str(staging))
         os.replace(staging, path)
         return out
+
+
+@torch.no_grad()
+def text_to_av_attention(model, batch: AVBatch, *, query: str = "suffix") -> list:
+    """:meth:`FrozenCaptioner.text_to_av_attention` of one :class:`AVBatch` on the LLM ``model``
+    (any model that takes ``inputs_embeds``): what the captioner computes, for callers that hold
+    the LLM alone (the profiling suite's Attention-AV)."""
+    if query not in ("suffix", "last"):
+        raise ValueError(f"query must be 'suffix' or 'last', got {query!r}")
+    previous = model.config._attn_implementation
+    # only the attention maps are read: the LM head need not run over every position
+    logits = ({"logits_to_keep": 1} if "logits_to_keep" in
+              inspect.signature(model.forward).parameters else {})
+    model.set_attn_implementation("eager")
+    try:
+        out = model(inputs_embeds=batch.inputs_embeds,
+                    attention_mask=batch.attention_mask,
+                    position_ids=batch.position_ids if batch.native_position_ids is None
+                    else batch.native_position_ids, output_attentions=True, **logits)
+    finally:
+        model.set_attn_implementation(previous)
+    # [B, L_query, L_key], averaged over layers and heads
+    weights = torch.stack([a.float().mean(1) for a in out.attentions]).mean(0)
+    results = []
+    for b in range(len(batch)):
+        mod = batch.modality[b]
+        av = torch.nonzero((mod == VISUAL) | (mod == AUDIO)).flatten()
+        after = torch.nonzero((mod == TEXT) & (torch.arange(len(mod), device=mod.device)
+                                               > av.max())).flatten()
+        queries = after[-1:] if query == "last" else after
+        results.append(weights[b][queries][:, av].mean(0).cpu())
+    return results

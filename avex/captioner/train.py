@@ -22,6 +22,7 @@ from ..progress import progress_bar
 from ..reward import CiderD
 from .frozen import (CAPTIONER_FILE, CAPTIONER_FORMAT, PROJECTOR_FILE, AVProjector,
                      FrozenCaptioner, default_device)
+from .reference import install_reference, reference_name
 
 
 @dataclass(frozen=True)
@@ -253,10 +254,16 @@ def _save(out_dir: Path, model, tokenizer, projector, info: dict) -> None:
 
 def ensure_captioner(benchmark_preset: str = "default", captioner_preset: str = "default", *,
                      seed: int = 0, cache_dir=None, progress: bool = True) -> Path:
-    """The default embedded captioner's directory, building the benchmark and training the
-    captioner first if either is missing."""
+    """The default embedded captioner's directory, building the benchmark first if it is
+    missing. The captioner is the shipped reference where the package has one for this
+    benchmark and preset (the same weights on every machine: avex.captioner.reference), and
+    trained here otherwise."""
     bench = ensure_benchmark(benchmark_preset, cache_dir=cache_dir, seed=seed, progress=progress)
     path = default_captioner_path(bench.name, captioner_preset, cache_dir)
     if not (path / CAPTIONER_FILE).is_file():
-        train_captioner(bench, path, PRESETS[captioner_preset], progress=progress)
+        name = reference_name(bench.name, captioner_preset)
+        if name is not None:
+            install_reference(name, path, benchmark_path=bench)
+        else:
+            train_captioner(bench, path, PRESETS[captioner_preset], progress=progress)
     return path

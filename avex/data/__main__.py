@@ -62,16 +62,13 @@ def cmd_build(args) -> int:
 def cmd_export(args) -> int:
     settings = ExportSettings(prompt=args.prompt, fps=args.fps, max_frames=args.max_frames,
                               use_audio_in_video=args.use_audio_in_video, dtype=args.dtype)
-    try:  # settings, captions, media and output path are checked before the model loads
-        settings.validate()
-        _checks.output_dir("out", args.out)
-        read_captions(args.captions, args.media)
-        if not Path(args.model, "config.json").is_file():
-            raise ExportError(f"--model: {args.model!r} is not a Hugging Face model directory "
-                              "(no config.json)")
-    except (ValueError, TypeError, OSError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    # settings, captions, media and output path are checked before the model loads
+    settings.validate()
+    _checks.output_dir("out", args.out)
+    read_captions(args.captions, args.media)
+    if not Path(args.model, "config.json").is_file():
+        raise ExportError(f"--model: {args.model!r} is not a Hugging Face model directory "
+                          "(no config.json)")
     from transformers import AutoProcessor
 
     model = load_model(args.model)
@@ -124,7 +121,7 @@ def main(argv=None) -> int:
     build.add_argument("--out", default=None, help="write here instead of the cache directory")
     build.add_argument("--overwrite", action="store_true")
     build.add_argument("--no-progress", action="store_true")
-    build.set_defaults(run=cmd_build)
+    build.set_defaults(run=cmd_build, parser=build)
 
     export = sub.add_parser("export", help="media files + captions -> a feature cache, "
                             "through a model's processor")
@@ -146,22 +143,22 @@ def main(argv=None) -> int:
                                                                "bfloat16"))
     export.add_argument("--overwrite", action="store_true")
     export.add_argument("--no-progress", action="store_true")
-    export.set_defaults(run=cmd_export)
+    export.set_defaults(run=cmd_export, parser=export)
 
     verify = sub.add_parser("verify", help="check a feature cache completely")
     verify.add_argument("path")
-    verify.set_defaults(run=cmd_verify)
+    verify.set_defaults(run=cmd_verify, parser=verify)
 
     info = sub.add_parser("info", help="describe a feature cache")
     info.add_argument("path")
-    info.set_defaults(run=cmd_info)
+    info.set_defaults(run=cmd_info, parser=info)
 
     args = parser.parse_args(argv)
-    try:
+    try:  # a bad flag, path or cache is a usage error of its subcommand (exit status 2)
         return args.run(args)
-    except (CacheError, FileNotFoundError, FileExistsError, ValueError, ImportError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    except (CacheError, FileNotFoundError, FileExistsError, ValueError, TypeError, OSError,
+            ImportError) as err:
+        args.parser.error(str(err))
 
 
 if __name__ == "__main__":

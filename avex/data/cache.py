@@ -34,10 +34,10 @@ from safetensors.torch import save_file
 
 import avex
 from avex import _checks
+from avex.registry import SPLITS
 
 FORMAT_NAME = "avex-feature-cache"
 FORMAT_VERSION = 1
-SPLITS = ("train", "val", "test", "transfer")
 META_FILE = "meta.json"
 MANIFEST_FILE = "manifest.jsonl"
 SHARD_DIR = "shards"
@@ -482,59 +482,67 @@ def _count(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
+def json_lines(path, error: type = ValueError, unit: str = "row"):
+    """(line number, object) of each non-blank line of the JSON-lines file ``path``; a line
+    that is not a JSON object raises ``error`` naming the file and the ``unit`` ("row 3")."""
+    with open(path, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                value = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise error(f"{path} {unit} {number}: not valid JSON ({err})") from None
+            if not isinstance(value, dict):
+                raise error(f"{path} {unit} {number}: must be a JSON object, got "
+                            f"{type(value).__name__}")
+            yield number, value
+
+
 def _read_manifest(root: Path) -> list[dict]:
     path = root / MANIFEST_FILE
     if not path.is_file():
         raise CacheError(f"{path}: missing")
     rows, seen = [], {}
-    with open(path, encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise CacheError(f"{_where(path, line_no)}: not valid JSON ({err})") from None
-            if not isinstance(row, dict):
-                raise CacheError(f"{_where(path, line_no)}: must be a JSON object")
-            missing = [k for k in REQUIRED_ROW_FIELDS if k not in row]
-            if missing:
-                raise CacheError(f"{_where(path, line_no, row.get('clip_id'))}: missing "
-                                 f"field(s) {missing}")
-            clip_id = row["clip_id"]
-            if not isinstance(clip_id, str) or not CLIP_ID_PATTERN.match(clip_id):
-                raise CacheError(f"{_where(path, line_no)}: clip_id {clip_id!r} must match "
-                                 "[A-Za-z0-9_.-]{1,200}")
-            if clip_id in seen:
-                raise CacheError(f"{_where(path, line_no, clip_id)}: duplicate clip_id (first "
-                                 f"on row {seen[clip_id]})")
-            seen[clip_id] = line_no
-            if row["split"] not in SPLITS:
-                raise CacheError(f"{_where(path, line_no, clip_id)}: split must be one of "
-                                 f"{list(SPLITS)}, got {row['split']!r}")
-            for key in ("n_visual", "n_audio"):
-                value = row[key]
-                if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                    raise CacheError(f"{_where(path, line_no, clip_id)}: {key} must be an int "
-                                     f">= 0, got {value!r}")
-            for key in ("refs_av", "refs_v", "refs_a"):
-                refs = row[key]
-                if not isinstance(refs, list) or not all(isinstance(r, str) and r.strip()
-                                                         for r in refs):
-                    raise CacheError(f"{_where(path, line_no, clip_id)}: {key} must be a list "
-                                     f"of non-empty strings, got {refs!r}")
-            for key in ("info", "prompt"):
-                if key in row and not isinstance(row[key], dict):
-                    raise CacheError(f"{_where(path, line_no, clip_id)}: {key} must be an "
-                                     f"object, got {row[key]!r}")
-            if not row["refs_av"]:
-                raise CacheError(f"{_where(path, line_no, clip_id)}: refs_av is empty")
-            shard = row["shard"]
-            if not isinstance(shard, str) or Path(shard).is_absolute() or ".." in Path(shard).parts:
-                raise CacheError(f"{_where(path, line_no, clip_id)}: shard must be a path "
-                                 f"inside the cache, got {shard!r}")
-            row["_line"] = line_no
-            rows.append(row)
+    for line_no, row in json_lines(path, CacheError):
+        missing = [k for k in REQUIRED_ROW_FIELDS if k not in row]
+        if missing:
+            raise CacheError(f"{_where(path, line_no, row.get('clip_id'))}: missing "
+                             f"field(s) {missing}")
+        clip_id = row["clip_id"]
+        if not isinstance(clip_id, str) or not CLIP_ID_PATTERN.match(clip_id):
+            raise CacheError(f"{_where(path, line_no)}: clip_id {clip_id!r} must match "
+                             "[A-Za-z0-9_.-]{1,200}")
+        if clip_id in seen:
+            raise CacheError(f"{_where(path, line_no, clip_id)}: duplicate clip_id (first "
+                             f"on row {seen[clip_id]})")
+        seen[clip_id] = line_no
+        if row["split"] not in SPLITS:
+            raise CacheError(f"{_where(path, line_no, clip_id)}: split must be one of "
+                             f"{list(SPLITS)}, got {row['split']!r}")
+        for key in ("n_visual", "n_audio"):
+            value = row[key]
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise CacheError(f"{_where(path, line_no, clip_id)}: {key} must be an int "
+                                 f">= 0, got {value!r}")
+        for key in ("refs_av", "refs_v", "refs_a"):
+            refs = row[key]
+            if not isinstance(refs, list) or not all(isinstance(r, str) and r.strip()
+                                                     for r in refs):
+                raise CacheError(f"{_where(path, line_no, clip_id)}: {key} must be a list "
+                                 f"of non-empty strings, got {refs!r}")
+        for key in ("info", "prompt"):
+            if key in row and not isinstance(row[key], dict):
+                raise CacheError(f"{_where(path, line_no, clip_id)}: {key} must be an "
+                                 f"object, got {row[key]!r}")
+        if not row["refs_av"]:
+            raise CacheError(f"{_where(path, line_no, clip_id)}: refs_av is empty")
+        shard = row["shard"]
+        if not isinstance(shard, str) or Path(shard).is_absolute() or ".." in Path(shard).parts:
+            raise CacheError(f"{_where(path, line_no, clip_id)}: shard must be a path "
+                             f"inside the cache, got {shard!r}")
+        row["_line"] = line_no
+        rows.append(row)
     if not rows:
         raise CacheError(f"{path}: holds no rows")
     return rows

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -141,6 +142,13 @@ SIZE_SHARE = {"small": 1 / 16, "medium": 1 / 8, "large": 1 / 4}
 
 # -- the fixed random "backbone" -----------------------------------------------------------------
 
+def _norm(vector) -> float:
+    """The Euclidean norm, correctly rounded (math.fsum), so the same on every machine:
+    np.linalg.norm of a vector is a BLAS dot product, whose summation order depends on the CPU
+    kernel OpenBLAS picks (its Haswell/Zen and SkylakeX kernels differ in the last bit)."""
+    return math.sqrt(math.fsum(float(x) * float(x) for x in vector))
+
+
 class Backbone:
     """One unit vector per concept (scene, subject class, colour, action, sound, ...), drawn once
     from the seed; every clip's tokens are mixtures of these."""
@@ -151,7 +159,7 @@ class Backbone:
 
         def table(names):
             vectors = rng.standard_normal((len(names), dim))
-            vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+            vectors /= np.array([[_norm(v)] for v in vectors])
             return dict(zip(names, vectors))
 
         colors = sorted({c for s in world.SUBJECTS.values() for c in s.colors})
@@ -286,7 +294,7 @@ def synthesize(rng, cfg: BenchmarkConfig, stats: SplitStatistics, bb: Backbone,
             visual[t, p] = (scene + 0.4 * bb.texture[spec.scene][p] + 0.15 * bb.frame_pos[t]
                             + 0.15 * bb.patch_pos[p] + camera[t])
     instance = rng.standard_normal(d)
-    instance *= 0.2 / np.linalg.norm(instance)
+    instance *= 0.2 / _norm(instance)
     for t, patches in _subject_cells(rng, cfg, stats, spec).items():
         for p in patches:
             color = bb.color[spec.color] * (0.8 if rng.random() < 0.75 else 0.0)

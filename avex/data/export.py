@@ -38,7 +38,7 @@ from safetensors.torch import save_file
 
 from avex import _checks
 from avex.adapters import adapt
-from avex.data.cache import CLIP_ID_PATTERN, SPLITS, CacheWriter
+from avex.data.cache import CLIP_ID_PATTERN, SPLITS, CacheWriter, json_lines
 from avex.data.media import MediaError, media_kind, probe, read_media
 from avex.modality import AUDIO, PAD, VISUAL
 from avex.progress import progress_bar
@@ -118,50 +118,40 @@ def read_captions(path, media_dir) -> list[CaptionRow]:
     if not media_dir.is_dir():
         raise ExportError(f"media: no folder at {str(media_dir)!r}")
     rows, seen, missing = [], {}, []
-    with open(path, encoding="utf-8") as handle:
-        for line, text in enumerate(handle, start=1):
-            if not text.strip():
-                continue
-            try:
-                raw = json.loads(text)
-            except json.JSONDecodeError as err:
-                raise ExportError(f"{path} line {line}: not valid JSON ({err})") from None
-            if not isinstance(raw, dict):
-                raise ExportError(f"{path} line {line}: must be a JSON object, got "
-                                  f"{type(raw).__name__}")
-            unknown = set(raw) - {"file", "captions", "split", "id", "visual_captions",
-                                  "audio_captions"}
-            if unknown:
-                raise ExportError(f"{path} line {line}: unknown field(s) {sorted(unknown)}")
-            file = raw.get("file")
-            if not isinstance(file, str) or not file.strip() or Path(file).is_absolute() \
-                    or ".." in Path(file).parts:
-                raise ExportError(f"{path} line {line}: 'file' must be a path inside the media "
-                                  f"folder, got {file!r}")
-            if raw.get("split") not in SPLITS:
-                raise ExportError(f"{path} line {line}: 'split' must be one of {list(SPLITS)}, "
-                                  f"got {raw.get('split')!r}")
-            try:
-                media_kind(file)
-            except MediaError as err:
-                raise ExportError(f"{path} line {line}: {err}") from None
-            clip_id = raw.get("id", _clip_id(file))
-            if not isinstance(clip_id, str) or not CLIP_ID_PATTERN.match(clip_id):
-                raise ExportError(f"{path} line {line}: 'id' must match [A-Za-z0-9_.-]{{1,200}}, "
-                                  f"got {clip_id!r}")
-            if clip_id in seen:
-                raise ExportError(f"{path} line {line}: clip id {clip_id!r} repeats line "
-                                  f"{seen[clip_id]} (give distinct 'id's)")
-            seen[clip_id] = line
-            if not (media_dir / file).is_file():
-                missing.append(f"line {line}: {file}")
-            rows.append(CaptionRow(clip_id, media_dir / file, raw["split"],
-                                   _caption_list(path, line, "captions", raw.get("captions"),
-                                                 True),
-                                   _caption_list(path, line, "visual_captions",
-                                                 raw.get("visual_captions"), False),
-                                   _caption_list(path, line, "audio_captions",
-                                                 raw.get("audio_captions"), False), line))
+    for line, raw in json_lines(path, ExportError, unit="line"):
+        unknown = set(raw) - {"file", "captions", "split", "id", "visual_captions",
+                              "audio_captions"}
+        if unknown:
+            raise ExportError(f"{path} line {line}: unknown field(s) {sorted(unknown)}")
+        file = raw.get("file")
+        if not isinstance(file, str) or not file.strip() or Path(file).is_absolute() \
+                or ".." in Path(file).parts:
+            raise ExportError(f"{path} line {line}: 'file' must be a path inside the media "
+                              f"folder, got {file!r}")
+        if raw.get("split") not in SPLITS:
+            raise ExportError(f"{path} line {line}: 'split' must be one of {list(SPLITS)}, "
+                              f"got {raw.get('split')!r}")
+        try:
+            media_kind(file)
+        except MediaError as err:
+            raise ExportError(f"{path} line {line}: {err}") from None
+        clip_id = raw.get("id", _clip_id(file))
+        if not isinstance(clip_id, str) or not CLIP_ID_PATTERN.match(clip_id):
+            raise ExportError(f"{path} line {line}: 'id' must match [A-Za-z0-9_.-]{{1,200}}, "
+                              f"got {clip_id!r}")
+        if clip_id in seen:
+            raise ExportError(f"{path} line {line}: clip id {clip_id!r} repeats line "
+                              f"{seen[clip_id]} (give distinct 'id's)")
+        seen[clip_id] = line
+        if not (media_dir / file).is_file():
+            missing.append(f"line {line}: {file}")
+        rows.append(CaptionRow(clip_id, media_dir / file, raw["split"],
+                               _caption_list(path, line, "captions", raw.get("captions"),
+                                             True),
+                               _caption_list(path, line, "visual_captions",
+                                             raw.get("visual_captions"), False),
+                               _caption_list(path, line, "audio_captions",
+                                             raw.get("audio_captions"), False), line))
     if missing:
         shown = "; ".join(missing[:10]) + (f"; and {len(missing) - 10} more"
                                            if len(missing) > 10 else "")

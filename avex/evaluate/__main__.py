@@ -16,7 +16,9 @@ Subcommands (``sweep`` is the default):
 
 Rel. = 100 x 1/4 (C_av / C_av_full + C_v / C_v_full + C_a / C_a_full + C_T / C_T_full), C_T being
 CIDEr (AV references) on the transfer split, which stands in for the paper's MSRVTT column; the
-``_full`` values are the full-token numbers of the same run, same decoding.
+``_full`` values are the full-token numbers of the same run, same decoding. The sweep prints
+C_av / C_av_full beside it: on the embedded benchmark C_v rises under pruning, so Rel. is not
+comparable with the paper's, and C_av / full is (docs/results.md).
 
 Full-token captions are computed once per split and shared by every method and seed; methods
 that do not depend on the seed (FastV-AV, ToMe-AV, FastAV, and a policy given as one run) are
@@ -25,82 +27,43 @@ captioned once and reported for every seed.
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 from pathlib import Path
 
 from avex import _checks
-from avex.captioner.train import PRESETS as CAPTIONER_PRESETS
-from avex.checkpoint import check_weights
+from avex.config import TrainConfig
 from avex.config import build_parser as build_train_parser
 from avex.config import resolve_config
-from avex.data import SPLITS
-from avex.methods import SELECTORS
-from avex.methods.learned import check_finished, run_policy_weights
-
-from avex.data.embedded import PRESETS as BENCHMARK_PRESETS
 from avex.data.embedded import default_benchmark_path
 from avex.paths import default_captioner_path
+from avex.registry import BENCHMARK_PRESETS, CAPTIONER_PRESETS, SELECTORS
 
-from .ablation import ABLATIONS, run_ablation
+from .ablation import ABLATIONS, AblationSettings, run_ablation
+from .common import DECODING, not_a_cache
 from .gates import run_gates, write_report
-from .motivation import run_motivation
-from .sweep import RETENTIONS, run_sweep
+from .motivation import MotivationSettings, run_motivation
+from .sweep import RETENTIONS, SweepSettings, run_sweep
 
 DEFAULT_METHODS = SELECTORS
-#: decoding when no run is given and no flag sets it
-DECODING = {"num_beams": 1, "max_new_tokens": 24}
 
 
 # ----------------------------------------------------------------------------------------------
 # Arguments
 # ----------------------------------------------------------------------------------------------
 
-def _float_list(name):
+def _list(name: str, kind, what: str):
+    """An argparse type: a comma-separated list of ``kind``; the settings check the values."""
     def parse(text):
         try:
-            values = [float(x) for x in text.split(",") if x.strip()]
+            values = [kind(x.strip()) for x in text.split(",") if x.strip()]
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be comma-separated numbers, "
-                                             f"got {text!r}")
-        for v in values:
-            if not 0 < v <= 1:
-                raise argparse.ArgumentTypeError(f"{name} must be in (0, 1], got {v:g}")
+            raise argparse.ArgumentTypeError(f"{name} must be comma-separated {what}, got "
+                                             f"{text!r}")
         if not values:
             raise argparse.ArgumentTypeError(f"{name} is empty")
         return values
     return parse
-
-
-def _int_list(name):
-    def parse(text):
-        try:
-            values = [int(x) for x in text.split(",") if x.strip()]
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be comma-separated integers, "
-                                             f"got {text!r}")
-        if not values:
-            raise argparse.ArgumentTypeError(f"{name} is empty")
-        return values
-    return parse
-
-
-def _name_list(name, choices):
-    def parse(text):
-        names = [x.strip() for x in text.split(",") if x.strip()]
-        for item in names:
-            if item not in choices:
-                raise argparse.ArgumentTypeError(f"{name} must be drawn from {list(choices)}, "
-                                                 f"got {item!r}")
-        if not names:
-            raise argparse.ArgumentTypeError(f"{name} is empty")
-        return names
-    return parse
-
-
-_variants = _name_list("variants", ABLATIONS)
-_methods = _name_list("methods", SELECTORS)
 
 
 def _common(parser):
@@ -132,15 +95,19 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command")
     sweep = sub.add_parser("sweep", help="the retention sweep of every method (Table 2, Fig. 3)")
     _common(sweep)
-    sweep.add_argument("--methods", type=_methods, default=list(DEFAULT_METHODS))
-    sweep.add_argument("--retentions", type=_float_list("retentions"), default=list(RETENTIONS))
-    sweep.add_argument("--seeds", type=_int_list("seeds"), default=[0])
+    sweep.add_argument("--methods", type=_list("methods", str, "method names"),
+                       default=list(DEFAULT_METHODS))
+    sweep.add_argument("--retentions", type=_list("retentions", float, "numbers"),
+                       default=list(RETENTIONS))
+    sweep.add_argument("--seeds", type=_list("seeds", int, "integers"), default=[0])
     sweep.add_argument("--split", default="test")
     sweep.add_argument("--transfer-split", default="transfer",
                        help="the split for the transfer CIDEr column ('none' to skip)")
-    sweep.add_argument("--avex-run", default=None, help="a python -m avex.train run directory")
+    sweep.add_argument("--avex-run", default=None,
+                       help="a python -m avex.train run directory; with {seed} in it, one run "
+                            "per --seeds (e.g. ABL/runs/seed{seed}/A)")
     sweep.add_argument("--cacovid-run", default=None,
-                       help="a python -m avex.train --no-exchanges run directory")
+                       help="a CaCoVID-AV run directory (or a pattern with {seed})")
     sweep.add_argument("--allow-unfinished", action="store_true",
                        help="score the latest checkpoint of a run that did not finish training "
                             "(the table names the checkpoint)")
@@ -148,10 +115,14 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--qualitative", type=int, default=3, help="clips shown at 40%%")
     abl = sub.add_parser("ablation", help="the paper's Table 3 (training signal, group size)")
     _common(abl)
-    abl.add_argument("--variants", type=_variants, default=list(ABLATIONS))
+    abl.add_argument("--variants", type=_list("variants", str, "variant names"),
+                     default=list(ABLATIONS))
     abl.add_argument("--retention", type=float, default=0.2,
                      help="training and evaluation retention (default 0.2)")
-    abl.add_argument("--seeds", type=_int_list("seeds"), default=[0],
+    abl.add_argument("--retentions", type=_list("retentions", float, "numbers"), default=None,
+                     help="evaluate every variant at each of these (e.g. 0.5,0.4,0.3,0.2,0.1: "
+                          "the matched-budget comparison's table); default: --retention")
+    abl.add_argument("--seeds", type=_list("seeds", int, "integers"), default=[0],
                      help="training seeds, comma-separated: mean ± std over them")
     abl.add_argument("--split", default="test")
     abl.add_argument("--run", action="append", default=[], metavar="VARIANT=DIR",
@@ -210,180 +181,91 @@ def run_gates_command(args, argv) -> int:
     return 0 if share < 0.6 else 1
 
 
-def parse_args(argv):
-    argv = list(argv)
-    if not argv or argv[0] not in ("sweep", "motivation", "ablation", "gates", "-h", "--help"):
-        argv = ["sweep"] + argv
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:  # every flag is checked before any captioning; a bad one is a usage error
-        check_args(args)
+def train_settings(text: str) -> TrainConfig:
+    """``--train-args``: ``python -m avex.train`` flags, split once as a shell would (a quoted
+    path may hold spaces), resolved as that command resolves them."""
+    try:
+        flags = shlex.split(text)
+        return resolve_config(build_train_parser("--train-args", "training settings")
+                              .parse_args(flags))
+    except SystemExit:
+        raise ValueError(f"--train-args: {text!r} are not python -m avex.train flags (see the "
+                         "message above)") from None
     except (ValueError, TypeError, OSError) as err:
-        parser.error(str(err))
-    return args
+        raise ValueError(f"--train-args: {err}") from None
 
 
-def _split(name: str, value, *extra):
-    return _checks.choice(name, value, set(SPLITS) | set(extra))
+def settings_of(args):
+    """The settings of the sweep, ablation or motivation the parsed flags ask for."""
+    common = dict(data=args.data, captioner=args.captioner,
+                  benchmark_preset=args.benchmark_preset, captioner_preset=args.captioner_preset,
+                  cache_dir=args.cache_dir, out=args.out, max_clips=args.max_clips,
+                  batch_size=args.batch_size, num_beams=args.num_beams,
+                  max_new_tokens=args.max_new_tokens, device=args.device,
+                  train=train_settings(args.train_args), progress=args.progress)
+    if args.command == "sweep":
+        return SweepSettings(**common, methods=args.methods, retentions=args.retentions,
+                             seeds=args.seeds, split=args.split,
+                             transfer_split=args.transfer_split, avex_run=args.avex_run,
+                             cacovid_run=args.cacovid_run, allow_unfinished=args.allow_unfinished,
+                             fastv_layer=args.fastv_layer, qualitative=args.qualitative)
+    if args.command == "ablation":
+        runs = {}
+        for item in args.run:
+            name, sep, path = item.partition("=")
+            if not sep:
+                raise ValueError(f"--run must be VARIANT=DIR with VARIANT one of "
+                                 f"{list(ABLATIONS)}, got {item!r}")
+            runs[name] = path
+        return AblationSettings(**common, variants=args.variants, retention=args.retention,
+                                retentions=args.retentions, seeds=args.seeds, split=args.split,
+                                runs=runs)
+    return MotivationSettings(**common, split=args.split, clips=args.clips,
+                              base_retention=args.base_retention, base_sets=args.base_sets,
+                              group=args.group, seed=args.seed)
 
 
-def _captioner_depth(args) -> int | None:
-    """The captioner's layer count from its config.json, when it is already on disk."""
-    path = Path(args.captioner) if args.captioner != "embedded" else default_captioner_path(
-        default_benchmark_path(args.benchmark_preset, args.cache_dir).name,
-        args.captioner_preset, args.cache_dir)
-    try:
-        return int(json.loads((path / "config.json").read_text())["num_hidden_layers"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None  # not built yet, or not a plain config: checked once it is loaded
-
-
-def _check_seeds(seeds) -> None:
-    for seed in seeds:
-        _checks.int_at_least("seeds", seed, 0)
-    if len(set(seeds)) != len(seeds):
-        raise ValueError(f"seeds has duplicates: {seeds}")
-
-
-def _given_run(path, checkpoint: str, name: str) -> dict:
-    """A run's settings, checked with a readable weights file (its header read, not the
-    tensors) before --out is made or anything is trained."""
-    weights, settings = run_policy_weights(path, checkpoint, name=name)
-    try:
-        check_weights(weights)
-    except ValueError as err:
-        raise ValueError(f"{name}: {err}") from None
-    return settings
-
-
-def _not_a_cache(path) -> str:
-    what = "a file" if Path(path).is_file() else "a directory without meta.json"
-    return "" if not Path(path).exists() else f" ({what}; a feature cache is a directory " \
-        "holding meta.json)"
-
-
-def resolve_decoding(args, runs: dict) -> None:
-    """Set ``args.num_beams`` / ``args.max_new_tokens``: a flag's value, else the given runs'
-    own decoding (their reward and results table used it), else :data:`DECODING`. Runs that
-    decode differently from each other are refused unless flags settle it.
-    ``args.decoding_source`` says where the values came from (sweep.md states it)."""
-    sources = {}
-    for key in DECODING:
-        if getattr(args, key) is not None:
-            sources[key] = "flag"
-            continue
-        values = {flag: cfg.get(key, DECODING[key]) for flag, cfg in runs.items()}
-        if len(set(values.values())) > 1:
-            listed = ", ".join(f"{flag} has {key}={value}" for flag, value in values.items())
-            raise ValueError(f"the runs decode differently ({listed}); pass --"
-                             f"{key.replace('_', '-')} to score both with one setting")
-        if values:
-            setattr(args, key, next(iter(values.values())))
-            sources[key] = "run " + " and ".join(values)
-        else:
-            setattr(args, key, DECODING[key])
-            sources[key] = "default"
-    args.decoding_source = sources
-
-
-def check_args(args) -> None:
-    """Check (and normalise ``--run``) the parsed flags of any subcommand."""
+def check_gates_args(args) -> None:
     if args.device is not None:
         _checks.available_device("device", args.device)
     if args.cache_dir is not None:  # a prebuilt cache may be read-only
         _checks.output_dir("cache_dir", args.cache_dir, writable=False)
     _checks.choice("captioner_preset", args.captioner_preset, set(CAPTIONER_PRESETS))
-    if args.command == "gates":
-        _checks.output_file("out", args.out)
-        for name, low in (("seeds", 1), ("counterfactual_clips", 1), ("base_sets", 1)):
-            _checks.int_at_least(name, getattr(args, name), low)
-        _checks.int_at_least("seed", args.seed, 0)
-        if args.benchmark is not None and not (Path(args.benchmark) / "meta.json").is_file():
-            raise FileNotFoundError(f"--benchmark: no feature cache at {args.benchmark!r}"
-                                    + _not_a_cache(args.benchmark))
-        if args.captioner is not None and not Path(args.captioner).exists():
-            raise FileNotFoundError(f"--captioner: no model directory at {args.captioner!r}")
-        return
-    _checks.choice("benchmark_preset", args.benchmark_preset, set(BENCHMARK_PRESETS))
-    if args.out is not None:
-        _checks.output_dir("out", args.out)
-    _checks.int_at_least("batch_size", args.batch_size, 1)
-    _checks.optional_int_at_least("num_beams", args.num_beams, 1)
-    _checks.optional_int_at_least("max_new_tokens", args.max_new_tokens, 1)
-    if args.max_clips is not None:
-        _checks.int_at_least("max_clips", args.max_clips, 1)
-    _split("split", args.split)
-    runs = {}
-    for name in ("avex_run", "cacovid_run"):
-        path = getattr(args, name, None)
-        if path is not None:  # a finished run, checked now, not after the other methods ran
-            flag = "--" + name.replace("_", "-")
-            runs[flag] = _given_run(path, "latest", flag)
-            if not getattr(args, "allow_unfinished", False):
-                check_finished(path, name=flag)
-    resolve_decoding(args, runs)
-    if args.data != "embedded" and not Path(args.data).exists():
-        raise FileNotFoundError(f"--data: no feature cache at {args.data!r}")
-    if args.captioner != "embedded" and not Path(args.captioner).exists():
+    _checks.output_file("out", args.out)
+    for name, low in (("seeds", 1), ("counterfactual_clips", 1), ("base_sets", 1)):
+        _checks.int_at_least(name, getattr(args, name), low)
+    _checks.int_at_least("seed", args.seed, 0)
+    if args.benchmark is not None and not (Path(args.benchmark) / "meta.json").is_file():
+        raise FileNotFoundError(f"--benchmark: no feature cache at {args.benchmark!r}"
+                                + not_a_cache(args.benchmark))
+    if args.captioner is not None and not Path(args.captioner).exists():
         raise FileNotFoundError(f"--captioner: no model directory at {args.captioner!r}")
-    if args.captioner == "embedded" and args.data != "embedded":
-        raise ValueError("--captioner embedded goes with --data embedded; for your own feature "
-                         "cache pass --captioner PATH to its Hugging Face causal LM")
-    if args.data != "embedded" and not (Path(args.data) / "meta.json").is_file():
-        raise FileNotFoundError(f"--data: no feature cache at {args.data!r}"
-                                + _not_a_cache(args.data))
-    try:  # the settings of any policy trained here, checked now rather than after captioning
-        resolve_config(build_train_parser("--train-args", "training settings").parse_args(
-            shlex.split(args.train_args)))
-    except SystemExit:
-        raise ValueError(f"--train-args: {args.train_args!r} are not python -m avex.train "
-                         "flags (see the message above)") from None
+
+
+def parse_args(argv):
+    """(flags, settings): every flag checked before any captioning (a bad one is a usage
+    error, exit status 2); no settings for ``gates``, which takes its flags as they are."""
+    argv = list(argv)
+    if not argv or argv[0] not in ("sweep", "motivation", "ablation", "gates", "-h", "--help"):
+        argv = ["sweep"] + argv
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "gates":
+            check_gates_args(args)
+            return args, None
+        return args, settings_of(args).validate()
     except (ValueError, TypeError, OSError) as err:
-        raise ValueError(f"--train-args: {err}") from None
-    if args.command == "sweep":
-        _check_seeds(args.seeds)
-        if len(set(args.retentions)) != len(args.retentions):
-            raise ValueError(f"retentions has duplicates: {args.retentions}")
-        _split("transfer_split", args.transfer_split, "none")
-        _checks.optional_int_at_least("fastv_layer", args.fastv_layer, 1)
-        depth = _captioner_depth(args)
-        if args.fastv_layer is not None and depth is not None and args.fastv_layer > depth:
-            raise ValueError(f"fastv_layer must be <= the captioner's {depth} layers, got "
-                             f"{args.fastv_layer}")
-        _checks.int_at_least("qualitative", args.qualitative, 0)
-    if args.command == "ablation":
-        _checks.ratio("retention", args.retention)
-        _check_seeds(args.seeds)
-        if args.run and len(args.seeds) > 1:
-            raise ValueError(f"--run reuses one run per variant, so it takes one seed; got "
-                             f"seeds {args.seeds}")
-        runs = {}
-        for item in args.run:
-            name, sep, path = item.partition("=")
-            if not sep or name not in ABLATIONS:
-                raise ValueError(f"--run must be VARIANT=DIR with VARIANT one of "
-                                 f"{list(ABLATIONS)}, got {item!r}")
-            _given_run(path, "warmup" if name == "warmup" else "latest", f"--run {name}")
-            runs[name] = Path(path)
-        args.run = runs
-    if args.command == "motivation":
-        _checks.ratio("base_retention", args.base_retention)
-        _checks.int_at_least("clips", args.clips, 1)
-        _checks.int_at_least("base_sets", args.base_sets, 1)
-        _checks.int_at_least("group", args.group, 1)
-        _checks.int_at_least("seed", args.seed, 0)
+        parser.error(str(err))
 
 
 def main(argv=None) -> dict:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = parse_args(argv)
+    args, settings = parse_args(argv)
     if args.command == "gates":
         return {"exit_code": run_gates_command(args, argv)}
-    if args.command == "motivation":
-        return run_motivation(args)
-    if args.command == "ablation":
-        return run_ablation(args)
-    return run_sweep(args)
+    run = {"sweep": run_sweep, "ablation": run_ablation, "motivation": run_motivation}
+    return run[args.command](settings)
 
 
 if __name__ == "__main__":

@@ -1,94 +1,163 @@
 """The paper's Table 3 at one retention: training-signal variants and the group size g."""
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from avex import _checks
+from avex.checkpoint import read_run_config
+from avex.judge import judge_line, judge_record
 from avex.methods import load_policy, make_selector
 from avex.progress import progress_bar
-from avex.scoring import caption_split, score_captions
+from avex.scoring import caption_split, keep_all, score_captions
 from avex.tables import markdown_table
-from avex.train import ensure_trained
+from avex.train import train_variant
 
-from .common import base_train_config, fmt, load_assets, split_clips
+from .common import (ExperimentSettings, begin, check_names, check_retentions, check_seeds,
+                     check_split, fmt, given_run, load_assets, split_clips)
 
-#: Table 3's rows: name -> (label, V-V, A-A, V-A, A-V marks, TrainConfig settings). Every
-#: exchange row turns the exchange term on (``lambda_ex`` 0.1 beside L_RL, as the recipe had it
-#: before the default dropped it); "rloo" is the default recipe, L_RL alone.
+#: The exchange term as Table 3's rows were measured (before issue #25's calibration): L_RL +
+#: 0.1 L_ex unnormalised, every type around the first anchor, g fixed, w saturating at 5 points.
+TABLE3_EXCHANGES = {"exchanges": True, "exchange_anchors": "first", "g_fraction": 0.0,
+                    "exchange_saturation": 5.0, "normalize_exchange": False}
+#: The paper's objective (``--preset paper``'s: its L_RL baseline, lambda_ex 1 with L_ex's
+#: gradient normalised, tau 1, the calibrated g and w) on the embedded recipe's policy, warmup
+#: and optimiser, at the matched budget: 4 anchors, one exchange each (8 sets per clip).
+PAPER_OBJECTIVE = {"exchanges": True, "rl_estimator": "paper", "lambda_ex": 1.0, "tau": 1.0,
+                   "anchors": 4, "exchange_anchors": "each", "g_fraction": 0.125,
+                   "exchange_saturation": None, "normalize_exchange": True}
+
+#: Table 3's rows and the matched-budget arms (issue #25): name -> (label, V-V, A-A, V-A, A-V
+#: marks, TrainConfig settings). "rloo" is L_RL alone over 4 anchors; the arms caption 8 sets
+#: per clip per step.
 ABLATIONS = {
     "warmup": ("Warmup only", "✗ ✗ ✗ ✗", {"warmup_only": True}),
-    "rloo": ("L_RL alone, no exchanges (the default)", "✗ ✗ ✗ ✗", {"exchanges": False}),
+    "rloo": ("L_RL alone (RLOO, 4 anchors)", "✗ ✗ ✗ ✗", {"exchanges": False, "anchors": 4}),
     "random": ("Random exchange", "✗ ✗ mixed mixed",
-               {"exchanges": True, "exchange_selection": "random",
+               {**TABLE3_EXCHANGES, "exchange_selection": "random",
                 "exchange_types": ["va", "av"]}),
-    "vv": ("V-to-V only", "✓ ✗ ✗ ✗", {"exchanges": True, "exchange_types": ["vv"]}),
-    "aa": ("A-to-A only", "✗ ✓ ✗ ✗", {"exchanges": True, "exchange_types": ["aa"]}),
-    "vv+aa": ("V-to-V + A-to-A", "✓ ✓ ✗ ✗", {"exchanges": True, "exchange_types": ["vv", "aa"]}),
-    "no-aa": ("w/o A-to-A", "✓ ✗ ✓ ✓", {"exchanges": True, "exchange_types": ["vv", "va", "av"]}),
-    "no-vv": ("w/o V-to-V", "✗ ✓ ✓ ✓", {"exchanges": True, "exchange_types": ["aa", "va", "av"]}),
-    "full": ("Full AVEX (g = 8)", "✓ ✓ ✓ ✓", {"exchanges": True, "g": 8}),
-    "g4": ("g = 4", "✓ ✓ ✓ ✓", {"exchanges": True, "g": 4}),
-    "g16": ("g = 16", "✓ ✓ ✓ ✓", {"exchanges": True, "g": 16}),
-    "g32": ("g = 32", "✓ ✓ ✓ ✓", {"exchanges": True, "g": 32}),
+    "vv": ("V-to-V only", "✓ ✗ ✗ ✗", {**TABLE3_EXCHANGES, "exchange_types": ["vv"]}),
+    "aa": ("A-to-A only", "✗ ✓ ✗ ✗", {**TABLE3_EXCHANGES, "exchange_types": ["aa"]}),
+    "vv+aa": ("V-to-V + A-to-A", "✓ ✓ ✗ ✗", {**TABLE3_EXCHANGES, "exchange_types": ["vv", "aa"]}),
+    "no-aa": ("w/o A-to-A", "✓ ✗ ✓ ✓", {**TABLE3_EXCHANGES, "exchange_types": ["vv", "va", "av"]}),
+    "no-vv": ("w/o V-to-V", "✗ ✓ ✓ ✓", {**TABLE3_EXCHANGES, "exchange_types": ["aa", "va", "av"]}),
+    "full": ("Full AVEX (g = 8)", "✓ ✓ ✓ ✓", {**TABLE3_EXCHANGES, "g": 8}),
+    "g4": ("g = 4", "✓ ✓ ✓ ✓", {**TABLE3_EXCHANGES, "g": 4}),
+    "g16": ("g = 16", "✓ ✓ ✓ ✓", {**TABLE3_EXCHANGES, "g": 16}),
+    "g32": ("g = 32", "✓ ✓ ✓ ✓", {**TABLE3_EXCHANGES, "g": 32}),
+    # the matched-budget arms: 8 captioned sets per clip per step each
+    "A": ("A: RLOO over 8 anchors", "✗ ✗ ✗ ✗", {"exchanges": False, "anchors": 8}),
+    "B": ("B: RLOO over 4 anchors + calibrated L_ex on 4 exchange sets", "✓ ✓ ✓ ✓",
+          {"exchanges": True, "anchors": 4, "exchange_anchors": "each"}),
+    "C": ("C: CaCoVID-AV, 8 samples, group-normalised advantage", "✗ ✗ ✗ ✗",
+          {"exchanges": False, "rl_estimator": "group", "anchors": 8}),
+    "paper": ("the paper's objective (normalised), 4 anchors x 1 exchange", "✓ ✓ ✓ ✓",
+              PAPER_OBJECTIVE),
 }
 
 
-def run_ablation(args) -> dict:
-    """Train (or reuse) every variant at ``args.retention`` for each of ``args.seeds`` and score
-    it there on the test split; mean ± std over the seeds.
+@dataclass
+class AblationSettings(ExperimentSettings):
+    """The variants of ``variants`` (:data:`ABLATIONS`), trained at ``retention`` for each of
+    ``seeds`` and scored on ``split`` at ``retentions`` (default: ``retention``). ``runs``:
+    variant -> a trained run to reuse instead (one seed only)."""
 
-    Variants differ from the default ``python -m avex.train`` only by their flags in
-    :data:`ABLATIONS` (plus ``--train-args``). The variants only change the RL phase, so each
+    variants: list = field(default_factory=lambda: list(ABLATIONS))
+    retention: float = 0.2
+    retentions: list | None = None
+    seeds: list = field(default_factory=lambda: [0])
+    split: str = "test"
+    runs: dict = field(default_factory=dict)
+
+    def check(self) -> None:
+        super().check()
+        check_split("split", self.split)
+        check_names("variants", self.variants, ABLATIONS)
+        _checks.ratio("retention", self.retention)
+        if self.retentions is not None:
+            check_retentions(self.retentions)
+        check_seeds(self.seeds)
+        if not isinstance(self.runs, dict):
+            raise TypeError(f"runs must be a dict of variant -> run directory, got "
+                            f"{type(self.runs).__name__}")
+        if self.runs and len(self.seeds) > 1:
+            raise ValueError(f"--run reuses one run per variant, so it takes one seed; got "
+                             f"seeds {list(self.seeds)}")
+        for name, path in self.runs.items():
+            if name not in ABLATIONS:
+                raise ValueError(f"--run must be VARIANT=DIR with VARIANT one of "
+                                 f"{list(ABLATIONS)}, got {name!r}")
+            given_run(path, "warmup" if name == "warmup" else "latest", f"--run {name}")
+
+
+def run_ablation(settings: AblationSettings) -> dict:
+    """Train (or reuse) every variant at ``settings.retention`` for each of ``settings.seeds``
+    and score it on ``settings.split``; mean ± std over the seeds. Every setting is checked
+    first.
+
+    Variants differ from the default ``python -m avex.train`` only by their settings in
+    :data:`ABLATIONS` (plus ``settings.train``). The variants only change the RL phase, so each
     seed's warmup is trained once (the "warmup" row's run) and every other variant of that seed
     starts from it (``warmup_from``), as the sweep's CaCoVID-AV does. The random-exchange row
     draws G and G' at random (``--exchange-selection random``) for cross-modal exchanges, with
     the same g and number of reward evaluations per step."""
     started = time.perf_counter()
-    out = Path(args.out) if args.out else Path("runs") / time.strftime("ablation-%Y%m%d-%H%M%S")
-    cache, captioner = load_assets(args)
-    clips = split_clips(cache, args.split, args.max_clips)
+    settings, out = begin(settings, AblationSettings, "ablation")
+    cache, captioner = load_assets(settings)
+    clips = split_clips(cache, settings.split, settings.max_clips)
     out.mkdir(parents=True, exist_ok=True)
-    decode = dict(batch_size=args.batch_size, num_beams=args.num_beams,
-                  max_new_tokens=args.max_new_tokens)
-    base = base_train_config(args)
+    decode = dict(batch_size=settings.batch_size, num_beams=settings.num_beams,
+                  max_new_tokens=settings.max_new_tokens)
+    base = settings.base_train_config()
+    given = {name: Path(path) for name, path in settings.runs.items()}
+    retentions = list(settings.retentions or [settings.retention])
     rows = []
-    jobs = [(seed, name) for seed in args.seeds for name in args.variants]
+    jobs = [(seed, name) for seed in settings.seeds for name in settings.variants]
     warmups = {}
     for seed, name in progress_bar(jobs, desc="ablation variants", unit="run",
-                                   disable=not args.progress):
-        label, marks, settings = ABLATIONS[name]
+                                   disable=not settings.progress):
+        label, marks, variant = ABLATIONS[name]
         if seed not in warmups:
-            warmups[seed] = args.run.get("warmup") or base.warmup_from or ensure_trained(
-                dataclasses.replace(base, run_dir=str(out / "runs" / f"seed{seed}" / "warmup"),
-                                    seed=seed, retention=args.retention,
-                                    **ABLATIONS["warmup"][2]))
-        run_dir = args.run.get(name)
+            warmups[seed] = given.get("warmup") or base.warmup_from or train_variant(
+                base, out / "runs" / f"seed{seed}" / "warmup", seed=seed,
+                retention=settings.retention, **ABLATIONS["warmup"][2])
+        run_dir = given.get(name)
         if run_dir is None and name == "warmup":
             run_dir = warmups[seed]
         elif run_dir is None:
-            run_dir = ensure_trained(dataclasses.replace(
-                base, run_dir=str(out / "runs" / f"seed{seed}" / name), seed=seed,
-                retention=args.retention, warmup_from=str(warmups[seed]), **settings))
+            run_dir = train_variant(base, out / "runs" / f"seed{seed}" / name,
+                                    warmup_from=warmups[seed], seed=seed,
+                                    retention=settings.retention, **variant)
         policy = load_policy(run_dir, captioner,
                              checkpoint="warmup" if name == "warmup" else "latest")
-        captions = caption_split(captioner, clips, make_selector("avex", policy=policy),
-                                 args.retention, **decode)
-        cfg = json.loads((Path(run_dir) / "config.json").read_text())
-        rows.append({"variant": name, "label": label, "marks": marks, "run": str(run_dir),
-                     "seed": cfg.get("seed"), "g": cfg.get("g"),
-                     "exchange_types": cfg.get("exchange_types"),
-                     **score_captions(captions, clips)})
+        cfg = read_run_config(run_dir)
+        for retention in retentions:
+            captions = caption_split(captioner, clips, make_selector("avex", policy=policy),
+                                     retention, **decode)
+            rows.append({"variant": name, "label": label, "marks": marks, "run": str(run_dir),
+                         "seed": cfg.get("seed"), "g": cfg.get("g"),
+                         "exchange_types": cfg.get("exchange_types"), "retention": retention,
+                         **score_captions(captions, clips)})
+    full = None
+    if len(retentions) > 1:  # the C_av / full tokens table
+        full = score_captions(caption_split(captioner, clips, keep_all, 1.0, **decode), clips)
     seconds = time.perf_counter() - started
-    table = ablation_table(rows, args.retention, args.split, len(clips), seconds)
+    judge = judge_record(cache.root, captioner.path)
+    if len(retentions) == 1:
+        table = ablation_table(rows, settings.retention, settings.split, len(clips), seconds)
+    else:
+        table = comparison_table(rows, full, retentions, settings.split, len(clips), seconds)
+    table = f"{table}\n\n{judge_line(judge)}"
     (out / "ablation.md").write_text(table + "\n")
-    (out / "ablation.json").write_text(json.dumps({"rows": rows, "retention": args.retention,
-                                                   "seeds": list(args.seeds),
+    (out / "ablation.json").write_text(json.dumps({"rows": rows, "retention": settings.retention,
+                                                   "retentions": retentions, "full": full,
+                                                   "seeds": list(settings.seeds), "judge": judge,
                                                    "seconds": round(seconds, 1)}, indent=1)
                                        + "\n")
     print(table)
-    return {"rows": rows, "table": table, "out": str(out)}
+    return {"rows": rows, "full": full, "table": table, "out": str(out)}
 
 
 def ablation_table(rows, retention, split, clip_count, seconds) -> str:
@@ -107,4 +176,38 @@ def ablation_table(rows, retention, split, clip_count, seconds) -> str:
                        lines), "",
         "With several seeds: mean ± std (population std) over the training seeds. Every "
         "variant of a seed starts from that seed's warmup (the Warmup only row).", "",
+        f"Took {seconds:.0f} s (training included)."])
+
+
+def comparison_table(rows, full, retentions, split, clip_count, seconds) -> str:
+    """Every variant at every retention: C_av mean ± std over the seeds, C_av over full tokens,
+    and each seed's C_av (the matched-budget comparison of issue #25)."""
+    variants = list(dict.fromkeys(r["variant"] for r in rows))
+    seeds = sorted({r["seed"] for r in rows})
+    header = ["variant", *(f"{r:.0%}" for r in retentions), "seeds"]
+
+    def cells(name, value):
+        out = []
+        for retention in retentions:
+            group = [r for r in rows if r["variant"] == name and r["retention"] == retention]
+            out.append(value(group))
+        return out
+
+    mean_lines, ratio_lines, seed_lines = [], [], []
+    for name in variants:
+        label = ABLATIONS[name][0]
+        ran = ",".join(str(s) for s in sorted({r["seed"] for r in rows if r["variant"] == name}))
+        mean_lines.append([label, *cells(name, lambda g: fmt([r["C_av"] for r in g])), ran])
+        ratio_lines.append([label, *cells(name, lambda g: fmt(
+            [r["C_av"] / full["C_av"] for r in g], digits=3)), ran])
+        for seed in seeds:
+            seed_lines.append([label, *cells(name, lambda g: fmt(
+                [r["C_av"] for r in g if r["seed"] == seed])), str(seed)])
+    return "\n".join([
+        f"# Matched-budget comparison ({split} split, {clip_count} clips)", "",
+        f"C_av (CIDEr points), mean ± std (population) over the training seeds. Full tokens: "
+        f"{full['C_av']:.1f}. Every variant of a seed starts from that seed's warmup.", "",
+        markdown_table(header, mean_lines), "",
+        "C_av / full tokens:", "", markdown_table(header, ratio_lines), "",
+        "Per training seed (C_av):", "", markdown_table(header, seed_lines), "",
         f"Took {seconds:.0f} s (training included)."])

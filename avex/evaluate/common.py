@@ -1,29 +1,220 @@
-"""What every experiment of ``python -m avex.evaluate`` shares: assets, splits, trained policies
-and number formatting."""
+"""What every experiment of ``python -m avex.evaluate`` shares: its settings (the assets, output,
+decoding and training settings, checked before any work), assets, splits, trained policies and
+number formatting."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import time
+import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from avex.assets import resolve_asset_paths
-from avex.captioner import FrozenCaptioner
-from avex.config import TrainConfig, build_parser, resolve_config
-from avex.data import FeatureCache
-from avex.train import reference_sample
+from avex import _checks
+from avex.assets import load_cache_and_captioner, resolve_asset_paths
+from avex.checkpoint import check_weights
+from avex.config import TrainConfig
+from avex.data.embedded import default_benchmark_path
+from avex.judge import judge_record, judge_warnings
+from avex.methods.learned import check_finished, run_policy_weights
+from avex.paths import default_captioner_path
+from avex.registry import BENCHMARK_PRESETS, CAPTIONER_PRESETS, SPLITS
+
+#: decoding when no run is given and no setting asks for one
+DECODING = {"num_beams": 1, "max_new_tokens": 24}
 
 
-def load_assets(args):
-    """(feature cache, frozen captioner) for ``args.data`` / ``args.captioner``."""
+@dataclass
+class ExperimentSettings:
+    """The settings every experiment takes (``python -m avex.evaluate``'s common flags).
+
+    ``train`` is the training an experiment starts any policy it trains from (``--train-args``:
+    the default ``python -m avex.train`` run); its data, captioner, presets and cache are the
+    experiment's. ``num_beams`` / ``max_new_tokens`` left None take the given runs' decoding,
+    else :data:`DECODING` (:meth:`validate` resolves them and says where each came from in
+    ``decoding_source``)."""
+
+    data: str = "embedded"            # "embedded" or the path of a feature cache
+    captioner: str = "embedded"       # "embedded" or a Hugging Face causal-LM directory
+    benchmark_preset: str = "default"
+    captioner_preset: str = "default"
+    cache_dir: str | None = None      # default: $AVEX_CACHE or ~/.cache/avex
+    out: str | None = None            # default: runs/<experiment>-<time>
+    max_clips: int | None = None      # the first N clips of each split
+    batch_size: int = 64
+    num_beams: int | None = None
+    max_new_tokens: int | None = None
+    device: str = "auto"
+    train: TrainConfig = field(default_factory=TrainConfig)
+    progress: bool = True
+    decoding_source: dict | None = None
+
+    def validate(self):
+        """A checked copy, decoding resolved: every setting is checked before any captioning
+        or training (the error names the setting and the value it got)."""
+        settings = dataclasses.replace(self)
+        settings.check()
+        settings.resolve_decoding(settings.given_runs())
+        return settings
+
+    def check(self) -> None:
+        _checks.available_device("device", self.device)
+        if self.cache_dir is not None:  # a prebuilt cache may be read-only
+            _checks.output_dir("cache_dir", self.cache_dir, writable=False)
+        _checks.choice("captioner_preset", self.captioner_preset, set(CAPTIONER_PRESETS))
+        _checks.choice("benchmark_preset", self.benchmark_preset, set(BENCHMARK_PRESETS))
+        if self.out is not None:
+            _checks.output_dir("out", self.out)
+        _checks.int_at_least("batch_size", self.batch_size, 1)
+        _checks.optional_int_at_least("num_beams", self.num_beams, 1)
+        _checks.optional_int_at_least("max_new_tokens", self.max_new_tokens, 1)
+        _checks.optional_int_at_least("max_clips", self.max_clips, 1)
+        _checks.flag("progress", self.progress)
+        if not isinstance(self.train, TrainConfig):
+            raise TypeError(f"train must be a TrainConfig, got {type(self.train).__name__}")
+        self.train.validate()
+        if self.data != "embedded" and not Path(self.data).exists():
+            raise FileNotFoundError(f"--data: no feature cache at {self.data!r}")
+        if self.captioner != "embedded" and not Path(self.captioner).exists():
+            raise FileNotFoundError(f"--captioner: no model directory at {self.captioner!r}")
+        if self.captioner == "embedded" and self.data != "embedded":
+            raise ValueError("--captioner embedded goes with --data embedded; for your own "
+                             "feature cache pass --captioner PATH to its Hugging Face causal LM")
+        if self.data != "embedded" and not (Path(self.data) / "meta.json").is_file():
+            raise FileNotFoundError(f"--data: no feature cache at {self.data!r}"
+                                    + not_a_cache(self.data))
+
+    def given_runs(self) -> dict:
+        """Flag -> settings of each trained run the experiment is given (checked now, before
+        anything else runs); none here."""
+        return {}
+
+    def resolve_decoding(self, runs: dict) -> None:
+        """Set ``num_beams`` / ``max_new_tokens``: a setting's value, else the given runs' own
+        decoding (their reward and results table used it), else :data:`DECODING`. Runs that
+        decode differently from each other are refused unless a setting settles it. Resolved
+        once, it stays resolved: validating again keeps where each value came from."""
+        sources = {}
+        for key in DECODING:
+            if getattr(self, key) is not None:
+                sources[key] = (self.decoding_source or {}).get(key, "flag")
+                continue
+            values = {flag: cfg.get(key, DECODING[key]) for flag, cfg in runs.items()}
+            if len(set(values.values())) > 1:
+                listed = ", ".join(f"{flag} has {key}={value}" for flag, value in values.items())
+                raise ValueError(f"the runs decode differently ({listed}); pass --"
+                                 f"{key.replace('_', '-')} to score both with one setting")
+            if values:
+                setattr(self, key, next(iter(values.values())))
+                sources[key] = "run " + " and ".join(values)
+            else:
+                setattr(self, key, DECODING[key])
+                sources[key] = "default"
+        self.decoding_source = sources
+
+    def base_train_config(self) -> TrainConfig:
+        """The training settings an experiment starts from: :attr:`train` on the experiment's
+        data and captioner, without its own evaluation."""
+        cfg = self.train
+        return dataclasses.replace(cfg, data=self.data, captioner=self.captioner,
+                                   benchmark_preset=self.benchmark_preset,
+                                   captioner_preset=self.captioner_preset,
+                                   cache_dir=None if self.cache_dir is None
+                                   else str(self.cache_dir),
+                                   progress=self.progress and cfg.progress, evaluate=False)
+
+    def captioner_depth(self) -> int | None:
+        """The captioner's layer count from its config.json, when it is already on disk."""
+        path = Path(self.captioner) if self.captioner != "embedded" else default_captioner_path(
+            default_benchmark_path(self.benchmark_preset, self.cache_dir).name,
+            self.captioner_preset, self.cache_dir)
+        try:
+            return int(json.loads((path / "config.json").read_text())["num_hidden_layers"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None  # not built yet, or not a plain config: checked once it is loaded
+
+
+def check_names(name: str, values, choices) -> None:
+    """A non-empty list of names, each one of ``choices``."""
+    _checks.str_list(name, values)
+    if not values:
+        raise ValueError(f"{name} is empty")
+    for value in values:
+        _checks.choice(name, value, set(choices))
+
+
+def check_split(name: str, value, *extra) -> str:
+    return _checks.choice(name, value, set(SPLITS) | set(extra))
+
+
+def check_seeds(seeds) -> None:
+    if isinstance(seeds, (str, bytes)) or not isinstance(seeds, (list, tuple)):
+        raise TypeError(f"seeds must be a list of ints, got {type(seeds).__name__}")
+    for seed in seeds:
+        _checks.int_at_least("seeds", seed, 0)
+    if not seeds:
+        raise ValueError("seeds is empty")
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds has duplicates: {list(seeds)}")
+
+
+def check_retentions(retentions) -> None:
+    if isinstance(retentions, (str, bytes)) or not isinstance(retentions, (list, tuple)):
+        raise TypeError(f"retentions must be a list of ratios in (0, 1], got "
+                        f"{type(retentions).__name__}")
+    for retention in retentions:
+        _checks.ratio("retentions", retention)
+    if not retentions:
+        raise ValueError("retentions is empty")
+    if len(set(retentions)) != len(retentions):
+        raise ValueError(f"retentions has duplicates: {list(retentions)}")
+
+
+def given_run(path, checkpoint: str, name: str, *, finished: bool = False) -> dict:
+    """A run's settings, checked with a readable weights file (its header read, not the
+    tensors) before the output folder is made or anything is trained; ``finished``: refuse a
+    run that did not finish training."""
+    weights, settings = run_policy_weights(path, checkpoint, name=name)
+    try:
+        check_weights(weights)
+    except ValueError as err:
+        raise ValueError(f"{name}: {err}") from None
+    if finished:
+        check_finished(path, name=name)
+    return settings
+
+
+def not_a_cache(path) -> str:
+    what = "a file" if Path(path).is_file() else "a directory without meta.json"
+    return "" if not Path(path).exists() else f" ({what}; a feature cache is a directory " \
+        "holding meta.json)"
+
+
+def load_assets(settings: ExperimentSettings):
+    """(feature cache, frozen captioner) of an experiment's settings."""
     data_path, captioner_path = resolve_asset_paths(
-        args.data, args.captioner, benchmark_preset=args.benchmark_preset,
-        captioner_preset=args.captioner_preset, cache_dir=args.cache_dir,
-        progress=args.progress)
-    device = None if args.device == "auto" else args.device
-    cache = FeatureCache(data_path)
-    return cache, FrozenCaptioner.load(captioner_path, device=device,
-                                       references=reference_sample(cache))
+        settings.data, settings.captioner, benchmark_preset=settings.benchmark_preset,
+        captioner_preset=settings.captioner_preset, cache_dir=settings.cache_dir,
+        progress=settings.progress)
+    device = None if settings.device == "auto" else settings.device
+    for problem in judge_warnings(judge_record(data_path, captioner_path)):
+        warnings.warn(f"the judge differs from the committed one: {problem}", stacklevel=2)
+    return load_cache_and_captioner(data_path, captioner_path, device=device)
+
+
+def begin(settings, kind: type, experiment: str):
+    """(``settings`` checked, its output folder) at the start of an experiment: ``settings``
+    must be a ``kind``; the folder is ``settings.out`` or ``runs/<experiment>-<date-time>``."""
+    if not isinstance(settings, kind):
+        article = "an" if kind.__name__[0] in "AEIOU" else "a"
+        raise TypeError(f"settings must be {article} {kind.__name__}, got "
+                        f"{type(settings).__name__}")
+    settings = settings.validate()
+    out = Path(settings.out) if settings.out else \
+        Path("runs") / time.strftime(f"{experiment}-%Y%m%d-%H%M%S")
+    return settings, out
 
 
 def split_clips(cache, split: str, max_clips):
@@ -35,19 +226,6 @@ def split_clips(cache, split: str, max_clips):
     # a flipped bit in a shard passes the header checks: hash what is read (once per cache)
     print(f"{split}: {cache.verify_shards(clips.indices[:n])}")
     return [clips[i] for i in range(n)]
-
-
-def base_train_config(args) -> TrainConfig:
-    """The training settings an experiment starts from: the default ``python -m avex.train``
-    run on the same data and captioner, plus ``--train-args``, without its own evaluation."""
-    parser = build_parser("--train-args", "training settings")
-    flags = parser.parse_args(args.train_args.split())
-    cfg = resolve_config(flags)
-    return dataclasses.replace(cfg, data=args.data, captioner=args.captioner,
-                               benchmark_preset=args.benchmark_preset,
-                               captioner_preset=args.captioner_preset,
-                               cache_dir=None if args.cache_dir is None else str(args.cache_dir),
-                               progress=args.progress and cfg.progress, evaluate=False)
 
 
 def fmt(values, digits=1):
@@ -62,14 +240,3 @@ def fmt(values, digits=1):
 
 def percent(share) -> str:
     return "n/a" if share is None else f"{100 * share:.0f}%"
-
-
-def save_figure(fig, path: Path) -> Path:
-    """Write a matplotlib figure as a PNG (creating its folder) and close it."""
-    import matplotlib.pyplot as plt
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from avex.judge import judge_line, judge_record
 from avex.captioner import FrozenCaptioner
 from avex.data import FeatureCache
 from avex.metrics import caption_metrics_by_reference_type, cider_source
@@ -246,7 +247,8 @@ def run_gates(benchmark_path, captioner_path=None, *, seeds: int = 3,
                     "captioner": str(captioner.path), "test_clips": len(test),
                     "transfer_clips": len(transfer),
                     "captioner_training": captioner.info.get("training", {}),
-                    "benchmark_source": cache.meta.source}
+                    "benchmark_source": cache.meta.source,
+                    "judge": judge_record(benchmark_path, captioner.path)}
 
     bar = progress_bar(total=2 + len(retentions) * (seeds + 1) + 2, desc="gates", unit="stage",
                        disable=not progress)
@@ -593,6 +595,9 @@ def _references(report: dict) -> str:
 def write_report(report: dict, out_md, command: str, timing_note: str | None = None) -> Path:
     out_md = Path(out_md)
     out_md.parent.mkdir(parents=True, exist_ok=True)
-    out_md.write_text(to_markdown(report, command, timing_note))
+    markdown = to_markdown(report, command, timing_note)
+    if report.get("judge"):
+        markdown = markdown.rstrip("\n") + "\n\n" + judge_line(report["judge"]) + "\n"
+    out_md.write_text(markdown)
     out_md.with_suffix(".json").write_text(json.dumps(report, indent=1, default=float) + "\n")
     return out_md

@@ -4,19 +4,47 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from avex.figures import save_figure
+from avex import _checks
+from avex.judge import judge_line, judge_record
 from avex.progress import progress_bar
 from avex.reward import CiderD
 
 from . import gates
-from .common import fmt, load_assets, percent, save_figure, split_clips
+from .common import (ExperimentSettings, begin, check_split, fmt, load_assets, percent,
+                     split_clips)
 
 
-def run_motivation(args) -> dict:
-    """Fig. 1 of the paper on ``args.clips`` clips of ``args.split``.
+@dataclass
+class MotivationSettings(ExperimentSettings):
+    """Fig. 1 on ``clips`` clips of ``split``: counterfactual gains over ``base_sets`` random
+    base sets at ``base_retention`` (drawn from ``seed``), and groups of ``group`` tokens."""
+
+    split: str = "test"
+    clips: int = 40
+    base_retention: float = 0.2
+    base_sets: int = 3
+    group: int = 2
+    seed: int = 0
+
+    def check(self) -> None:
+        super().check()
+        check_split("split", self.split)
+        _checks.ratio("base_retention", self.base_retention)
+        _checks.int_at_least("clips", self.clips, 1)
+        _checks.int_at_least("base_sets", self.base_sets, 1)
+        _checks.int_at_least("group", self.group, 1)
+        _checks.int_at_least("seed", self.seed, 0)
+
+
+def run_motivation(settings: MotivationSettings) -> dict:
+    """Fig. 1 of the paper on ``settings.clips`` clips of ``settings.split``; every setting is
+    checked first.
 
     (a) every AV token's counterfactual CIDEr-D gain (``gates.counterfactual_gains``: added to
     ``base_sets`` random base sets at ``base_retention``) against its rank by full-token
@@ -24,19 +52,19 @@ def run_motivation(args) -> dict:
     pooled. (b) ``gates.non_additivity``: gain of a visual group, an audio group and both over a
     shared base set; the joint gain is plotted against the sum of the separate ones."""
     started = time.perf_counter()
-    out = Path(args.out) if args.out else Path("runs") / time.strftime("motivation-%Y%m%d-%H%M%S")
-    cache, captioner = load_assets(args)
-    clips = split_clips(cache, args.split, args.max_clips)[:args.clips]
+    settings, out = begin(settings, MotivationSettings, "motivation")
+    cache, captioner = load_assets(settings)
+    clips = split_clips(cache, settings.split, settings.max_clips)[:settings.clips]
     out.mkdir(parents=True, exist_ok=True)
     scorer = CiderD([c.refs_av for c in clips])
     attention = captioner.text_to_av_attention(clips)
     ranks, gains, per_clip = [], [], []
     for clip, att in progress_bar(list(zip(clips, attention)), desc="counterfactual gains",
-                                  unit="clip", disable=not args.progress):
+                                  unit="clip", disable=not settings.progress):
         gain = gates.counterfactual_gains(captioner, clip, scorer,
-                                          base_retention=args.base_retention,
-                                          base_sets=args.base_sets, seed=args.seed,
-                                          batch_size=args.batch_size * 4)
+                                          base_retention=settings.base_retention,
+                                          base_sets=settings.base_sets, seed=settings.seed,
+                                          batch_size=settings.batch_size * 4)
         att = att.numpy()
         rank = gates.rank_average(-att)  # 0 = most attended
         ok = ~np.isnan(gain)
@@ -44,15 +72,15 @@ def run_motivation(args) -> dict:
         gains.append(gain[ok])
         per_clip.append(gates.spearman(att[ok], gain[ok]))
     rank_all, gain_all = np.concatenate(ranks), np.concatenate(gains)
-    pairs = [gates.non_additivity(captioner, c, scorer, base_retention=args.base_retention,
-                                  group=args.group, seed=args.seed)
+    pairs = [gates.non_additivity(captioner, c, scorer, base_retention=settings.base_retention,
+                                  group=settings.group, seed=settings.seed)
              for c in progress_bar(clips, desc="non-additivity", unit="clip",
-                                   disable=not args.progress)]
+                                   disable=not settings.progress)]
     pairs = [p for p in pairs if p is not None]
     finite = [v for v in per_clip if np.isfinite(v)]
     numbers = {
-        "clips": len(clips), "split": args.split, "seed": args.seed,
-        "base_retention": args.base_retention, "base_sets": args.base_sets,
+        "clips": len(clips), "split": settings.split, "seed": settings.seed,
+        "base_retention": settings.base_retention, "base_sets": settings.base_sets,
         "spearman_attention_gain_per_clip_mean": float(np.mean(finite)) if finite
         else float("nan"),  # NaN: every clip's gains were constant
         "spearman_attention_gain_pooled": gates.spearman(-rank_all, gain_all),
@@ -62,14 +90,16 @@ def run_motivation(args) -> dict:
         "critical_below_median_attention_share": float(
             (rank_all[gain_all >= gates.CRITICAL_GAIN] > np.median(rank_all)).mean())
         if (gain_all >= gates.CRITICAL_GAIN).any() else None,
-        "non_additivity": gates._summarise_additivity(pairs, args.group),
+        "non_additivity": gates._summarise_additivity(pairs, settings.group),
         "pairs": pairs,
+        "judge": judge_record(cache.root, captioner.path),
     }
     motivation_figure(rank_all, gain_all, numbers, pairs, out / "motivation.png")
     numbers["seconds"] = round(time.perf_counter() - started, 1)
     (out / "motivation.json").write_text(json.dumps(numbers, indent=1, default=float) + "\n")
     na = numbers["non_additivity"]
-    lines = [f"# Motivation (Fig. 1): {len(clips)} {args.split} clips, seed {args.seed}", "",
+    lines = [f"# Motivation (Fig. 1): {len(clips)} {settings.split} clips, seed "
+             f"{settings.seed}", "",
              "| measure | value |", "|---|---|",
              f"| Spearman(attention, counterfactual gain), per clip mean | "
              f"{fmt([numbers['spearman_attention_gain_per_clip_mean']], 3)} |",
@@ -89,6 +119,7 @@ def run_motivation(args) -> dict:
                          f"{r['mean_gain_audio']:.1f} / {r['mean_gain_both']:.1f}, "
                          f"{r['mean_deviation']:+.1f} |")
     lines += ["", f"Figure: `motivation.png`. Took {numbers['seconds']:.0f} s."]
+    lines += ["", judge_line(numbers["judge"])]
     (out / "motivation.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     numbers["out"] = str(out)

@@ -1,53 +1,115 @@
 """The retention sweep: every method at every retention (the paper's Table 2 and Fig. 3)."""
 from __future__ import annotations
 
-import dataclasses
 import json
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from avex import _checks
+from avex.checkpoint import read_run_config
+from avex.figures import save_figure
+from avex.judge import judge_line, judge_record
 from avex.methods import METHODS, SELECTORS, label, load_policy, make_selector
 from avex.methods.learned import run_progress
 from avex.metrics import cider_source
-from avex.progress import progress_bar
-from avex.scoring import caption_split, keep_all, score_captions
+from avex.scoring import caption_and_score
 from avex.tables import markdown_table
-from avex.train import ensure_trained
+from avex.train import train_variant
 
-from .common import base_train_config, fmt, load_assets, save_figure, split_clips
+from .common import (ExperimentSettings, begin, check_names, check_retentions, check_seeds,
+                     check_split, fmt, given_run, load_assets, split_clips)
 
 RETENTIONS = (0.5, 0.4, 0.3, 0.2, 0.1)
+
+
+@dataclass
+class SweepSettings(ExperimentSettings):
+    """Every method of ``methods`` at every retention of ``retentions``, for each of ``seeds``
+    (Random's seed; a trained method's training seed), on ``split`` and the transfer split.
+
+    ``avex_run`` / ``cacovid_run``: a ``python -m avex.train`` run to score instead of training
+    one here, or a pattern with ``{seed}`` (one run per seed); ``allow_unfinished`` scores the
+    latest checkpoint of a run that did not finish. ``fastv_layer``: FastV-AV's K (default
+    its own); ``qualitative``: clips whose captions the report shows."""
+
+    methods: list = field(default_factory=lambda: list(SELECTORS))
+    retentions: list = field(default_factory=lambda: list(RETENTIONS))
+    seeds: list = field(default_factory=lambda: [0])
+    split: str = "test"
+    transfer_split: str = "transfer"   # "none": no transfer column
+    avex_run: str | None = None
+    cacovid_run: str | None = None
+    allow_unfinished: bool = False
+    fastv_layer: int | None = None
+    qualitative: int = 3
+
+    def check(self) -> None:
+        super().check()
+        check_split("split", self.split)
+        check_names("methods", self.methods, SELECTORS)
+        check_retentions(self.retentions)
+        check_seeds(self.seeds)
+        check_split("transfer_split", self.transfer_split, "none")
+        _checks.flag("allow_unfinished", self.allow_unfinished)
+        _checks.optional_int_at_least("fastv_layer", self.fastv_layer, 1)
+        depth = self.captioner_depth()
+        if self.fastv_layer is not None and depth is not None and self.fastv_layer > depth:
+            raise ValueError(f"fastv_layer must be <= the captioner's {depth} layers, got "
+                             f"{self.fastv_layer}")
+        _checks.int_at_least("qualitative", self.qualitative, 0)
+
+    def given_runs(self) -> dict:
+        """The given runs (``--avex-run``, ``--cacovid-run``, one per seed for a pattern),
+        finished unless ``allow_unfinished``: flag -> the run's settings."""
+        runs = {}
+        for method in ("avex", "cacovid"):
+            path = getattr(self, f"{method}_run")
+            if path is None:
+                continue
+            flag = f"--{method}-run"
+            for seed in self.seeds if "{seed}" in path else [None]:
+                runs[flag if seed is None else f"{flag} (seed {seed})"] = given_run(
+                    path if seed is None else path.replace("{seed}", str(seed)), "latest", flag,
+                    finished=not self.allow_unfinished)
+        return runs
 
 
 def trained_methods(methods) -> list[str]:
     return [m for m in methods if METHODS[m].train is not None]
 
 
-def shared_across_seeds(method: str, args) -> bool:
+def given_run_dir(settings: SweepSettings, method: str, seed: int) -> str | None:
+    """The run directory given for a trained method (``avex_run``, ``cacovid_run``): one run,
+    or one per seed when it holds ``{seed}`` (e.g. ``ABL/runs/seed{seed}/A``)."""
+    given = getattr(settings, f"{method}_run")
+    return None if given is None else given.replace("{seed}", str(seed))
+
+
+def shared_across_seeds(method: str, settings: SweepSettings) -> bool:
     """Captioned once for all seeds: deterministic methods and a policy given as one run."""
     if METHODS[method].train is not None:
-        return getattr(args, f"{method}_run") is not None
+        given = getattr(settings, f"{method}_run")
+        return given is not None and "{seed}" not in given
     return not METHODS[method].seeded
 
 
-def policy_for(args, method: str, seed: int, captioner, out: Path, warmup_from=None):
+def policy_for(settings: SweepSettings, method: str, seed: int, captioner, out: Path,
+               warmup_from=None):
     """(policy, run_dir, seed_of_run) for a trained method (AVEX-Prune, CaCoVID-AV);
     ``warmup_from``: a run of the same seed whose warmup policy it starts from."""
-    given = getattr(args, f"{method}_run")
+    given = given_run_dir(settings, method, seed)
     if given is not None:
         run_dir = Path(given)
     else:
-        cfg = dataclasses.replace(base_train_config(args), seed=seed,
-                                  run_dir=str(out / "runs" / f"{method}-seed{seed}"),
-                                  warmup_from=None if warmup_from is None else str(warmup_from),
-                                  **METHODS[method].train)
-        run_dir = ensure_trained(cfg)
-    run_seed = json.loads((run_dir / "config.json").read_text()).get("seed")
-    policy = load_policy(run_dir, captioner,
-                         allow_unfinished=getattr(args, "allow_unfinished", False))
+        run_dir = train_variant(settings.base_train_config(),
+                                out / "runs" / f"{method}-seed{seed}", warmup_from=warmup_from,
+                                seed=seed, **METHODS[method].train)
+    run_seed = read_run_config(run_dir).get("seed")
+    policy = load_policy(run_dir, captioner, allow_unfinished=settings.allow_unfinished)
     return policy, run_dir, run_seed
 
 
@@ -82,7 +144,7 @@ def aggregate(rows: list[dict]) -> list[dict]:
     for (method, retention), group in groups.items():
         agg = {"method": method, "label": group[0]["label"], "retention": retention,
                "seeds": [g["seed"] for g in group]}
-        for key in ("C_av", "C_v", "C_a", "C_T", "Rel", "BLEU-4", "METEOR"):
+        for key in ("C_av", "C_v", "C_a", "C_T", "C_av_full", "Rel", "BLEU-4", "METEOR"):
             values = [g[key] for g in group if g.get(key) is not None]
             if values:
                 agg[key] = float(np.mean(values))
@@ -94,7 +156,7 @@ def aggregate(rows: list[dict]) -> list[dict]:
 
 def sweep_table(agg: list[dict], has_transfer: bool) -> str:
     header = ["method", "retention", "C_av", "C_v", "C_a"] + \
-        (["transfer C"] if has_transfer else []) + ["Rel.", "seeds"]
+        (["transfer C"] if has_transfer else []) + ["C_av / full", "Rel.", "seeds"]
     rows, last = [], None
     for r in agg:
         if last is not None and r["retention"] != last:
@@ -103,6 +165,7 @@ def sweep_table(agg: list[dict], has_transfer: bool) -> str:
         cells = [r["label"], f"{r['retention']:.0%}"]
         for key in ("C_av", "C_v", "C_a") + (("C_T",) if has_transfer else ()):
             cells.append(fmt(r.get(key + "_values", [])))
+        cells.append(fmt(r.get("C_av_full_values", []), digits=3))
         cells.append(fmt(r.get("Rel_values", [])))
         seeds = sorted({s for s in r["seeds"] if s is not None})
         cells.append(",".join(map(str, seeds)) if seeds else "–")
@@ -147,50 +210,55 @@ def sweep_figure(agg: list[dict], path: Path, bar_retention: float) -> Path:
     return save_figure(fig, path)
 
 
-def run_sweep(args) -> dict:
-    """Caption every split under every (method, seed, retention) of ``args``, score, aggregate
-    and write ``sweep.md``, ``sweep.json`` and ``sweep.png`` under ``args.out``."""
+def run_sweep(settings: SweepSettings) -> dict:
+    """Caption every split under every (method, seed, retention) of ``settings``, score,
+    aggregate and write ``sweep.md``, ``sweep.json`` and ``sweep.png`` under ``settings.out``
+    (default ``runs/eval-<time>``). Every setting is checked first."""
     started = time.perf_counter()
-    out = Path(args.out) if args.out else Path("runs") / time.strftime("eval-%Y%m%d-%H%M%S")
-    cache, captioner = load_assets(args)
-    if "fastv" in args.methods:  # --fastv-layer against the LLM's depth, before any captioning
-        make_selector("fastv", captioner=captioner, layer=args.fastv_layer)
-    test = split_clips(cache, args.split, args.max_clips)
-    transfer = [] if args.transfer_split == "none" else \
-        split_clips(cache, args.transfer_split, args.max_clips)
+    settings, out = begin(settings, SweepSettings, "eval")
+    cache, captioner = load_assets(settings)
+    if "fastv" in settings.methods:  # fastv_layer against the LLM's depth, before captioning
+        make_selector("fastv", captioner=captioner, layer=settings.fastv_layer)
+    test = split_clips(cache, settings.split, settings.max_clips)
+    transfer = [] if settings.transfer_split == "none" else \
+        split_clips(cache, settings.transfer_split, settings.max_clips)
     out.mkdir(parents=True, exist_ok=True)
     splits = {"test": test, **({"transfer": transfer} if transfer else {})}
-    policies = train_policies(args, captioner, out)  # training has its own progress bars
+    policies = train_policies(settings, captioner, out)  # training has its own progress bars
     checkpoints = scored_checkpoints(policies)
-    jobs = [(m, s, r) for s in args.seeds for m in args.methods for r in args.retentions]
-    captions, scores = caption_jobs(args, captioner, splits, policies, jobs)
+    jobs = [(m, s, r) for s in settings.seeds for m in settings.methods
+            for r in settings.retentions]
+    captions, scores = caption_jobs(settings, captioner, splits, policies, jobs)
     rows = score_rows(scores, policies, jobs, has_transfer=bool(transfer))
-    order = {m: i for i, m in enumerate(["full"] + list(args.methods))}
+    order = {m: i for i, m in enumerate(["full"] + list(settings.methods))}
     agg = sorted(aggregate(rows), key=lambda r: (-r["retention"], order[r["method"]]))
-    bar_retention = min(args.retentions, key=lambda r: abs(r - 0.4))
-    qualitative = qualitative_examples(test[:args.qualitative], captions, args.methods,
-                                       args.seeds[0], bar_retention)
+    bar_retention = min(settings.retentions, key=lambda r: abs(r - 0.4))
+    qualitative = qualitative_examples(test[:settings.qualitative], captions, settings.methods,
+                                       settings.seeds[0], bar_retention)
     seconds = time.perf_counter() - started
     result = {"rows": rows, "aggregate": agg, "qualitative": qualitative,
-              "settings": {"methods": list(args.methods), "retentions": list(args.retentions),
-                           "seeds": list(args.seeds), "test_clips": len(test),
-                           "transfer_clips": len(transfer), "num_beams": args.num_beams,
-                           "max_new_tokens": args.max_new_tokens,
-                           "decoding_source": getattr(args, "decoding_source", None),
+              "settings": {"methods": list(settings.methods),
+                           "retentions": list(settings.retentions),
+                           "seeds": list(settings.seeds), "test_clips": len(test),
+                           "transfer_clips": len(transfer), "num_beams": settings.num_beams,
+                           "max_new_tokens": settings.max_new_tokens,
+                           "decoding_source": settings.decoding_source,
                            "checkpoints": checkpoints, "data": str(cache.root),
                            "captioner": str(captioner.path),
+                           "judge": judge_record(cache.root, captioner.path),
                            "runs": {m: {str(s): str(v[1]) for s, v in p.items()}
                                     for m, p in policies.items()}},
               "seconds": round(seconds, 1), "command": "python -m avex.evaluate " +
               " ".join(sys.argv[1:]) if sys.argv and Path(sys.argv[0]).parent.name == "evaluate"
               else None}
     table = sweep_table(agg, bool(transfer))
-    header = (f"# Pruning comparison ({args.split} split, {len(test)} clips"
+    header = (f"# Pruning comparison ({settings.split} split, {len(test)} clips"
               + (f"; transfer split, {len(transfer)} clips" if transfer else "") + ")")
-    notes = [decoding_note(args)] + [n for n in [rel_note(rows[0])] if n] + [
+    notes = [decoding_note(settings)] + [n for n in [rel_note(rows[0])] if n] + [
         f"{label(m)}: {text}." for m, text in checkpoints.items()]
-    (out / "sweep.md").write_text(sweep_markdown(header, table, qualitative, args.methods,
-                                                 bar_retention, seconds, notes))
+    (out / "sweep.md").write_text(sweep_markdown(header, table, qualitative, settings.methods,
+                                                 bar_retention, seconds,
+                                                 result["settings"]["judge"], notes))
     (out / "sweep.json").write_text(json.dumps(result, indent=1, default=float) + "\n")
     sweep_figure(agg, out / "sweep.png", bar_retention)
     result["table"], result["out"] = table, str(out)
@@ -200,63 +268,60 @@ def run_sweep(args) -> dict:
     return result
 
 
-def train_policies(args, captioner, out: Path) -> dict:
+def train_policies(settings: SweepSettings, captioner, out: Path) -> dict:
     """method -> seed -> (policy, run_dir, seed_of_run) for the trained methods of the sweep:
     one given run for every seed, or one training run per seed."""
     policies: dict = {}
     # AVEX-Prune first: the other trained methods of a seed start from its warmup policy, so
     # that they differ from it only in the training signal (and the warmup runs once)
-    methods = sorted(trained_methods(args.methods), key=lambda m: m != "avex")
+    methods = sorted(trained_methods(settings.methods), key=lambda m: m != "avex")
     for method in methods:
-        if getattr(args, f"{method}_run") is not None:
-            one = policy_for(args, method, args.seeds[0], captioner, out)
-            policies[method] = {seed: one for seed in args.seeds}
+        if shared_across_seeds(method, settings):
+            one = policy_for(settings, method, settings.seeds[0], captioner, out)
+            policies[method] = {seed: one for seed in settings.seeds}
             continue
         policies[method] = {}
-        for seed in args.seeds:
+        for seed in settings.seeds:
             shared = policies.get("avex", {}).get(seed) if method != "avex" else None
-            warmup_from = None if shared is None or args.avex_run is not None else shared[1]
-            policies[method][seed] = policy_for(args, method, seed, captioner, out, warmup_from)
+            warmup_from = None if shared is None or settings.avex_run is not None else shared[1]
+            if given_run_dir(settings, method, seed) is not None:
+                warmup_from = None
+            policies[method][seed] = policy_for(settings, method, seed, captioner, out,
+                                                warmup_from)
     return policies
 
 
-def caption_jobs(args, captioner, splits: dict, policies: dict, jobs: list):
+def caption_jobs(settings: SweepSettings, captioner, splits: dict, policies: dict, jobs: list):
     """Captions and scores keyed by (split, method, seed, retention); full tokens once per
     split, and a method that does not depend on the seed once for all seeds."""
-    decode = dict(batch_size=args.batch_size, num_beams=args.num_beams,
-                  max_new_tokens=args.max_new_tokens)
-    bar = progress_bar(total=len(splits) * (1 + len(jobs)), desc="sweep", unit="setting",
-                       disable=not args.progress)
+    def key(method, seed):
+        return method, None if shared_across_seeds(method, settings) else seed
+    seed_of = {}   # the seed a key's selector is built with
+    for method, seed, _ in jobs:
+        seed_of.setdefault(key(method, seed), seed)
+
+    def selector_for(key):
+        method, seed = key[0], seed_of[key]
+        if method in policies:
+            return make_selector(method, policy=policies[method][seed][0])
+        options = {"layer": settings.fastv_layer} if method == "fastv" else {}
+        return make_selector(method, captioner=captioner, seed=seed, **options)
+
+    scored = caption_and_score(captioner, splits, [(key(m, s), r) for m, s, r in jobs],
+                               selector_for, batch_size=settings.batch_size,
+                               num_beams=settings.num_beams,
+                               max_new_tokens=settings.max_new_tokens,
+                               progress=settings.progress, desc="sweep")
     captions: dict = {}
     scores: dict = {}
-
-    def score(split, caps):
-        s = score_captions(caps, splits[split])
-        return s if split == "test" else {"C_T": s["C_av"]}
-
-    for split, clips in splits.items():
-        caps = caption_split(captioner, clips, keep_all, 1.0, **decode)
-        captions[(split, "full", None, 1.0)] = caps
-        scores[(split, "full", None, 1.0)] = score(split, caps)
-        bar.update(1)
-    cached: dict = {}
-    for method, seed, retention in jobs:
-        for split in splits:
-            bar.set_postfix(method=method, retention=f"{retention:.0%}", split=split)
-            key = (split, method, None if shared_across_seeds(method, args) else seed,
-                   retention)
-            if key not in cached:
-                if method in policies:
-                    selector = make_selector(method, policy=policies[method][seed][0])
-                else:
-                    options = {"layer": args.fastv_layer} if method == "fastv" else {}
-                    selector = make_selector(method, captioner=captioner, seed=seed, **options)
-                caps = caption_split(captioner, splits[split], selector, retention, **decode)
-                cached[key] = (caps, score(split, caps))
-            captions[(split, method, seed, retention)] = cached[key][0]
-            scores[(split, method, seed, retention)] = cached[key][1]
-            bar.update(1)
-    bar.close()
+    for split in splits:
+        for method, seed, retention in [("full", None, 1.0)] + list(jobs):
+            caps, score = scored[(split, "full" if method == "full" else key(method, seed),
+                                  retention)]
+            captions[(split, method, seed, retention)] = caps
+            # the transfer split gives one column: CIDEr against its AV references
+            scores[(split, method, seed, retention)] = score if split == "test" else \
+                {"C_T": score["C_av"]}
     return captions, scores
 
 
@@ -266,7 +331,7 @@ def score_rows(scores: dict, policies: dict, jobs: list, *, has_transfer: bool) 
     if has_transfer:
         full.update(scores[("transfer", "full", None, 1.0)])
     rows = [{"method": "full", "label": label("full"), "retention": 1.0, "seed": None,
-             **full, "Rel": None if rel_note(full) else 100.0}]
+             **full, "C_av_full": 1.0, "Rel": None if rel_note(full) else 100.0}]
     for method, seed, retention in jobs:
         row = {"method": method, "label": label(method), "retention": retention,
                "seed": seed, **scores[("test", method, seed, retention)]}
@@ -275,6 +340,7 @@ def score_rows(scores: dict, policies: dict, jobs: list, *, has_transfer: bool) 
         if method in policies:
             _, run_dir, run_seed = policies[method][seed]
             row["run"], row["seed"] = str(run_dir), run_seed
+        row["C_av_full"] = row["C_av"] / full["C_av"] if full["C_av"] else float("nan")
         row["Rel"] = relative_performance(row, full)
         rows.append(row)
     return rows
@@ -291,11 +357,12 @@ def qualitative_examples(clips, captions: dict, methods, seed: int, retention: f
     return examples
 
 
-def decoding_note(args) -> str:
+def decoding_note(settings: SweepSettings) -> str:
     """The decoding every caption of the sweep used, and where the setting came from."""
-    source = getattr(args, "decoding_source", None) or {}
+    source = settings.decoding_source or {}
     where = "; ".join(f"{k} from {v}" for k, v in source.items())
-    return (f"Decoding: {args.num_beams} beam(s), at most {args.max_new_tokens} new tokens"
+    return (f"Decoding: {settings.num_beams} beam(s), at most {settings.max_new_tokens} new "
+            "tokens"
             + (f" ({where})" if where else "") + ".")
 
 
@@ -313,15 +380,17 @@ def scored_checkpoints(policies: dict) -> dict:
 
 
 def sweep_markdown(header: str, table: str, qualitative: list, methods, bar_retention: float,
-                   seconds: float, notes=()) -> str:
+                   seconds: float, judge: dict, notes=()) -> str:
     md = [header, "",
           f"CIDEr points ({cider_source()}, x100). C_av / C_v / C_a: the same captions against the "
           "AV, visual-only and audio-only references. transfer C: CIDEr against the AV "
-          "references of the transfer split (the paper's MSRVTT column). Rel. = 100 x mean of "
+          "references of the transfer split (the paper's MSRVTT column). C_av / full: C_av over "
+          "its full-token value, the comparable measure on this benchmark (docs/results.md, "
+          "\"Rel. and C_av / full\"). Rel. = 100 x mean of "
           "the four, each over its full-token value in this run. Seeds: Random's seed; for a "
           "policy, the seed of its training run; FastV/ToMe/FastAV are deterministic. With "
-          "several seeds: mean ± std.", "", *[x for note in notes for x in (note, "")],
-          table, "",
+          "several seeds: mean ± std.", "", judge_line(judge), "",
+          *[x for note in notes for x in (note, "")], table, "",
           f"Figure: `sweep.png` (left: Rel. against retention; right: C_av, C_v, C_a at "
           f"{bar_retention:.0%}). The sweep took {seconds:.0f} s.", "",
           f"## Qualitative examples at {bar_retention:.0%} retention", ""]

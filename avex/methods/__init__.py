@@ -1,4 +1,4 @@
-"""Every token-selection method the toolkit compares, behind one interface and one registry.
+"""Every token-selection method the toolkit compares, behind one interface.
 
 A method is a *selector*::
 
@@ -10,12 +10,10 @@ A method is a *selector*::
 text is never on the AV axis, so it is never dropped. A merging method (ToMe-AV) also returns
 replacement ``inputs_embeds`` [B, L, D]: the kept positions then carry the merged embeddings.
 
-:data:`METHODS` names every method once; the sweep, the ablation, training's own table and the
-profiling suite all print these labels. ``make_selector(name, ...)`` builds one.
+The registry, :data:`avex.registry.METHODS`, names every method once (its label, what its
+selector is built from, the settings of a trained one); ``make_selector(name, ...)`` builds one.
 """
 from __future__ import annotations
-
-from dataclasses import dataclass, field
 
 from avex.methods.attention import attention_selector
 from avex.methods.fastav import fastav_selector
@@ -23,64 +21,46 @@ from avex.methods.fastv import fastv_selector
 from avex.methods.learned import load_policy, policy_selector
 from avex.methods.random import random_selector
 from avex.methods.tome import tome_selector
+from avex.registry import METHODS, SELECTORS, Method, label
 from avex.selection import Selection
 
-
-@dataclass(frozen=True)
-class Method:
-    label: str                   # what every table prints
-    needs: tuple = ()            # "captioner" (the frozen LLM) or "policy" (a trained policy)
-    seeded: bool = False         # the selection depends on a seed (Random, trained policies)
-    train: dict | None = None    # trained methods: TrainConfig fields that define the method
-    options: dict = field(default_factory=dict)
+#: what each need is, for the error that names a missing one
+_NEEDS = {"llm": "the frozen LLM (llm=..., or captioner=...)",
+          "attention": "a text-to-AV attention function (attention=..., or captioner=...)",
+          "policy": "a trained policy (policy=...)"}
 
 
-#: method name -> Method. "full" is the reference row every table starts with.
-METHODS = {
-    "full": Method("Full tokens"),
-    "random": Method("Random", seeded=True),
-    "fastv": Method("FastV-AV", ("captioner",)),
-    "tome": Method("ToMe-AV"),
-    "fastav": Method("FastAV", ("captioner",)),
-    "attention": Method("Attention-AV (balanced)", ("captioner",)),
-    # CaCoVID's recipe: one sampled set per clip, set-level REINFORCE (batch leave-one-out)
-    "cacovid": Method("CaCoVID-AV", ("policy",), seeded=True,
-                      train={"exchanges": False, "rl_estimator": "paper", "anchors": 1}),
-    "avex": Method("AVEX-Prune", ("policy",), seeded=True, train={}),
-}
-#: the methods that select a subset (every one but "full")
-SELECTORS = tuple(name for name in METHODS if name != "full")
+def make_selector(name: str, *, captioner=None, llm=None, attention=None, policy=None,
+                  seed: int = 0, **options):
+    """A selector for method ``name`` (one of :data:`~avex.registry.SELECTORS`), built from
+    what it uses:
 
+    * ``llm``, the frozen Hugging Face LLM: FastV-AV, FastAV (and ToMe-AV's ``features="keys"``);
+    * ``attention``, a text-to-AV attention function ``batch -> [M_b] per row``: Attention-AV;
+    * ``policy``, an :class:`~avex.policy.AVEXPolicy`: CaCoVID-AV and AVEX-Prune;
+    * ``captioner``, a :class:`~avex.captioner.FrozenCaptioner`, supplies the first two (its
+      ``model`` and its ``text_to_av_attention``) where they are not given.
 
-def label(name: str) -> str:
-    """The printed name of method ``name``."""
-    return METHODS[name].label
-
-
-def make_selector(name: str, *, captioner=None, policy=None, seed: int = 0, **options):
-    """A selector for method ``name`` (one of :data:`SELECTORS`).
-
-    ``captioner`` (a :class:`~avex.captioner.FrozenCaptioner`) is needed by FastV-AV, FastAV
-    and Attention-AV, ``policy`` (an :class:`~avex.policy.AVEXPolicy`) by CaCoVID-AV and
-    AVEX-Prune;
     ``seed`` seeds Random; ``options`` go to the method's constructor."""
     if name not in SELECTORS:
         raise ValueError(f"method must be one of {list(SELECTORS)}, got {name!r}")
-    needs = METHODS[name].needs
-    if "captioner" in needs and captioner is None:
-        raise ValueError(f"method {name!r} needs the frozen captioner (captioner=...)")
-    if "policy" in needs and policy is None:
-        raise ValueError(f"method {name!r} needs a trained policy (policy=...)")
+    if captioner is not None:
+        llm = captioner.model if llm is None else llm
+        attention = captioner.text_to_av_attention if attention is None else attention
+    given = {"llm": llm, "attention": attention, "policy": policy}
+    for need in METHODS[name].needs:
+        if given[need] is None:
+            raise ValueError(f"method {name!r} needs {_NEEDS[need]}")
     if name == "random":
         return random_selector(seed, **options)
     if name == "fastv":
-        return fastv_selector(captioner, **options)
+        return fastv_selector(llm, **options)
     if name == "tome":
-        return tome_selector(captioner=captioner, **options)
+        return tome_selector(llm, **options)
     if name == "fastav":
-        return fastav_selector(captioner, **options)
+        return fastav_selector(llm, **options)
     if name == "attention":
-        return attention_selector(captioner, **options)
+        return attention_selector(attention, **options)
     return policy_selector(policy, **options)
 
 

@@ -43,9 +43,14 @@ def attention_rollout(attentions: list[torch.Tensor], residual: float = 0.5) -> 
     return rollout
 
 
-def fastav_selector(captioner, rollout_layers: int | None = None, late_layer: int | None = None,
-                    stage1_drop: float = 0.5):
-    depth = num_layers(captioner)
+#: the share of the N - K tokens to remove that stage 1 removes, when none is given
+DEFAULT_STAGE1_DROP = 0.5
+
+
+def fastav_selector(llm, rollout_layers: int | None = None, late_layer: int | None = None,
+                    stage1_drop: float = DEFAULT_STAGE1_DROP):
+    """FastAV on the frozen LLM ``llm`` (the module docstring gives the stages and defaults)."""
+    depth = num_layers(llm)
     rollout_layers = max(1, depth // 2) if rollout_layers is None else \
         _checks.int_at_least("rollout_layers", rollout_layers, 1)
     late_layer = depth if late_layer is None else _checks.int_at_least("late_layer",
@@ -65,7 +70,7 @@ def fastav_selector(captioner, rollout_layers: int | None = None, late_layer: in
         # stage 1: rollout from the last prompt token, joint Top-K1
         positions = batch.position_ids if batch.native_position_ids is None \
             else batch.native_position_ids  # a model's own (M-RoPE) positions where it has them
-        atts = head_averaged_attentions(captioner, batch.inputs_embeds, batch.attention_mask,
+        atts = head_averaged_attentions(llm, batch.inputs_embeds, batch.attention_mask,
                                         positions, upto=rollout_layers)
         rollout = attention_rollout(atts)
         scores1 = layout.gather(rollout[:, -1, :])
@@ -76,7 +81,7 @@ def fastav_selector(captioner, rollout_layers: int | None = None, late_layer: in
         pruned = prune_inputs(batch.inputs_embeds, batch.modality,
                               keep=expand_av_keep(keep1, batch.modality),
                               position_ids=batch.native_position_ids)
-        att2 = head_averaged_attentions(captioner, pruned.inputs_embeds, pruned.attention_mask,
+        att2 = head_averaged_attentions(llm, pruned.inputs_embeds, pruned.attention_mask,
                                         pruned.position_ids, upto=late_layer)[late_layer - 1]
         # each kept token's attention back at its sequence position (index is into [B * L])
         per_position = torch.full((batch.modality.numel(),), float("-inf"),

@@ -31,21 +31,31 @@ def last_query_scores(attention: torch.Tensor, layout) -> torch.Tensor:
     return layout.gather(last)
 
 
-def fastv_selector(captioner, layer: int | None = None):
-    """FastV-AV with K = ``layer`` (attention of layer K-1, 0-indexed); default K = 2, or the
-    LLM's depth when it has fewer layers."""
-    layer = min(2, num_layers(captioner)) if layer is None else \
+#: FastV's K when none is given (or the LLM's depth, when it has fewer layers)
+DEFAULT_LAYER = 2
+
+
+def fastv_layer(llm, layer: int | None = None) -> int:
+    """FastV-AV's K on ``llm``: ``layer``, checked against the LLM's depth, or the default."""
+    layer = min(DEFAULT_LAYER, num_layers(llm)) if layer is None else \
         _checks.int_at_least("layer", layer, 1)
-    if layer > num_layers(captioner):
-        raise ValueError(f"layer must be <= the LLM's {num_layers(captioner)} layers, "
+    if layer > num_layers(llm):
+        raise ValueError(f"layer must be <= the LLM's {num_layers(llm)} layers, "
                          f"got {layer}")
+    return layer
+
+
+def fastv_selector(llm, layer: int | None = None):
+    """FastV-AV on the frozen LLM ``llm`` with K = ``layer`` (attention of layer K-1,
+    0-indexed); default K = 2, or the LLM's depth when it has fewer layers."""
+    layer = fastv_layer(llm, layer)
 
     @torch.no_grad()
     def select(batch, layout, retention):
         retention = _checks.ratio("retention", retention)
         positions = batch.position_ids if batch.native_position_ids is None \
             else batch.native_position_ids  # a model's own (M-RoPE) positions where it has them
-        att = head_averaged_attentions(captioner, batch.inputs_embeds, batch.attention_mask,
+        att = head_averaged_attentions(llm, batch.inputs_embeds, batch.attention_mask,
                                        positions, upto=layer)[layer - 1]
         return topk_keep(last_query_scores(att, layout), layout.budget(retention))
     select.layer = layer

@@ -23,6 +23,7 @@ from avex.checkpoint import (POLICY_FILE, STEP_NAME, latest_checkpoint, load_wei
 from avex.kernels import gumbel_topk
 from avex.policy import (POLICY_CONFIG, POLICY_FORMAT, POLICY_WEIGHTS, AVEXPolicy,
                          read_policy_record)
+from avex.run_files import CHECKPOINTS_DIR, CONFIG_FILE, POLICY_RECORD_FILE, WARMUP_POLICY_FILE
 from avex.selection import indices_to_keep
 
 
@@ -37,10 +38,6 @@ def policy_selector(policy):
     return select
 
 
-#: a run's record of its policy (sizes and what it is trained on), written when training starts
-RUN_POLICY_RECORD = "policy.json"
-
-
 def run_policy_weights(run_dir, checkpoint: str = "latest", *, name: str = "run_dir"):
     """(weights file, settings) of a ``python -m avex.train`` run directory, checked without
     loading anything: ``checkpoints/latest`` unless ``checkpoint`` names a step directory, or
@@ -49,13 +46,12 @@ def run_policy_weights(run_dir, checkpoint: str = "latest", *, name: str = "run_
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise FileNotFoundError(f"{name}: no run directory at {str(run_dir)!r}")
-    config = run_dir / "config.json"
-    if not config.is_file():
-        raise FileNotFoundError(f"{name}: {run_dir} has no config.json (not a "
+    if not (run_dir / CONFIG_FILE).is_file():
+        raise FileNotFoundError(f"{name}: {run_dir} has no {CONFIG_FILE} (not a "
                                 "`python -m avex.train` run)")
     cfg = read_run_config(run_dir)
     if checkpoint == "warmup":
-        weights = run_dir / "warmup_policy.safetensors"
+        weights = run_dir / WARMUP_POLICY_FILE
     elif checkpoint == "latest":
         latest = latest_checkpoint(run_dir)
         if latest is None:
@@ -65,7 +61,7 @@ def run_policy_weights(run_dir, checkpoint: str = "latest", *, name: str = "run_
         if not isinstance(checkpoint, str) or not STEP_NAME.match(checkpoint):
             raise ValueError(f"checkpoint must be 'latest', 'warmup' or a step-N directory "
                              f"name, got {checkpoint!r}")
-        weights = run_dir / "checkpoints" / checkpoint / POLICY_FILE
+        weights = run_dir / CHECKPOINTS_DIR / checkpoint / POLICY_FILE
     if not weights.is_file():
         raise FileNotFoundError(f"{name}: no policy weights at {weights}")
     return weights, cfg
@@ -133,7 +129,7 @@ def load_policy(path, captioner=None, *, model=None, checkpoint: str = "latest",
     weights, cfg = run_policy_weights(path, checkpoint, name="path")
     if checkpoint == "latest" and not allow_unfinished:
         check_finished(path, name="path")
-    record = path / RUN_POLICY_RECORD
+    record = path / POLICY_RECORD_FILE
     if record.is_file():
         policy_cfg, trained_on = read_policy_record(record)
         if model is not None:
@@ -146,7 +142,7 @@ def load_policy(path, captioner=None, *, model=None, checkpoint: str = "latest",
                                      positional=cfg.get("policy_positional", False))
         trained_on = None
     else:
-        raise FileNotFoundError(f"path: {path} has no {RUN_POLICY_RECORD} (a run from before "
+        raise FileNotFoundError(f"path: {path} has no {POLICY_RECORD_FILE} (a run from before "
                                 "runs recorded their policy); pass model= (the LLM it was "
                                 "trained with) to rebuild it")
     load_weights(policy, weights)

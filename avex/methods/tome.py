@@ -14,7 +14,7 @@ applied once to the LLM's input tokens:
   size-weighted mean (several may merge into one B token). One round merges at most half, so
   rounds repeat until the modality's share is met (ToMe's r per layer, spread over rounds);
 - similarity is over the input embeddings by default (``features="embeddings"``), or over the
-  head-averaged keys of the LLM's first layer (``features="keys"``, needs the captioner);
+  head-averaged keys of the LLM's first layer (``features="keys"``, needs the LLM);
 - a merged token sits at its destination's original position; the selector returns the keep
   mask and the sequence with merged embeddings at the kept positions (:class:`Selection`).
 
@@ -75,18 +75,18 @@ def _apply_merges(values, feats, sizes, a, b) -> None:
         sizes[bt] = total
 
 
-def tome_selector(captioner=None, features: str = "embeddings"):
+def tome_selector(llm=None, features: str = "embeddings"):
     """ToMe-AV; ``features`` is ``"embeddings"`` or ``"keys"`` (first-layer keys, averaged over
-    heads; needs ``captioner``)."""
+    heads; needs the frozen LLM ``llm``)."""
     _checks.choice("features", features, {"embeddings", "keys"})
-    if features == "keys" and captioner is None:
-        raise ValueError("features='keys' needs the captioner (captioner=...)")
+    if features == "keys" and llm is None:
+        raise ValueError("features='keys' needs the frozen LLM (llm=...)")
 
     @torch.no_grad()
     def select(batch, layout, retention):
         retention = _checks.ratio("retention", retention)
         embeds = batch.inputs_embeds
-        feats = embeds if features == "embeddings" else _first_layer_keys(captioner, batch)
+        feats = embeds if features == "embeddings" else _first_layer_keys(llm, batch)
         out = embeds.clone()
         keep = torch.zeros_like(layout.modality, dtype=torch.bool)
         budget = layout.budget(retention)
@@ -108,13 +108,12 @@ def tome_selector(captioner=None, features: str = "embeddings"):
 
 
 @torch.no_grad()
-def _first_layer_keys(captioner, batch) -> torch.Tensor:
+def _first_layer_keys(llm, batch) -> torch.Tensor:
     """Keys of the LLM's first attention layer for every position, averaged over KV heads
     (before RoPE: the rotation would make similarity depend on distance)."""
-    model = captioner.model
-    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    decoder = llm.get_decoder() if hasattr(llm, "get_decoder") else llm.model
     layer = decoder.layers[0]
     hidden = layer.input_layernorm(batch.inputs_embeds)
     keys = layer.self_attn.k_proj(hidden)
-    heads = model.config.num_key_value_heads or model.config.num_attention_heads
+    heads = llm.config.num_key_value_heads or llm.config.num_attention_heads
     return keys.view(*keys.shape[:2], heads, -1).mean(2)

@@ -1,6 +1,6 @@
 """Score statistics of trained policies at one retention, on a split of the embedded benchmark.
 
-    python results/probe_scores.py NAME=RUN_DIR[:warmup] ... [--retention 0.2] [--out FILE]
+    python scripts/probe_scores.py NAME=RUN_DIR[:warmup] ... [--retention 0.2] [--out FILE]
 
 Per clip: the within-modality spread of the policy's scores (visual and audio std), the offset
 between the modalities (mean audio score minus mean visual score, also in visual stds), the
@@ -14,9 +14,7 @@ import json
 
 import torch
 
-from avex.assets import resolve_asset_paths
-from avex.captioner import FrozenCaptioner
-from avex.data import FeatureCache
+from avex.assets import load_cache_and_captioner, resolve_asset_paths
 from avex.methods import load_policy, make_selector
 from avex.modality import AUDIO, VISUAL
 from avex.scoring import caption_split, score_captions
@@ -51,8 +49,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--out", default=None, help="write the results as JSON here")
     args = parser.parse_args(argv)
     data, captioner_dir = resolve_asset_paths("embedded", "embedded", progress=False)
-    captioner = FrozenCaptioner.load(captioner_dir, device="cpu")
-    split = FeatureCache(data).split(args.split)
+    cache, captioner = load_cache_and_captioner(data, captioner_dir, device="cpu")
+    split = cache.split(args.split)
     clips = [split[i] for i in range(len(split))]
     results = {}
     for spec in args.runs:

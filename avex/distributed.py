@@ -1,0 +1,67 @@
+"""This process's place in a ``torchrun`` job and its device, and the DistributedDataParallel
+wrapper's two helpers: a single process outside torchrun."""
+from __future__ import annotations
+
+import os
+from contextlib import nullcontext
+
+import torch
+import torch.distributed as torch_dist
+
+from avex.config import TrainConfig
+
+
+class Processes:
+    """This process's place in a torchrun job (a single process outside torchrun)."""
+
+    def __init__(self, device_kind: str):
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        # a run started inside another (a comparison policy trained for its table) joins the
+        # process group of the first, which alone ends it
+        self.owns_group = self.world > 1 and not torch_dist.is_initialized()
+        if self.owns_group:
+            torch_dist.init_process_group("nccl" if device_kind == "cuda" else "gloo")
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def barrier(self):
+        if self.world > 1:
+            torch_dist.barrier()
+
+    def close(self):
+        if self.owns_group and torch_dist.is_initialized():
+            torch_dist.destroy_process_group()
+
+
+def pick_device(cfg: TrainConfig, procs: Processes) -> torch.device:
+    kind = cfg.device
+    if kind == "auto":
+        kind = "cuda" if torch.cuda.is_available() else "cpu"
+    if kind.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ValueError(f"device={cfg.device!r} but CUDA is not available; pass "
+                             "--device cpu")
+        if procs.world > 1:
+            return torch.device("cuda", procs.local_rank)
+        index = torch.device(kind).index or 0
+        if index >= torch.cuda.device_count():
+            raise ValueError(f"device={cfg.device!r} but this machine has "
+                             f"{torch.cuda.device_count()} CUDA device(s)")
+        return torch.device("cuda", index)
+    return torch.device("cpu")
+
+
+def unwrap(model):
+    """The policy inside a DistributedDataParallel wrapper (or ``model`` itself)."""
+    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+
+
+def no_sync(model, last: bool):
+    """Skip DDP's gradient all-reduce on all but the last micro-batch of an accumulation."""
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel) and not last:
+        return model.no_sync()
+    return nullcontext()

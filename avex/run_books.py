@@ -1,0 +1,186 @@
+"""A training run's books: where it lives (a new run directory), what it keeps there (its
+settings, metrics, policy record and checkpoints, written by the main process) and how it
+resumes (the settings a resumed run keeps, the checkpoint it may take, its metrics after that
+checkpoint); and the stop at a step boundary, which any process's signal asks of every one."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shlex
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as torch_dist
+
+from avex.checkpoint import (POLICY_FILE, check_weights, latest_checkpoint, read_run_config,
+                             read_state, rng_state, save_checkpoint)
+from avex.config import TrainConfig
+from avex.distributed import unwrap
+from avex.policy import policy_record
+from avex.run_files import CHECKPOINTS_DIR, CONFIG_FILE, METRICS_FILE, POLICY_RECORD_FILE
+from avex.stopping import TrainingInterrupted
+
+
+RUNS_ROOT = Path("runs")
+
+
+def choose_run_dir(cfg: TrainConfig, resume: bool) -> str:
+    if cfg.run_dir is not None:
+        return cfg.run_dir
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ValueError("under torchrun, pass --run-dir (every rank must write to the same one)")
+    if resume:
+        runs = sorted(p for p in RUNS_ROOT.glob("*") if (p / CHECKPOINTS_DIR).is_dir())
+        if not runs:
+            raise FileNotFoundError(f"--resume: no run under {RUNS_ROOT}/; pass --run-dir")
+        return str(runs[-1])
+    return str(RUNS_ROOT / time.strftime("%Y%m%d-%H%M%S"))
+
+
+# Settings a resumed run may take from the command line: where it lives and how it reports.
+# Every other setting is the run's own; a flag that contradicts it is refused.
+RESUME_OVERRIDES = ("run_dir", "cache_dir", "device", "progress")
+
+
+def resumed_config(cfg: TrainConfig, explicit: dict | None = None) -> TrainConfig:
+    """The settings a resumed run continues with: its own ``config.json``, in the directory it
+    was given (a copied or moved run writes where it now is, never where it was made).
+    ``explicit`` (settings asked for on the command line) must agree with them."""
+    run_dir = Path(cfg.run_dir)
+    if not (run_dir / CONFIG_FILE).exists():
+        return cfg
+    saved = read_run_config(run_dir)
+    unknown = set(saved) - {f.name for f in dataclasses.fields(TrainConfig)}
+    if unknown:
+        raise ValueError(f"{run_dir / CONFIG_FILE}: unknown settings {sorted(unknown)} (a "
+                         "run of another version, or a corrupt file)")
+    overrides = {name: getattr(cfg, name) for name in RESUME_OVERRIDES
+                 if name == "run_dir" or name in (explicit or {})}
+    conflicts = {name: (value, saved[name]) for name, value in (explicit or {}).items()
+                 if name not in RESUME_OVERRIDES and name in saved and value != saved[name]}
+    if conflicts:
+        listed = ", ".join(f"{name}={asked!r} (the run has {had!r})"
+                           for name, (asked, had) in sorted(conflicts.items()))
+        raise ValueError(f"--resume continues {run_dir} with its own settings, but the command "
+                         f"line asks for {listed}; drop those flags, or start a new run")
+    return TrainConfig(**{**saved, **overrides}).validate()
+
+
+def check_owner(checkpoint: Path, cfg: TrainConfig) -> None:
+    """Refuse a checkpoint written by a run with other settings (checkpoints copied in from
+    elsewhere): resuming it would mix two runs."""
+    check_weights(checkpoint / POLICY_FILE)
+    saved = read_state(checkpoint)["config"]
+    differ = sorted(name for name, value in cfg.to_dict().items()
+                    if name not in RESUME_OVERRIDES and name in saved and saved[name] != value)
+    if differ:
+        raise ValueError(f"{checkpoint} belongs to a run with other settings than "
+                         f"{Path(cfg.run_dir) / CONFIG_FILE} (they differ in {differ}); "
+                         "resume the run it came from, or start a new one")
+
+
+def truncate_metrics(path: Path, phase: str, step: int) -> int:
+    """Drop the records of ``metrics.jsonl`` at or after the checkpoint a run resumes from
+    (``phase``, ``step``): they are done again, and a step must appear once. Returns the
+    number of records dropped."""
+    if not path.is_file():
+        return 0
+    order = {"warmup": 0, "rl": 1, "done": 2}
+    kept, dropped = [], 0
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+            position = (order[record["phase"]], int(record["step"]))
+        except (ValueError, KeyError, TypeError):
+            kept.append(line)   # not a step record: kept as it is
+            continue
+        if position >= (order[phase], step):
+            dropped += 1
+        else:
+            kept.append(line)
+    if dropped:
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+        os.replace(tmp, path)
+    return dropped
+
+
+def resume_checkpoint(cfg: TrainConfig, resume: bool) -> Path | None:
+    """The checkpoint a run in ``cfg.run_dir`` continues from: with ``resume``, its latest one
+    (which must exist and belong to a run with these settings); without, None, and the
+    directory must hold no run yet."""
+    run_dir = Path(cfg.run_dir)
+    if not resume:
+        if latest_checkpoint(run_dir) is not None:
+            raise FileExistsError(f"{run_dir} already holds a run; pass --resume to "
+                                  "continue it or --run-dir for a new one")
+        return None
+    checkpoint = latest_checkpoint(run_dir)
+    if checkpoint is None:
+        raise FileNotFoundError(f"--resume: no checkpoint under {run_dir}/{CHECKPOINTS_DIR}; "
+                                "start the run without --resume")
+    check_owner(checkpoint, cfg)
+    return checkpoint
+
+
+class RunBooks:
+    """What a run keeps in its directory: ``config.json`` when it starts, a ``metrics.jsonl``
+    line a step, ``policy.json``, and checkpoints numbered by global step (warmup steps, then
+    RL steps; the run sets :attr:`warmup_steps`); the main process writes, every process waits
+    for a checkpoint. :attr:`stop` is the run's :class:`~avex.stopping.StopSignals` while it
+    trains."""
+
+    def __init__(self, cfg: TrainConfig, procs, device, resume: bool):
+        self.cfg, self.procs, self.device = cfg, procs, device
+        self.run_dir = Path(cfg.run_dir)
+        self.checkpoint = resume_checkpoint(cfg, resume)
+        if procs.main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            (self.run_dir / CONFIG_FILE).write_text(json.dumps(cfg.to_dict(), indent=2))
+        self.log_file = self.run_dir / METRICS_FILE
+        self.warmup_steps = 0
+        self.stop = None
+
+    def log(self, record: dict):
+        if not self.procs.main:
+            return
+        record = {k: (v.tolist() if isinstance(v, torch.Tensor) else v) for k, v in record.items()}
+        with open(self.log_file, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def record_policy(self, policy) -> None:
+        """``policy.json``: the policy's sizes and what it is trained on (``avex.load_policy``
+        reads it to rebuild and check the policy)."""
+        if self.procs.main:
+            text = json.dumps(policy_record(policy.config, policy.trained_on), indent=2)
+            (self.run_dir / POLICY_RECORD_FILE).write_text(text + "\n")
+
+    def save(self, policy, phase, step, optimizer, scheduler):
+        if self.procs.main:
+            state = {"phase": phase, "step": step, "optimizer": optimizer.state_dict(),
+                     "scheduler": scheduler.state_dict() if scheduler else None,
+                     "rng": rng_state(), "config": self.cfg.to_dict()}
+            global_step = step if phase == "warmup" else self.warmup_steps + step
+            save_checkpoint(self.run_dir, global_step, unwrap(policy), state)
+        self.procs.barrier()
+
+    def any_rank(self, flag: bool) -> bool:
+        """``flag`` or'ed over every process (so that all of them take the same branch)."""
+        if self.procs.world == 1:
+            return flag
+        value = torch.tensor([1.0 if flag else 0.0], device=self.device)
+        torch_dist.all_reduce(value, op=torch_dist.ReduceOp.MAX)
+        return bool(value.item())
+
+    def stop_requested(self) -> bool:
+        return self.any_rank(self.stop is not None and self.stop.requested)
+
+    def resume_command(self) -> str:
+        return f"python -m avex.train --resume --run-dir {shlex.quote(str(self.run_dir))}"
+
+    def interrupt(self, model, phase, step, optimizer, scheduler):
+        """A stop was asked for: checkpoint this step boundary, then stop."""
+        self.save(model, phase, step, optimizer, scheduler)
+        raise TrainingInterrupted(latest_checkpoint(self.run_dir), self.resume_command())

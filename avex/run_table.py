@@ -1,0 +1,88 @@
+"""The table a ``python -m avex.train`` run ends with: its policy beside full tokens, the methods
+of ``eval_methods`` and the warmup-only policy, at each of ``eval_retentions``, captioned and
+scored by the sweep's loop (:func:`avex.scoring.caption_and_score`) and written to the run's
+``results.md`` and ``results.json``."""
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from avex import metrics
+from avex.config import TrainConfig
+from avex.judge import judge_line, judge_record
+from avex.methods import label, load_policy, make_selector, policy_selector
+from avex.run_files import RESULTS_JSON, RESULTS_MD, WARMUP_POLICY_FILE
+from avex.scoring import caption_and_score
+from avex.tables import markdown_table
+
+
+@torch.no_grad()
+def score_run(cfg: TrainConfig, run_dir: Path, policy, captioner, cache,
+              comparisons: dict) -> dict:
+    """Score the run's ``policy`` (``comparisons``: method name -> the run directory of a
+    comparison policy trained for the table, e.g. CaCoVID-AV) and write the table."""
+    split = cache.split(cfg.eval_split)
+    count = len(split) if cfg.max_eval_clips is None else min(len(split), cfg.max_eval_clips)
+    clips = [split[i] for i in range(count)]
+    policy.eval()
+    methods = {}
+    for name in cfg.eval_methods:
+        if name in comparisons:
+            methods[label(name)] = policy_selector(load_policy(comparisons[name], captioner))
+        elif name == "cacovid":   # a warmup-only run trains no comparison policy
+            continue
+        else:
+            methods[label(name)] = make_selector(name, captioner=captioner, seed=cfg.seed)
+    warmup_policy_path = Path(run_dir) / WARMUP_POLICY_FILE
+    if warmup_policy_path.exists() and not cfg.warmup_only:
+        warmup_policy = copy.deepcopy(policy)
+        warmup_policy.load_state_dict(load_file(str(warmup_policy_path)))
+        methods["warmup only"] = policy_selector(warmup_policy)
+    methods[run_label(cfg)] = policy_selector(policy)
+    jobs = [(name, retention) for retention in cfg.eval_retentions for name in methods]
+    scored = caption_and_score(captioner, {"eval": clips}, jobs, methods.__getitem__,
+                               num_beams=cfg.num_beams, max_new_tokens=cfg.max_new_tokens,
+                               progress=cfg.progress, desc="evaluation")
+    rows = [{"method": label("full") if key == "full" else key, "retention": retention,
+             **scored[("eval", key, retention)][1]}
+            for key, retention in [("full", 1.0)] + jobs]
+    table = results_table(rows, f"{cfg.eval_split} split, {len(clips)} clips")
+    judge = judge_record(cache.root, captioner.path) if captioner.path is not None else None
+    if judge is not None:
+        table += "\n\n" + judge_line(judge)
+    (Path(run_dir) / RESULTS_JSON).write_text(json.dumps({"rows": rows, "judge": judge},
+                                                         indent=2))
+    (Path(run_dir) / RESULTS_MD).write_text(table + "\n")
+    print(table)
+    return {"rows": rows, "table": table}
+
+
+def run_label(cfg: TrainConfig) -> str:
+    if cfg.warmup_only:
+        return "warmup only (this run)"
+    if not cfg.exchanges:
+        if cfg.rl_estimator == "rloo":
+            return "AVEX, L_RL (RLOO) (this run)"
+        return "set-level reward, no exchanges (this run)"
+    if cfg.exchange_selection == "random":
+        return "random exchanges (this run)"
+    terms = []
+    if cfg.rl:
+        terms.append("L_RL (RLOO)" if cfg.rl_estimator == "rloo" else "L_RL")
+    if cfg.lambda_ex > 0:
+        terms.append("L_ex")
+    return f"AVEX, {' + '.join(terms) or 'no loss'} (this run)"
+
+
+def results_table(rows: list[dict], caption: str) -> str:
+    table = markdown_table(
+        ["method", "retention", "C_av", "C_v", "C_a", "BLEU-4", "METEOR"],
+        [[r["method"], f"{r['retention']:.0%}"] + ["n/a" if r[k] is None else f"{r[k]:.1f}"
+                                                   for k in ("C_av", "C_v", "C_a", "BLEU-4",
+                                                             "METEOR")]
+         for r in rows])
+    return f"Results on the {caption} (CIDEr points; {metrics.cider_source()}):\n\n{table}"

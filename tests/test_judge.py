@@ -1,0 +1,125 @@
+"""The judge is fixed: benchmark and captioner hashes, the shipped reference captioners (installed
+instead of trained, verified on load), results that name their judge, and the warning when the
+judge differs from the committed one."""
+import json
+import shutil
+import warnings
+
+import pytest
+
+from avex import judge
+from avex.captioner import reference
+from avex.captioner.frozen import CAPTIONER_FILE, FrozenCaptioner
+from avex.data import ensure_benchmark
+from avex.data.embedded import PRESETS, build_benchmark
+from avex.judge import (benchmark_sha256, captioner_sha256, judge_line, judge_record,
+                        judge_warnings)
+
+
+def test_benchmark_hash_is_the_same_for_two_builds_and_sees_a_changed_byte(tmp_path):
+    cfg = PRESETS["tiny"]
+    first = build_benchmark(tmp_path / "a", cfg, progress=False)
+    second = build_benchmark(tmp_path / "b", cfg, progress=False)
+    assert benchmark_sha256(first) == benchmark_sha256(second)
+    shard = sorted((second / "shards").glob("*.safetensors"))[0]
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 1
+    shard.write_bytes(bytes(data))
+    assert benchmark_sha256(first) != benchmark_sha256(second)
+
+
+def test_every_shipped_reference_verifies_against_its_manifest():
+    shipped = reference.references()
+    assert "embedded-default-seed0-default" in shipped
+    for name, record in shipped.items():
+        folder = judge.REFERENCE_DIR / name
+        reference.verify_reference(folder, name)
+        assert captioner_sha256(folder) == record["captioner_sha256"]
+        assert json.loads((folder / CAPTIONER_FILE).read_text())["reference"] == name
+        assert reference.committed_judge(record["benchmark"]) == {
+            "benchmark_sha256": record["benchmark_sha256"],
+            "captioner_sha256": record["captioner_sha256"]}
+
+
+@pytest.fixture
+def shipped_tiny(tiny_cache_dir, tiny_benchmark, tiny_captioner, tmp_path, monkeypatch):
+    """The session's tiny captioner shipped as a reference (in a temporary reference folder)."""
+    monkeypatch.setattr(judge, "REFERENCE_DIR", tmp_path / "reference")
+    monkeypatch.setattr(judge, "MANIFEST", tmp_path / "reference" / "references.json")
+    (tmp_path / "reference").mkdir()
+    reference.write_reference(tiny_captioner, tiny_benchmark)
+    return tiny_captioner.name
+
+
+def test_ensure_captioner_installs_the_shipped_reference_instead_of_training(
+        shipped_tiny, tmp_path, monkeypatch):
+    from avex.captioner import train as captioner_train
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a shipped reference must not be retrained")
+    monkeypatch.setattr(captioner_train, "train_captioner", no_training)
+    cache = tmp_path / "fresh-cache"
+    path = captioner_train.ensure_captioner("tiny", "tiny", cache_dir=cache, progress=False)
+    assert path.name == shipped_tiny
+    assert captioner_sha256(path) == reference.references()[shipped_tiny]["captioner_sha256"]
+    loaded = FrozenCaptioner.load(path, device="cpu")
+    assert loaded.info["reference"] == shipped_tiny
+    # the same weights, so the same judge as the committed one
+    record = judge_record(ensure_benchmark("tiny", cache_dir=cache, progress=False), path)
+    assert record["matches_committed"] is True and judge_warnings(record) == []
+    assert "the committed judge" in judge_line(record)
+
+
+def test_a_modified_reference_is_refused_on_load(shipped_tiny, tmp_path):
+    copy = tmp_path / "copy"
+    reference.install_reference(shipped_tiny, copy)
+    weights = copy / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r"model\.safetensors: sha256 .* differs from the "
+                                         r"shipped reference captioner .*modified or corrupt"):
+        FrozenCaptioner.load(copy, device="cpu")
+    reference.install_reference(shipped_tiny, copy)   # a fresh copy, then a missing file
+    shutil.rmtree(copy / "tokenizer")
+    with pytest.raises(ValueError, match="lacks tokenizer/"):
+        reference.verify_reference(copy, shipped_tiny)
+
+
+def test_a_reference_this_version_does_not_ship_is_refused(shipped_tiny, tmp_path):
+    copy = reference.install_reference(shipped_tiny, tmp_path / "copy")
+    info = json.loads((copy / CAPTIONER_FILE).read_text())
+    (copy / CAPTIONER_FILE).write_text(json.dumps({**info, "reference": "nope-default"}))
+    with pytest.raises(ValueError, match="names the reference captioner 'nope-default', which "
+                                         "this version of avex does not ship"):
+        FrozenCaptioner.load(copy, device="cpu")
+
+
+def test_a_different_judge_is_named_in_the_warnings(shipped_tiny, tiny_benchmark, tmp_path):
+    copy = reference.install_reference(shipped_tiny, tmp_path / "cache" / shipped_tiny)
+    weights = copy / "avex_projector.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    record = judge_record(tiny_benchmark, copy)
+    assert record["matches_committed"] is False
+    (problem,) = judge_warnings(record)
+    assert problem.startswith(f"the captioner at {copy} has sha256 ")
+    assert "figures will not match docs/results.md" in problem
+    assert "NOT the committed judge" in judge_line(record)
+
+
+def test_install_warns_when_the_benchmark_is_not_the_one_it_was_trained_on(
+        shipped_tiny, tmp_path):
+    other = build_benchmark(tmp_path / "other", PRESETS["tiny"].__class__(
+        **{**PRESETS["tiny"].__dict__, "seed": 5}), progress=False)
+    with pytest.warns(UserWarning, match="not the .* the reference captioner 'embedded-tiny-"
+                                         "seed0-tiny' was trained on"):
+        reference.install_reference(shipped_tiny, tmp_path / "copy", benchmark_path=other)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        reference.install_reference(shipped_tiny, tmp_path / "copy2")
+
+
+def test_captioner_without_weight_files_has_no_hash(tmp_path):
+    assert captioner_sha256(tmp_path) is None
