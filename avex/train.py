@@ -338,6 +338,16 @@ def rl_loss(cfg: TrainConfig, policy, captioner, cider, batch, clips, seed: int,
         terms["exchange"] = ex.detach()
         terms["valid_exchanges"] = exchanges.valid.float().mean(0)
         terms["diagnostics"] = diagnostics
+    if cfg.lambda_best > 0:  # self-imitation: the clip's best anchor, where it beat the rest
+        best = anchor_rewards.argmax(dim=1)
+        keep = sets[torch.arange(rows, device=sets.device), best].float()     # [B, M]
+        ahead = anchor_rewards.max(dim=1).values > anchor_rewards.mean(dim=1)
+        if bool(ahead.any()):
+            imitation = target_loss(scores[ahead], AVLayout(layout.positions[ahead],
+                                                            layout.modality[ahead]),
+                                    [k for k, a in zip(keep, ahead.tolist()) if a])
+            terms["loss"] = terms["loss"] + cfg.lambda_best * imitation
+            terms["imitation"] = imitation.detach()
     if cfg.lambda_target > 0:
         if targets is None:
             raise ValueError("lambda_target > 0 needs the warmup targets of the batch")
