@@ -42,10 +42,10 @@ from avex.checkpoint import (POLICY_FILE, check_weights, latest_checkpoint, load
                              set_rng_state)
 from avex.config import TrainConfig, build_parser, explicit_settings, resolve_config
 from avex.data import FeatureCache
-from avex.judge import judge_line, judge_record
-from avex.kernels import build_exchanges, gumbel_topk
 from avex.exchange_diagnostics import exchange_statistics, grad_norm
 from avex.exchange_diagnostics import write_report as write_exchange_report
+from avex.judge import judge_line, judge_record
+from avex.kernels import build_exchanges, gumbel_topk
 from avex.losses import (SATURATION_POINTS, anchored_policy_gradient_loss, exchange_terms,
                          group_normalized_loss, leave_one_out_loss, saturation_for,
                          set_level_loss)
@@ -292,7 +292,6 @@ def rl_loss(cfg: TrainConfig, policy, captioner, cider, batch, clips, seed: int,
     rewards = torch.as_tensor(100.0 * cider.score(flat, refs), dtype=torch.float32,
                               device=scores.device).view(-1, num_sets)
     anchor_rewards, counterfactual = rewards[:, :count], rewards[:, count:]
-    zero = torch.zeros((), device=scores.device)
     rl = None
     if cfg.rl_estimator == "rloo" and (cfg.rl or not cfg.exchanges):
         rl = leave_one_out_loss(log_prob, anchor_rewards, budget).mean()
@@ -304,7 +303,9 @@ def rl_loss(cfg: TrainConfig, policy, captioner, cider, batch, clips, seed: int,
                                            normalize=cfg.normalize_rl, set_size=budget).mean()
     elif cfg.rl_estimator == "paper":  # the set-level reward is the only signal: always on
         rl = set_level_loss(log_prob[:, 0], anchor_rewards[:, 0]).mean()
-    terms = {"loss": zero if rl is None or not (cfg.rl or exchanges is None) else rl}
+    # --no-rl drops L_RL beside the exchange term (logged all the same); alone it always counts
+    in_loss = rl is not None and (cfg.rl or exchanges is None)
+    terms = {"loss": rl if in_loss else torch.zeros((), device=scores.device)}
     if rl is not None:
         terms["rl"] = rl.detach()
     if exchanges is not None:
