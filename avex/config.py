@@ -94,6 +94,7 @@ class TrainConfig:
     anchors: int = 4                  # Gumbel-Top-K anchors per clip (rloo: leave-one-out b)
     g_fraction: float = 0.125         # > 0: g = max(2, round(g_fraction * K)) per micro-batch
     lambda_target: float = 0.0        # weight of the warmup BCE kept on during RL (an anchor)
+    lambda_best: float = 0.0          # weight of a BCE toward each clip's best-rewarded anchor
     warmup_from: str | None = None    # a run directory: start from its warmup policy, skip ours
     # reward decoding
     num_beams: int = 1
@@ -165,6 +166,7 @@ class TrainConfig:
         _checks.optional_int_at_least("max_eval_clips", self.max_eval_clips, 1)
         _checks.int_at_least("checkpoint_every", self.checkpoint_every, 1)
         _checks.real("lambda_target", self.lambda_target, low=0)
+        _checks.real("lambda_best", self.lambda_best, low=0)
         if self.data != "embedded" and not Path(self.data).exists():
             raise FileNotFoundError(f"data: no feature cache at {self.data!r}")
         if self.warmup_from is not None:

@@ -212,7 +212,6 @@ def rl_loss(cfg: TrainConfig, policy, captioner, cider, batch, clips, seed: int,
     rewards = torch.as_tensor(100.0 * cider.score(flat, refs), dtype=torch.float32,
                               device=scores.device).view(-1, num_sets)
     anchor_rewards, counterfactual = rewards[:, :count], rewards[:, count:]
-    zero = torch.zeros((), device=scores.device)
     rl = None
     if cfg.rl_estimator == "rloo" and (cfg.rl or not cfg.exchanges):
         rl = leave_one_out_loss_unchecked(log_prob, anchor_rewards, budget).mean()
@@ -224,7 +223,9 @@ def rl_loss(cfg: TrainConfig, policy, captioner, cider, batch, clips, seed: int,
             normalize=cfg.normalize_rl, set_size=budget).mean()
     elif cfg.rl_estimator == "paper":  # the set-level reward is the only signal: always on
         rl = set_level_loss_unchecked(log_prob[:, 0], anchor_rewards[:, 0]).mean()
-    terms = {"loss": zero if rl is None or not (cfg.rl or exchanges is None) else rl}
+    # --no-rl drops L_RL beside the exchange term (logged all the same); alone it always counts
+    in_loss = rl is not None and (cfg.rl or exchanges is None)
+    terms = {"loss": rl if in_loss else torch.zeros((), device=scores.device)}
     if rl is not None:
         terms["rl"] = rl.detach()
     if exchanges is not None:
@@ -258,6 +259,16 @@ def rl_loss(cfg: TrainConfig, policy, captioner, cider, batch, clips, seed: int,
         terms["exchange"] = ex.detach()
         terms["valid_exchanges"] = exchanges.valid.float().mean(0)
         terms["diagnostics"] = diagnostics
+    if cfg.lambda_best > 0:  # self-imitation: the clip's best anchor, where it beat the rest
+        best = anchor_rewards.argmax(dim=1)
+        keep = sets[torch.arange(rows, device=sets.device), best].float()     # [B, M]
+        ahead = anchor_rewards.max(dim=1).values > anchor_rewards.mean(dim=1)
+        if bool(ahead.any()):
+            imitation = target_loss(scores[ahead], AVLayout(layout.positions[ahead],
+                                                            layout.modality[ahead]),
+                                    [k for k, a in zip(keep, ahead.tolist()) if a])
+            terms["loss"] = terms["loss"] + cfg.lambda_best * imitation
+            terms["imitation"] = imitation.detach()
     if cfg.lambda_target > 0:
         if targets is None:
             raise ValueError("lambda_target > 0 needs the warmup targets of the batch")

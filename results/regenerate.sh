@@ -4,8 +4,8 @@
 # evaluation sweep, the motivation figure, the benchmark's gates, the ablation and the profiling
 # tables. docs/results.md quotes these files.
 #
-#   bash results/regenerate.sh [STAGE ...]      stages: train sweep second-benchmark motivation
-#                                               gates ablation
+#   bash results/regenerate.sh [STAGE ...]      stages: train matched-budget sweep benchmarks
+#                                               motivation gates ablation
 #                                               profiling (default: all, in that order)
 #
 # RUNS (default runs/regen) holds the run directories; AVEX_CACHE (default RUNS/cache) the
@@ -18,7 +18,23 @@ RUNS=${RUNS:-runs/regen}
 export AVEX_CACHE=${AVEX_CACHE:-$RUNS/cache}
 mkdir -p "$RUNS" results
 stages=("$@")
-[ ${#stages[@]} -gt 0 ] || stages=(train sweep second-benchmark motivation gates ablation profiling)
+[ ${#stages[@]} -gt 0 ] || stages=(train matched-budget sweep benchmarks motivation gates ablation profiling)
+cache=${AVEX_CACHE:-$HOME/.cache/avex}
+RETENTIONS=0.5,0.4,0.3,0.2,0.1
+
+bench_flags() {  # the embedded benchmark of seed $1 and its shipped reference captioner
+    echo --data "$cache/benchmarks/embedded-default-seed$1" \
+         --captioner "$cache/captioners/embedded-default-seed$1-default"
+}
+
+sweep_benchmark() {  # seed, out name: every method, training seeds 0-2; the comparison's A and C
+    local b=$1 runs="$RUNS/matched-budget/b$1/runs/seed{seed}"  # runs where they exist
+    local given=()
+    [ -d "$RUNS/matched-budget/b$b/runs/seed0/A" ] && given=(--avex-run "$runs/A" --cacovid-run "$runs/C")
+    run_stage "sweep-b$b" "$PY" -m avex.evaluate sweep --seeds 0,1,2 $(bench_flags "$b") \
+        "${given[@]}" --out "$RUNS/sweep-b$b" --no-progress
+    for ext in md json png; do cp "$RUNS/sweep-b$b/sweep.$ext" "results/$2.$ext"; done
+}
 
 run_stage() {  # name, command...
     local name=$1; shift
@@ -35,20 +51,26 @@ for stage in "${stages[@]}"; do
         train)      # the default recipe, as `make train` runs it (fresh cache: builds data and captioner)
             run_stage train "$PY" -m avex.train --run-dir "$RUNS/default" --no-progress
             cp "$RUNS/default/results.md" results/training-default.md ;;
-        sweep)      # 3 training seeds of AVEX-Prune and CaCoVID-AV, every method, test + transfer
-            run_stage sweep "$PY" -m avex.evaluate sweep --seeds 0,1,2 \
-                --out "$RUNS/sweep" --no-progress
-            for ext in md json png; do cp "$RUNS/sweep/sweep.$ext" "results/evaluation-sweep.$ext"; done ;;
-        second-benchmark)   # the sweep on the embedded benchmark of seed 1, with its own captioner
-            run_stage build-seed1 "$PY" -m avex.data build --seed 1 --no-progress
-            run_stage captioner-seed1 "$PY" -m avex.captioner train --seed 1 --no-progress
-            cache=${AVEX_CACHE:-$HOME/.cache/avex}
-            run_stage sweep-seed1 "$PY" -m avex.evaluate sweep --seeds 0,1,2 \
-                --data "$cache/benchmarks/embedded-default-seed1" \
-                --captioner "$cache/captioners/embedded-default-seed1-default" \
-                --out "$RUNS/sweep-seed1" --no-progress
-            for ext in md json png; do
-                cp "$RUNS/sweep-seed1/sweep.$ext" "results/evaluation-sweep-benchmark-seed1.$ext"; done ;;
+        matched-budget)   # issue #25: arms A, B, C and the paper's objective on benchmarks 0-3
+            files=()
+            for b in 0 1 2 3; do
+                run_stage "build-seed$b" "$PY" -m avex.data build --seed "$b" --no-progress
+                run_stage "captioner-seed$b" "$PY" -m avex.captioner install --seed "$b" --no-progress
+                run_stage "matched-budget-b$b" "$PY" -m avex.evaluate ablation --seeds 0,1,2 \
+                    --variants warmup,A,B,C,paper --retentions "$RETENTIONS" $(bench_flags "$b") \
+                    --out "$RUNS/matched-budget/b$b" --no-progress
+                files+=("$b=$RUNS/matched-budget/b$b/ablation.json")
+            done
+            run_stage matched-budget-report "$PY" scripts/matched_budget_report.py --deciding 3 \
+                "${files[@]}" --out results/matched-budget ;;
+        sweep)      # every method on benchmark seed 0, 3 training seeds, test + transfer
+            sweep_benchmark 0 evaluation-sweep ;;
+        benchmarks)   # the same on benchmark seeds 1, 2 and 3 (3: the deciding one)
+            for b in 1 2 3; do
+                run_stage "build-seed$b" "$PY" -m avex.data build --seed "$b" --no-progress
+                run_stage "captioner-seed$b" "$PY" -m avex.captioner install --seed "$b" --no-progress
+                sweep_benchmark "$b" "evaluation-sweep-benchmark-seed$b"
+            done ;;
         motivation)
             run_stage motivation "$PY" -m avex.evaluate motivation --out "$RUNS/motivation" --no-progress
             for ext in md json png; do
@@ -65,7 +87,7 @@ for stage in "${stages[@]}"; do
                 run_stage "profiling-$backbone" "$PY" -m avex.profiling --backbone "$backbone" \
                     --retention 0.4 --out-dir results --no-progress
             done ;;
-        *) echo "unknown stage: $stage (stages: train sweep second-benchmark motivation gates ablation profiling)" >&2
+        *) echo "unknown stage: $stage (stages: train matched-budget sweep benchmarks motivation gates ablation profiling)" >&2
            exit 2 ;;
     esac
 done

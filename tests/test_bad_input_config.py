@@ -62,6 +62,7 @@ CONFIG_CASES = [
     case("exchange_saturation nan", cfg(exchange_saturation=NAN), ValueError, "exchange_saturation must be a finite number > 0, got nan"),
     case("normalize_exchange 'yes'", cfg(normalize_exchange="yes"), TypeError, "normalize_exchange must be True or False"),
     case("normalize_exchange without rl", cfg(exchanges=True, rl=False), ValueError, "normalize_exchange scales L_ex's gradient to L_RL's, but rl is off"),
+    case("lambda_best -1", cfg(lambda_best=-1.0), ValueError, "lambda_best must be a finite number >= 0, got -1.0"),
     case("diagnostics_every -1", cfg(diagnostics_every=-1), ValueError, "diagnostics_every must be >= 0, got -1"),
     case("rl_estimator 'grpo'", cfg(rl_estimator="grpo"), ValueError, r"rl_estimator must be one of .* got 'grpo'"),
     case("group estimator, one anchor", cfg(rl_estimator="group", anchors=1), ValueError, r"anchors must be >= 2 with rl_estimator='group'"),

@@ -123,3 +123,16 @@ def test_install_warns_when_the_benchmark_is_not_the_one_it_was_trained_on(
 
 def test_captioner_without_weight_files_has_no_hash(tmp_path):
     assert captioner_sha256(tmp_path) is None
+
+
+def test_captioner_install_command_copies_the_shipped_reference(shipped_tiny, tmp_path, capsys):
+    """python -m avex.captioner install: the shipped reference into the cache, verified."""
+    from avex.captioner.__main__ import main as captioner_main
+
+    cache = tmp_path / "fresh-cache"
+    assert captioner_main(["install", "--preset", "tiny", "--benchmark-preset", "tiny",
+                           "--cache-dir", str(cache), "--no-progress"]) == 0
+    installed = next(cache.rglob("avex_captioner.json")).parent
+    assert installed.name == shipped_tiny
+    assert captioner_sha256(installed) == reference.references()[shipped_tiny]["captioner_sha256"]
+    assert "(verified)" in capsys.readouterr().out

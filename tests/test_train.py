@@ -102,6 +102,17 @@ def test_exchange_run_logs_its_diagnostics_and_calibration(cache_dir, tmp_path):
     assert (run / "exchange_diagnostics.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_best_anchor_imitation_is_logged_and_moves_the_policy(cache_dir, tmp_path):
+    """--lambda-best: a BCE pulling the scores toward each clip's best-rewarded anchor."""
+    main(tiny_args(cache_dir, tmp_path / "a", "--no-evaluate", "--epochs", "0.5"))
+    main(tiny_args(cache_dir, tmp_path / "b", "--no-evaluate", "--epochs", "0.5",
+                   "--lambda-best", "1"))
+    rl = [json.loads(line) for line in (tmp_path / "b" / "metrics.jsonl").open()]
+    assert any(r.get("imitation", 0) > 0 for r in rl if r["phase"] == "rl")
+    a, b = final_weights(tmp_path / "a"), final_weights(tmp_path / "b")
+    assert any(not torch.equal(a[k], b[k]) for k in a)
+
+
 def test_anchor_exchanges_around_first_each_and_all_anchors():
     from avex.config import TrainConfig
     from avex.kernels import build_exchanges, gumbel_topk

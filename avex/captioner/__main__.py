@@ -1,7 +1,11 @@
-"""python -m avex.captioner {train, caption}
+"""python -m avex.captioner {install, train, caption}
 
+  install  put the shipped reference captioner of an embedded benchmark into the cache
+           (building the benchmark first if it is missing): the judge every committed figure
+           used, the same on every machine (training runs do this themselves)
   train    train the embedded captioner on a benchmark's train split (building the embedded
-           benchmark first if it is missing) and save it under the cache directory
+           benchmark first if it is missing) and save it under the cache directory; its
+           weights depend on the machine's CPU kernels (docs/results.md, "The judge")
   caption  caption a few clips of a feature cache with any captioner, full or pruned
 """
 from __future__ import annotations
@@ -20,7 +24,8 @@ from ..data import SPLITS, FeatureCache, default_benchmark_path, ensure_benchmar
 from ..paths import default_captioner_path
 from ..selection import num_kept, random_keep
 from .frozen import CAPTIONER_FILE, FrozenCaptioner
-from .train import PRESETS, train_captioner
+from .reference import reference_name, references
+from .train import PRESETS, ensure_captioner, train_captioner
 
 
 def cmd_train(args) -> int:
@@ -61,6 +66,22 @@ def cmd_train(args) -> int:
     return 0
 
 
+def cmd_install(args) -> int:
+    _checks.int_at_least("seed", args.seed, 0)
+    if args.cache_dir is not None:
+        _checks.output_dir("cache_dir", args.cache_dir)
+    bench = default_benchmark_path(args.benchmark_preset, args.cache_dir, seed=args.seed)
+    name = reference_name(bench.name, args.preset)
+    if name is None:
+        raise ValueError(f"no shipped reference captioner for {bench.name} with preset "
+                         f"{args.preset!r} (shipped: {sorted(references())}); train one with "
+                         "`python -m avex.captioner train`")
+    path = ensure_captioner(args.benchmark_preset, args.preset, seed=args.seed,
+                            cache_dir=args.cache_dir, progress=not args.no_progress)
+    print(f"{path}: the reference captioner {name} (verified)")
+    return 0
+
+
 def cmd_caption(args) -> int:
     # every flag is checked before the captioner is loaded
     _checks.int_at_least("n", args.n, 1)
@@ -91,6 +112,15 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m avex.captioner", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
+
+    install = sub.add_parser("install", help="install the shipped reference captioner")
+    install.add_argument("--preset", default="default", choices=sorted(PRESETS))
+    install.add_argument("--benchmark-preset", default="default", choices=sorted(BENCHMARK_PRESETS))
+    install.add_argument("--seed", type=int, default=0, help="benchmark seed")
+    install.add_argument("--cache-dir", default=None,
+                         help="root of the cache (default: $AVEX_CACHE, else ~/.cache/avex)")
+    install.add_argument("--no-progress", action="store_true")
+    install.set_defaults(run=cmd_install, parser=install)
 
     train = sub.add_parser("train", help="train the embedded captioner")
     train.add_argument("--preset", default="default", choices=sorted(PRESETS),
