@@ -4,9 +4,9 @@
 # evaluation sweep, the motivation figure, the benchmark's gates, the ablation and the profiling
 # tables. docs/results.md quotes these files.
 #
-#   bash results/regenerate.sh [STAGE ...]      stages: train matched-budget sweep benchmarks
-#                                               motivation gates ablation
-#                                               profiling (default: all, in that order)
+#   bash scripts/regenerate_results.sh [STAGE ...]
+#       stages: train matched-budget sweep benchmarks motivation gates ablation profiling
+#       (default: all, in that order)
 #
 # RUNS (default runs/regen) holds the run directories; AVEX_CACHE (default RUNS/cache) the
 # benchmark and captioner, built on first use. Each stage logs to RUNS/<stage>.log with its wall
