@@ -91,7 +91,9 @@ class TrainConfig:
     # "rloo": leave-one-out b over the anchors; "group": (R - group mean) / group std (GRPO);
     # "paper": b = mean of anchor + its counterfactuals (set-level, batch b without exchanges)
     rl_estimator: str = "rloo"
-    anchors: int = 4                  # Gumbel-Top-K anchors per clip (rloo: leave-one-out b)
+    # Gumbel-Top-K anchors per clip (rloo: leave-one-out b); 8, as the matched-budget
+    # comparison of issue #25 measured it (arm A)
+    anchors: int = 8
     g_fraction: float = 0.125         # > 0: g = max(2, round(g_fraction * K)) per micro-batch
     lambda_target: float = 0.0        # weight of the warmup BCE kept on during RL (an anchor)
     lambda_best: float = 0.0          # weight of a BCE toward each clip's best-rewarded anchor

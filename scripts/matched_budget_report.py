@@ -26,7 +26,7 @@ from avex.evaluate.ablation import ABLATIONS
 from avex.exchange_diagnostics import summarize
 from avex.tables import markdown_table
 
-ARMS = ("warmup", "A", "B", "C", "paper")
+ARMS = ("warmup", "rloo", "A", "B", "C", "paper")  # rows absent from a file are skipped
 STATS = ("zero", "disagree", "positive", "g_over_k", "grad_ratio")
 
 
