@@ -17,7 +17,10 @@ from it.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import platform
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -73,6 +76,23 @@ def diagnostics(rows) -> dict:
                 values[stat] = float(np.mean(got)) if got else None
             out[name][key] = values
     return {"runs": runs, "means": out}
+
+
+def provenance(files) -> str:
+    """Where and from what this report was written (each ablation.json says how it ran)."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        commit = "unknown"
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
+                if line.startswith("model name")), platform.processor()) \
+        if Path("/proc/cpuinfo").exists() else platform.processor()
+    return (f"Written {datetime.date.today()} at commit {commit} on {cpu} from "
+            + ", ".join(f"`{f.partition('=')[2]}`" for f in files)
+            + " (`python -m avex.evaluate ablation --variants warmup,A,B,C,paper --seeds 0,1,2 "
+            "--retentions 0.5,0.4,0.3,0.2,0.1`, each with its benchmark's `--data` and shipped "
+            "`--captioner`; test split, 200 clips, greedy decoding, 24 new tokens).")
 
 
 def main() -> None:
@@ -144,6 +164,7 @@ def main() -> None:
                  "is retired from the default (it stays behind --exchanges and --preset paper).")]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out + ".md").write_text("# Matched-budget comparison (issue #25)\n\n"
+                                      + provenance(args.files) + "\n\n"
                                       + "\n".join(lines) + "\n")
     Path(args.out + ".json").write_text(json.dumps(report, indent=1) + "\n")
     print("\n".join(lines[-3:]))
