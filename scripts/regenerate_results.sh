@@ -22,6 +22,11 @@ stages=("$@")
 cache=${AVEX_CACHE:-$HOME/.cache/avex}
 RETENTIONS=0.5,0.4,0.3,0.2,0.1
 
+judge_assets() {  # build benchmark seed $1 and install its shipped captioner (both idempotent)
+    run_stage "build-seed$1" "$PY" -m avex.data build --seed "$1" --no-progress
+    run_stage "captioner-seed$1" "$PY" -m avex.captioner install --seed "$1" --no-progress
+}
+
 bench_flags() {  # the embedded benchmark of seed $1 and its shipped reference captioner
     echo --data "$cache/benchmarks/embedded-default-seed$1" \
          --captioner "$cache/captioners/embedded-default-seed$1-default"
@@ -50,12 +55,11 @@ for stage in "${stages[@]}"; do
     case $stage in
         train)      # the default recipe, as `make train` runs it (fresh cache: builds data and captioner)
             run_stage train "$PY" -m avex.train --run-dir "$RUNS/default" --no-progress
-            cp "$RUNS/default/results.md" results/training-default.md ;;
+            for ext in md json; do cp "$RUNS/default/results.$ext" "results/evaluation-make-train.$ext"; done ;;
         matched-budget)   # issue #25: arms A, B, C and the paper's objective on benchmarks 0-3
             files=()
             for b in 0 1 2 3; do
-                run_stage "build-seed$b" "$PY" -m avex.data build --seed "$b" --no-progress
-                run_stage "captioner-seed$b" "$PY" -m avex.captioner install --seed "$b" --no-progress
+                judge_assets "$b"
                 run_stage "matched-budget-b$b" "$PY" -m avex.evaluate ablation --seeds 0,1,2 \
                     --variants warmup,A,B,C,paper --retentions "$RETENTIONS" $(bench_flags "$b") \
                     --out "$RUNS/matched-budget/b$b" --no-progress
@@ -64,11 +68,11 @@ for stage in "${stages[@]}"; do
             run_stage matched-budget-report "$PY" scripts/matched_budget_report.py --deciding 3 \
                 "${files[@]}" --out results/matched-budget ;;
         sweep)      # every method on benchmark seed 0, 3 training seeds, test + transfer
+            judge_assets 0
             sweep_benchmark 0 evaluation-sweep ;;
         benchmarks)   # the same on benchmark seeds 1, 2 and 3 (3: the deciding one)
             for b in 1 2 3; do
-                run_stage "build-seed$b" "$PY" -m avex.data build --seed "$b" --no-progress
-                run_stage "captioner-seed$b" "$PY" -m avex.captioner install --seed "$b" --no-progress
+                judge_assets "$b"
                 sweep_benchmark "$b" "evaluation-sweep-benchmark-seed$b"
             done ;;
         motivation)
@@ -78,9 +82,11 @@ for stage in "${stages[@]}"; do
         gates)
             run_stage gates "$PY" -m avex.evaluate gates --out results/embedded-benchmark-gates.md \
                 --no-progress ;;
-        ablation)
+        ablation)   # Table 3 on benchmark 0, 3 training seeds
+            judge_assets 0
             run_stage ablation "$PY" -m avex.evaluate ablation --seeds 0,1,2 \
-                --out "$RUNS/ablation" --no-progress
+                --variants warmup,rloo,A,random,vv,aa,vv+aa,no-aa,no-vv,full,g4,g16,g32 \
+                $(bench_flags 0) --out "$RUNS/ablation" --no-progress
             for ext in md json; do cp "$RUNS/ablation/ablation.$ext" "results/evaluation-ablation.$ext"; done ;;
         profiling)
             for backbone in qwen2-7b llama3-8b; do
