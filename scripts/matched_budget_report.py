@@ -104,7 +104,12 @@ def main() -> None:
     benchmarks = {}
     for item in args.files:
         seed, _, path = item.partition("=")
+        if not seed.isdigit() or not Path(path).is_file():
+            parser.error(f"each file must be SEED=PATH to an existing ablation.json, got {item!r}")
         benchmarks[int(seed)] = json.loads(Path(path).read_text())
+    if args.deciding not in benchmarks:
+        parser.error(f"--deciding must be one of the given benchmark seeds {sorted(benchmarks)}, "
+                     f"got {args.deciding}")
     lines, report = [], {"benchmarks": {}, "deciding": args.deciding}
     for seed, data in sorted(benchmarks.items()):
         rows, retentions, full = data["rows"], data["retentions"], data["full"]["C_av"]

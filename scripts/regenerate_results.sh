@@ -16,6 +16,9 @@ cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 RUNS=${RUNS:-runs/regen}
 export AVEX_CACHE=${AVEX_CACHE:-$RUNS/cache}
+# The committed figures trained on one thread: more threads reorder training's float sums
+# and give other policies (within the seeds' spread), so the tables would not match cell for cell.
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 mkdir -p "$RUNS" results
 stages=("$@")
 [ ${#stages[@]} -gt 0 ] || stages=(train matched-budget sweep benchmarks motivation gates ablation profiling)
