@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
-# Everything that needs a GPU, one stage per call (a lent GPU takes at most 10 minutes a call):
+# Everything that needs a GPU, one stage per call (a lent GPU takes at most 10 minutes a call, and
+# a task gets 15 minutes of GPU time in all, start-up included: first-light comes first):
 #
+#   bash bench/gpu.sh first-light  # the one call that matters most (<= 480 s): the CUDA paths of
+#                               # the kernel suites, P1 (Gumbel-Top-K + PL) and P2 (compaction)
+#                               # timed against their baselines, P9 (one AVEX training step and
+#                               # its generation share); one Markdown table, first-light.md
 #   bash bench/gpu.sh tests     # CUDA C++ library build + example; the CUDA test suites (xdist)
 #   bash bench/gpu.sh bench     # every bench/bench_*.py (pytest-benchmark) -> bench-gpu.md
 #   bash bench/gpu.sh train     # short python -m avex.train + evaluation on the embedded benchmark
@@ -23,8 +28,9 @@ DRY_RUN=${AVEX_GPU_DRY_RUN:-0}
 [[ ${2:-} == "--dry-run" || ${1:-} == "--dry-run" ]] && DRY_RUN=1
 [[ ${1:-} == "--dry-run" ]] && STAGE=${2:-${AVEX_GPU_STAGE:-}}
 case "$STAGE" in
-    tests|bench|train|profile|flops) ;;
-    *) echo "usage: bash bench/gpu.sh {tests|bench|train|profile|flops} [--dry-run]; got '$STAGE'" >&2
+    first-light|tests|bench|train|profile|flops) ;;
+    *) echo "usage: bash bench/gpu.sh {first-light|tests|bench|train|profile|flops} [--dry-run];" \
+            "got '$STAGE'" >&2
        exit 2 ;;
 esac
 
@@ -56,8 +62,17 @@ fi
 # avex from this checkout (kernels/ maps to avex.kernels): an offline editable install, unless
 # the interpreter already imports this checkout (a developer's venv).
 if ! "$PY" -c "import avex, sys; sys.exit(not avex.__file__.startswith('$ROOT/'))" 2>/dev/null; then
-    "$PY" -m pip install -q --no-deps --no-build-isolation --no-index -e . \
-        || { note "pip install -e . failed"; exit 1; }
+    if ! "$PY" -m pip install -q --no-deps --no-build-isolation --no-index -e .; then
+        # Never lose a lent GPU's call to packaging: the same layout as setup.py's mapping
+        # (kernels/ -> avex.kernels, profiling/ -> avex.profiling) in a copy on PYTHONPATH,
+        # without the optional C extension (gumbel_topk's check runs in NumPy then).
+        note "pip install -e . failed: importing a copy of the tree from $SCRATCH/src instead"
+        rm -rf "$SCRATCH/src" && mkdir -p "$SCRATCH/src"
+        cp -r avex "$SCRATCH/src/avex" && cp -r kernels "$SCRATCH/src/avex/kernels" \
+            && cp -r profiling "$SCRATCH/src/avex/profiling" || exit 1
+        export PYTHONPATH=$SCRATCH/src${PYTHONPATH:+:$PYTHONPATH}
+        "$PY" -c "import avex.kernels, avex.profiling" || { note "no importable avex"; exit 1; }
+    fi
 fi
 HAS_CUDA=$("$PY" -c "import torch; print(int(torch.cuda.is_available()))")
 if [[ $HAS_CUDA != 1 && $DRY_RUN != 1 ]]; then
@@ -99,8 +114,70 @@ run_budgeted() {  # run "$@" for at most $BUDGET seconds, minus what set-up took
     return "$rc"
 }
 
+# The kernel suites with CUDA paths (first-light and tests). On a CPU they take minutes under the
+# interpreter (CI runs them); a dry run runs their argument-check tests, enough to exercise the
+# stage, its table and every file's imports.
+KERNEL_SUITES="tests/test_gumbel_topk.py tests/test_exchange.py tests/test_compact.py
+               tests/test_pruning.py"
+DRY_RUN_TESTS="bad_input or dispatch"
+pytest_args() {  # $1: the JUnit file; xdist where the image has it
+    local args=(-q -p no:cacheprovider --junitxml="$1")
+    if "$PY" -c "import xdist" 2>/dev/null; then
+        args+=(-n "${AVEX_TEST_WORKERS:-8}" --dist loadfile)
+    else
+        note "pytest-xdist is not installed: one process" >&2
+    fi
+    echo "${args[@]}"
+}
+
 # --- stages -----------------------------------------------------------------------------------
 case "$STAGE" in
+first-light)
+    # Four parts, each bounded so that the later ones still run when an earlier one hangs: the
+    # CUDA tests, then P1, P2 and P9 (bench/first_light.py; each part appends its rows to
+    # first-light.jsonl as it goes), then P1 under torch.compile (its compile time is the least
+    # predictable), then one table. A part's cap and the seconds kept back for the parts after it:
+    rows=$OUT/first-light.jsonl
+    log=$OUT/first-light.log
+    rm -f "$rows" "$log"
+    rounds=${AVEX_ROUNDS:-20}
+    part() {  # part NAME CAP KEEP CMD...: run CMD for min(CAP, left - KEEP) s, log its exit
+        local name=$1 cap=$2 keep=$3; shift 3
+        local left=$(( $(seconds_left) - keep ))
+        local limit=$(( left < cap ? left : cap ))
+        (( limit < 10 )) && limit=10
+        note "$name: at most $limit s"
+        local t0
+        t0=$(date +%s)
+        timeout --signal=INT --kill-after=15 "$limit" "$@" 2>&1 | tee -a "$log"
+        local rc=${PIPESTATUS[0]}
+        echo "{\"part\": \"$name\", \"exit\": $rc, \"seconds\": $(( $(date +%s) - t0 ))}" \
+            >> "$rows"
+        (( rc != 0 )) && status=1
+        return 0
+    }
+    args=($(pytest_args "$OUT/tests.xml") --maxfail="${AVEX_MAXFAIL:-5}")
+    "$PY" -c "import pytest_timeout" 2>/dev/null && args+=(--timeout=120)
+    [[ $DRY_RUN == 1 ]] && args+=(-k "$DRY_RUN_TESTS")
+    part tests 220 200 "$PY" -m pytest $KERNEL_SUITES "${args[@]}"
+    cp "$log" "$OUT/tests.log"
+    bench=("$PY" bench/first_light.py)
+    [[ $DRY_RUN == 1 ]] && rounds=${AVEX_ROUNDS:-3}
+    part P1 60 140 "${bench[@]}" p1 "$rows" --rounds "$rounds"
+    part P2 45 100 "${bench[@]}" p2 "$rows" --rounds "$rounds"
+    if [[ $DRY_RUN == 1 ]]; then  # the tiny presets (AVEX_CACHE may hold them already)
+        p9=(--preset tiny --batch-size 8 --micro-batch-size 4 --steps 2
+            --cache-dir "${AVEX_CACHE:-$SCRATCH/cache}")
+    else
+        p9=(--cache-dir "$SCRATCH/cache")
+    fi
+    part P9 120 40 "${bench[@]}" p9 "$rows" "${p9[@]}"
+    part P1-compile 120 10 "${bench[@]}" p1-compile "$rows" --rounds "$rounds"
+    "$PY" bench/first_light.py table "$rows" --machine "$OUT/machine.txt" \
+        --tests "$OUT/tests.xml" --title "First light $TITLE_TAIL" > "$OUT/first-light.md" \
+        || status=1
+    cat "$OUT/first-light.md"
+    ;;
 tests)
     if [[ $HAS_CUDA == 1 ]]; then
         export AVEX_REQUIRE_CUDA_BUILD=1  # a missing library build fails its tests, no skip
@@ -112,20 +189,12 @@ tests)
     fi
     # The suites that have CUDA paths; the rest of the suite is CPU work, which CI runs. The
     # metric tests need Java, which the image lacks; test_triton_compile needs no GPU.
-    files="tests/test_gumbel_topk.py tests/test_exchange.py tests/test_compact.py
-           tests/test_pruning.py tests/test_cuda_library.py tests/test_profiling.py
+    files="$KERNEL_SUITES tests/test_cuda_library.py tests/test_profiling.py
            tests/test_methods_on_device.py"
-    args=(-q -p no:cacheprovider --junitxml="$OUT/tests.xml")
-    if "$PY" -c "import xdist" 2>/dev/null; then
-        args+=(-n "${AVEX_TEST_WORKERS:-8}" --dist loadfile)
-    else
-        note "pytest-xdist is not installed: one process"
-    fi
-    # On a CPU the kernel suites take minutes under the interpreter (CI runs them); the dry run
-    # runs their argument-check tests, and the profiling and on-device-baseline suites whole
-    # (seconds on a CPU), enough to exercise the stage, its table and every file's imports.
-    dry_run_tests="bad_input or dispatch or test_profiling.py or test_methods_on_device.py"
-    [[ $DRY_RUN == 1 ]] && args+=(-k "$dry_run_tests")
+    args=($(pytest_args "$OUT/tests.xml"))
+    # The dry run: the argument checks, and the profiling and on-device-baseline suites whole
+    # (seconds on a CPU).
+    [[ $DRY_RUN == 1 ]] && args+=(-k "$DRY_RUN_TESTS or test_profiling.py or test_methods_on_device.py")
     run_budgeted "$OUT/tests.log" "$PY" -m pytest $files "${args[@]}" || status=1
     "$PY" bench/gpu_tables.py tests "$OUT/tests.xml" --title "CUDA tests $TITLE_TAIL" \
         > "$OUT/tests-gpu.md" || status=1
