@@ -61,7 +61,9 @@ else
 fi
 # avex from this checkout (kernels/ maps to avex.kernels): an offline editable install, unless
 # the interpreter already imports this checkout (a developer's venv).
-if ! "$PY" -c "import avex, sys; sys.exit(not avex.__file__.startswith('$ROOT/'))" 2>/dev/null; then
+# Asked from outside the checkout: here the source folder avex/ (no kernels/ inside) would answer.
+if ! (cd / && "$PY" -c "import avex.kernels, sys; sys.exit(not avex.__file__.startswith('$ROOT/'))") \
+        2>/dev/null; then
     if ! "$PY" -m pip install -q --no-deps --no-build-isolation --no-index -e .; then
         # Never lose a lent GPU's call to packaging: the same layout as setup.py's mapping
         # (kernels/ -> avex.kernels, profiling/ -> avex.profiling) in a copy on PYTHONPATH,
