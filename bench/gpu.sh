@@ -84,6 +84,7 @@ DEVICE=$([[ $HAS_CUDA == 1 ]] && echo cuda || echo cpu)
 GPU_NAME=$([[ $HAS_CUDA == 1 ]] && nvidia-smi --query-gpu=name --format=csv,noheader | head -1 \
            || echo "no GPU (dry run)")
 commit=${AVEX_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
+export AVEX_COMMIT=$commit   # what the tables record (profiling's too), not the copy's git state
 {
     echo "stage: $STAGE$([[ $DRY_RUN == 1 ]] && echo ' (dry run on a CPU)')"
     echo "date: $(date -u +%Y-%m-%dT%H:%MZ)"

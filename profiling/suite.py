@@ -352,9 +352,13 @@ def _provenance() -> dict:
             return ""
         return out.stdout.strip() if out.returncode == 0 else ""
 
-    commit = git("rev-parse", "--short=12", "HEAD") or "unknown (not a git checkout)"
-    if git("status", "--porcelain", "--untracked-files=no"):
-        commit += "+dirty"
+    # AVEX_COMMIT: the caller's word (bench/gpu.sh sets it): a device machine's copy of the
+    # tree carries git metadata that need not match the files it runs
+    commit = os.environ.get("AVEX_COMMIT", "")[:12]
+    if not commit:
+        commit = git("rev-parse", "--short=12", "HEAD") or "unknown (not a git checkout)"
+        if git("status", "--porcelain", "--untracked-files=no"):
+            commit += "+dirty"
     return dict(date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                 commit=commit)
 

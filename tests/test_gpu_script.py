@@ -6,6 +6,7 @@ suites and the profiling and on-device-baseline suites whole, the CPU reward ben
 round, a tiny training run, a 2-layer profile and its FLOPs."""
 import json
 import os
+import re
 import subprocess
 import sys
 import zipfile
@@ -45,9 +46,63 @@ def make_wheel(folder: Path) -> Path:
 def test_usage_and_a_machine_without_cuda_are_refused(tmp_path):
     bad = run_stage("benchmarks", tmp_path / "out")
     assert bad.returncode == 2 and \
-        "usage: bash bench/gpu.sh {tests|bench|train|profile|flops}" in bad.stderr
+        "usage: bash bench/gpu.sh {first-light|tests|bench|train|profile|flops}" in bad.stderr
     no_gpu = run_stage("bench", tmp_path / "out")
     assert no_gpu.returncode == 1 and "no CUDA device here" in no_gpu.stdout
+
+
+@pytest.mark.slow
+def test_first_light_runs_every_part_and_writes_one_table(tmp_path, tiny_cache_dir):
+    """The call that comes first on a lent GPU: the kernel suites, P1, P2, P9 and P1 under
+    torch.compile, each bounded, then first-light.md; at most 8 files come back."""
+    out = tmp_path / "out"
+    done = run_stage("first-light", out, "--dry-run", env={"AVEX_CACHE": str(tiny_cache_dir)})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "first-light.jsonl", "first-light.log", "first-light.md", "machine.txt", "tests.log",
+        "tests.xml"]
+    rows = [json.loads(line) for line in (out / "first-light.jsonl").read_text().splitlines()]
+    exits = {r["part"]: r["exit"] for r in rows if "exit" in r}
+    assert exits == {"tests": 0, "P1": 0, "P2": 0, "P9": 0, "P1-compile": 0}
+    md = (out / "first-light.md").read_text()
+    assert "stage: first-light (dry run on a CPU)" in md
+    for heading in ("## Tests:", "## P1:", "## P2:", "## P9:"):
+        assert heading in md
+    tests = md.split("## Tests:")[1].split("## P1:")[0]
+    total = next(line for line in tests.splitlines() if line.startswith("| **total** |"))
+    passed, failed = (int(c) for c in total.strip("|").split("|")[1:3])
+    assert passed > 20 and failed == 0
+    # the baselines are timed, the Triton rows say why they are not, the checks ran
+    assert re.search(r"\| torch reference, eager \(baseline\) \| [\d.]+ (ms|us) \|", md)
+    assert re.search(r"\| bool-index \+ pad_sequence \(baseline\) \| [\d.]+ (ms|us) \|", md)
+    assert "| triton kernels only | - | - | - | - | needs CUDA" in md
+    assert "- check: ok at B=4 M=40 K=16: indices equal" in md
+    assert "- check: ok at (2, 400, 8), 5 sets" in md
+    p9 = [r for r in rows if r["part"] == "P9" and "step_ms" in r]
+    assert [r["retention"] for r in p9] == [0.4, 0.1]
+    assert all(0 < r["generation_share"] < 1 and r["step_ms"] > 0 for r in p9)
+    assert "| AVEX step at 40% | 2 |" in md
+
+
+def test_first_light_table_says_which_part_did_not_finish(tmp_path):
+    """A part stopped at its time limit keeps the rows it wrote, and the table says so."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        from first_light import build_table
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    rows = tmp_path / "rows.jsonl"
+    lines = [{"part": "P1", "impl": "torch reference, eager (baseline)", "baseline": True,
+              "median_ms": 5.0, "p25_ms": 4.9, "p75_ms": 5.3, "rounds": 20, "case": "c"},
+             {"part": "P1", "impl": "triton kernels only", "baseline": False,
+              "median_ms": 0.08, "p25_ms": 0.078, "p75_ms": 0.083, "rounds": 20, "case": "c"},
+             {"part": "P1", "exit": 0, "seconds": 13},
+             {"part": "P1-compile", "exit": 124, "seconds": 122}]
+    rows.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    md = build_table(str(rows), None, None, "t")
+    assert "| triton kernels only | 80 us | 78 us - 83 us | 20 | 62.50x |" in md
+    assert "**P1-compile did not finish: stopped at its time limit after 122 s**" in md
+    assert "No test report was written." in md and md.count("No rows were written.") == 2
 
 
 @pytest.mark.slow
@@ -148,3 +203,12 @@ def test_every_stage_has_a_time_budget(stage):
     assert "BUDGET=${AVEX_STAGE_SECONDS:-480}" in text
     body = text.split(f"\n{stage})\n", 1)[1].split("\n    ;;", 1)[0]
     assert "run_budgeted " in body
+
+
+def test_first_light_bounds_every_part():
+    """first-light runs its parts through part(), each under timeout, the stage's budget kept."""
+    body = SCRIPT.read_text().split("\nfirst-light)\n", 1)[1].split("\n    ;;", 1)[0]
+    assert 'timeout --signal=INT --kill-after=15 "$limit" "$@"' in body
+    launched = re.findall(r"^    part (\S+) (\d+) (\d+) ", body, flags=re.M)
+    assert [name for name, _, _ in launched] == ["tests", "P1", "P2", "P9", "P1-compile"]
+    assert sum(int(cap) for _, cap, _ in launched) <= 600

@@ -421,3 +421,12 @@ def test_scaled_config_keeps_head_size_and_vocabulary():
     c = scaled_config(backbone_config("qwen2-7b"))
     assert (c.hidden_size, c.num_hidden_layers, c.vocab_size) == (512, 4, 152064)
     assert c.head_dim == 128 and c.num_attention_heads == 4
+
+
+def test_provenance_takes_the_callers_commit(monkeypatch):
+    """On a device machine the copy's git metadata need not match its files: bench/gpu.sh
+    passes the commit in AVEX_COMMIT, and the tables record that one."""
+    monkeypatch.setenv("AVEX_COMMIT", "0123456789abcdef0123")
+    assert suite._provenance()["commit"] == "0123456789ab"
+    monkeypatch.delenv("AVEX_COMMIT")
+    assert suite._provenance()["commit"] != "0123456789ab"
