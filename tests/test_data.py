@@ -104,6 +104,53 @@ def test_writer_rejects_bad_input(tmp_path):
         CacheWriter(tmp_path / "d", dim=0)
 
 
+def test_overwrite_replaces_only_a_cache(tmp_path, monkeypatch):
+    """overwrite=True replaces a feature cache, and nothing else: a folder of other files, the
+    working directory and the home directory (or a folder holding them) are refused before
+    anything is written, and left as they were."""
+    def write(root, overwrite=True):
+        with CacheWriter(root, dim=4, overwrite=overwrite) as writer:
+            writer.add("x", "train", torch.zeros(3, 4), torch.zeros(2, 4), refs_av=["a"],
+                       prompt_prefix_ids=[1], prompt_suffix_ids=[2])
+
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "todo.txt").write_text("keep me")
+    with pytest.raises(FileExistsError, match=r"'.*notes' exists and is not a feature cache"):
+        write(notes)
+    assert (notes / "todo.txt").read_text() == "keep me"
+    monkeypatch.chdir(notes)
+    with pytest.raises(FileExistsError, match=r"cache directory '\.' is the working directory"):
+        write(Path("."))
+    monkeypatch.chdir(tmp_path.parent)
+    monkeypatch.setenv("HOME", str(notes))
+    with pytest.raises(FileExistsError, match=r"is the home directory or holds it"):
+        write(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes"]
+    assert (notes / "todo.txt").read_text() == "keep me"
+
+    write(tmp_path / "cache")
+    write(tmp_path / "cache")                    # a cache is replaced
+    with pytest.raises(FileExistsError, match=r"already exists \(a feature cache\); pass overwrite=True"):
+        write(tmp_path / "cache", overwrite=False)
+    (tmp_path / "empty").mkdir()
+    write(tmp_path / "empty", overwrite=False)   # an empty folder is no loss
+    assert FeatureCache(tmp_path / "empty").clip_ids == ["x"]
+
+
+def test_a_failed_close_leaves_no_staging_folder(tmp_path):
+    """A folder that appears at root while the cache is written is not replaced, and the
+    writer's temporary folder goes with the error."""
+    with pytest.raises(FileExistsError, match="appeared while writing: .* is not a feature cache"):
+        with CacheWriter(tmp_path / "c", dim=4) as writer:
+            writer.add("x", "train", torch.zeros(3, 4), torch.zeros(2, 4), refs_av=["a"],
+                       prompt_prefix_ids=[1], prompt_suffix_ids=[2])
+            (tmp_path / "c").mkdir()
+            (tmp_path / "c" / "mine.txt").write_text("mine")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c"]
+    assert [p.name for p in (tmp_path / "c").iterdir()] == ["mine.txt"]
+
+
 def test_failed_write_leaves_nothing(tmp_path):
     with pytest.raises(RuntimeError):
         with CacheWriter(tmp_path / "c", dim=4) as writer:
@@ -260,7 +307,9 @@ def test_missing_meta_and_bad_version(tmp_path, cache_root):
 def test_verify_cli_reports_the_file(cache_root, capsys):
     # meta.json names "my/tokenizer": neither inside the cache nor anywhere, until it is saved
     exits_with_usage_error(data_cli, ["verify", str(cache_root)],
-                           "tokenizer 'my/tokenizer' is not a folder inside the cache", capsys)
+                           r"names tokenizer 'my/tokenizer', but the cache has no my/tokenizer/ "
+                           r"\(.* is missing\)", capsys)
+    assert "internet" not in capsys.readouterr().err
     build_tokenizer().save_pretrained(str(cache_root / "my" / "tokenizer"))
     assert data_cli(["verify", str(cache_root)]) == 0
     (cache_root / "shards" / "val-00000.safetensors").unlink()
