@@ -280,8 +280,26 @@ def test_training_stops_when_every_reward_is_zero(tiny_cache_dir, tmp_path, monk
 
     monkeypatch.setattr(CiderD, "score", lambda self, c, r: np.zeros(len(c)))
     with pytest.raises(RuntimeError, match=r"every reward of the first 3 RL step\(s\) was 0 .*"
-                                           r"tokenizer/ sub-folder.*max-new-tokens"):
+                                           r"max-new-tokens.*tokenizer/ sub-folder"):
         main(["--benchmark-preset", "tiny", "--captioner-preset", "tiny", "--cache-dir",
               str(tiny_cache_dir), "--run-dir", str(tmp_path / "run"), "--batch-size", "8",
               "--micro-batch-size", "8", "--epochs", "1", "--warmup-epochs", "0.2",
               "--no-evaluate", "--no-progress"])
+
+
+def test_zero_rewards_from_an_undertrained_captioner_blame_the_training():
+    """A captioner whose record says it captions its own validation clips at CIDEr 0 (the tiny
+    preset's 4 steps did that) is named as undertrained, and the tokenizer is not blamed."""
+    from types import SimpleNamespace
+
+    from avex.stopping import zero_reward_error
+
+    under = SimpleNamespace(path=Path("caps/tiny"), info={"training": {"steps": 4, "lr": 0.002,
+                                                                       "val_cider": 0.0}})
+    message = str(zero_reward_error(3, 24, under))
+    assert "captioner at caps/tiny is undertrained: it was trained 4 steps at lr 0.002 and " \
+           "captions its own validation clips at CIDEr 0" in message
+    assert "tokenizer" not in message
+    trained = SimpleNamespace(path=None, info={"training": {"steps": 150, "val_cider": 18.9}})
+    for captioner in (trained, None):
+        assert "tokenizer/ sub-folder" in str(zero_reward_error(3, 24, captioner))
