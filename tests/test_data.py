@@ -89,9 +89,10 @@ def test_writer_rejects_bad_input(tmp_path):
             writer.add("x", "dev", torch.zeros(3, 4), torch.zeros(2, 4), **ok)
         with pytest.raises(ValueError, match="clip_id must match"):
             writer.add("a/b", "train", torch.zeros(3, 4), torch.zeros(2, 4), **ok)
-        with pytest.raises(ValueError, match="refs_av for clip 'x' must hold at least one"):
+        with pytest.raises(ValueError, match=r"refs_av for clip 'x' must be a list of "
+                                             r"non-empty strings, got \[''\]"):
             writer.add("x", "train", torch.zeros(3, 4), torch.zeros(2, 4),
-                       **{**ok, "refs_av": []})
+                       **{**ok, "refs_av": [""]})
         with pytest.raises(ValueError, match="exactly one of prompt_suffix_ids"):
             writer.add("x", "train", torch.zeros(3, 4), torch.zeros(2, 4), refs_av=["a"],
                        prompt_prefix_ids=[1])
@@ -426,3 +427,12 @@ def test_build_cli(tmp_path, capsys):
     assert "already built" in capsys.readouterr().out
     shutil.rmtree(out)
     exits_with_usage_error(data_cli, ["info", str(out)], "no such cache directory", capsys)
+
+
+def test_a_clip_without_references_is_a_legal_row(tmp_path):
+    """A label-free clip (exported without captions) has refs_av [] in the manifest: written
+    and read back as it is."""
+    with CacheWriter(tmp_path / "c", dim=4) as writer:
+        writer.add("x", "train", torch.zeros(3, 4), torch.zeros(2, 4), refs_av=[],
+                   prompt_prefix_ids=[1], prompt_suffix_ids=[2])
+    assert FeatureCache(tmp_path / "c")[0].refs_av == []

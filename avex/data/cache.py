@@ -322,7 +322,8 @@ class CacheWriter:
             "shard": None,  # filled when the shard is written
             "n_visual": int(visual.shape[0]),
             "n_audio": int(audio.shape[0]),
-            "refs_av": _check_refs("refs_av", refs_av, clip_id, required=True),
+            # empty: a label-free clip (python -m avex.data export without captions)
+            "refs_av": _check_refs("refs_av", refs_av, clip_id, required=False),
             "refs_v": _check_refs("refs_v", refs_v, clip_id, required=False),
             "refs_a": _check_refs("refs_a", refs_a, clip_id, required=False),
         }
@@ -578,8 +579,6 @@ def _read_manifest(root: Path) -> list[dict]:
             if key in row and not isinstance(row[key], dict):
                 raise CacheError(f"{_where(path, line_no, clip_id)}: {key} must be an "
                                  f"object, got {row[key]!r}")
-        if not row["refs_av"]:
-            raise CacheError(f"{_where(path, line_no, clip_id)}: refs_av is empty")
         shard = row["shard"]
         if not isinstance(shard, str) or Path(shard).is_absolute() or ".." in Path(shard).parts:
             raise CacheError(f"{_where(path, line_no, clip_id)}: shard must be a path "
