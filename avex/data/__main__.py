@@ -106,7 +106,7 @@ def cmd_export(args) -> int:
         labels = sum(bool(row["refs_av"]) for row in cache.rows)
         print(f"exported {len(cache)} clips ("
               f"{', '.join(f'{k} {v}' for k, v in cache.meta.splits.items())}; {labels} with "
-              f"reference captions) -> {out} in {time.perf_counter() - started:.1f} s, "
+              f"reference captions) -> {out} in {time.perf_counter() - started:.2f} s, "
               f"verified; train with python -m avex.train --data {out} --captioner "
               f"{args.model}")
     return 0
