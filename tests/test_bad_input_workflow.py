@@ -182,8 +182,8 @@ def test_export_refuses_a_clip_without_av_tokens(media, tmp_path):
         def __call__(self, text, return_tensors, **media_inputs):
             return self.inner.tokenizer(["a dog barks"], return_tensors=return_tensors)
 
-    with pytest.raises(ValueError, match=r"clip0.mp4 \(captions line 1\): the processed clip has no audio "
-                                         r"or visual token"):
+    with pytest.raises(ValueError, match=r"clip0.mp4 \(captions line 1\): the processed clip "
+                                         r"has no audio or visual token"):
         export(media_dir, [TRAIN], tmp_path / "cache", processor=TextOnly(processor), ex=ex)
     assert not (tmp_path / "cache").exists()
     assert not list((tmp_path / ".cache.export" / "clips").glob("*.safetensors"))

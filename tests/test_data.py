@@ -132,7 +132,8 @@ def test_overwrite_replaces_only_a_cache(tmp_path, monkeypatch):
 
     write(tmp_path / "cache")
     write(tmp_path / "cache")                    # a cache is replaced
-    with pytest.raises(FileExistsError, match=r"already exists \(a feature cache\); pass overwrite=True"):
+    with pytest.raises(FileExistsError,
+                       match=r"already exists \(a feature cache\); pass overwrite=True"):
         write(tmp_path / "cache", overwrite=False)
     (tmp_path / "empty").mkdir()
     write(tmp_path / "empty", overwrite=False)   # an empty folder is no loss

@@ -637,5 +637,9 @@ def _open_partial(partial: Path, fingerprint: dict) -> None:
 
 def _write_atomically(path: Path, tensors: dict, metadata: dict) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    save_file(tensors, str(tmp), metadata=metadata)
-    os.replace(tmp, path)
+    try:
+        save_file(tensors, str(tmp), metadata=metadata)
+        os.replace(tmp, path)
+    except BaseException:   # the half-written file goes with the error (a kill: the next run)
+        tmp.unlink(missing_ok=True)
+        raise
