@@ -59,8 +59,11 @@ $(VLLM_STAMP): setup.py pyproject.toml
 	$(VLLM_PY) -c "import torchvision, vllm, avex.integrations.vllm.qwen2_5_vl"
 	@touch $@
 
+# tests/test_video.py too: this environment's torchvision imports, so the video path of our own
+# (avex.data.video) is compared with transformers' video processors here.
 test-vllm: $(VLLM_STAMP)
-	$(VLLM_PY) -m pytest tests/test_vllm_plugin.py tests/test_vllm_engine.py $(PYTEST_ARGS)
+	$(VLLM_PY) -m pytest tests/test_vllm_plugin.py tests/test_vllm_engine.py tests/test_video.py \
+	    $(PYTEST_ARGS)
 
 # The wheel installed without -e in a fresh venv: every module, `avex.train --help`, README snippet.
 wheel-check: $(STAMP)

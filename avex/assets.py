@@ -8,9 +8,11 @@ from avex.captioner import FrozenCaptioner
 from avex.captioner.train import ensure_captioner
 from avex.data import FeatureCache
 from avex.data.embedded import ensure_benchmark
+from avex.data.identity import tokenizer_record
 from avex.paths import default_captioner_path
 
-__all__ = ["resolve_asset_paths", "load_cache_and_captioner", "reference_sample"]
+__all__ = ["resolve_asset_paths", "load_cache_and_captioner", "reference_sample",
+           "check_tokenizer"]
 
 
 def resolve_asset_paths(data: str, captioner: str, *, benchmark_preset: str = "default",
@@ -33,14 +35,39 @@ def resolve_asset_paths(data: str, captioner: str, *, benchmark_preset: str = "d
 
 def load_cache_and_captioner(data_path, captioner_path, *, device=None):
     """(feature cache, frozen captioner) at these paths; the captioner's tokenizer must
-    round-trip a sample of the cache's references (:func:`reference_sample`)."""
+    round-trip a sample of the cache's references (:func:`reference_sample`) and, where the
+    cache records the tokenizer its clips were exported with, be that tokenizer
+    (:func:`check_tokenizer`)."""
     cache = FeatureCache(data_path)
-    return cache, FrozenCaptioner.load(captioner_path, device=device,
-                                       references=reference_sample(cache))
+    captioner = FrozenCaptioner.load(captioner_path, device=device,
+                                     references=reference_sample(cache))
+    check_tokenizer(cache, captioner, captioner_path)
+    return cache, captioner
+
+
+def check_tokenizer(cache, captioner, captioner_path) -> None:
+    """An exported cache records its model's tokenizer (``meta.json`` source.tokenizer: its
+    class and the hash of what it maps, :func:`avex.data.identity.tokenizer_sha256`); a
+    captioner whose tokenizer hashes otherwise would be rewarded against references it reads
+    with other ids (the issue's run that ended with rewards of 0-60), so it is refused."""
+    recorded = cache.meta.source.get("tokenizer")
+    if not isinstance(recorded, dict) or "sha256" not in recorded:
+        return
+    mine = tokenizer_record(captioner.tokenizer)
+    if mine["sha256"] != recorded["sha256"]:
+        raise ValueError(
+            f"the captioner's tokenizer is not the one the cache was exported with: the cache "
+            f"{cache.root} records {recorded.get('class')} sha256 {recorded['sha256'][:16]}... "
+            f"(meta.json source.tokenizer), the captioner {captioner_path} has "
+            f"{mine['class']} sha256 {mine['sha256'][:16]}... (read from its tokenizer/ "
+            "sub-folder when it has one, else its folder). Their ids differ, so the captions "
+            "would be scored against references read otherwise; train with the model the cache "
+            "was exported from, or save that model's tokenizer in the captioner's tokenizer/")
 
 
 def reference_sample(cache, count: int = 32) -> list[str]:
     """Reference captions spread over the cache (the manifest's; no tensor is read), for the
     captioner's tokenizer round-trip check."""
-    rows = cache.rows[::max(1, len(cache.rows) // count)]
+    labelled = [row for row in cache.rows if row["refs_av"]]   # label-free rows have none
+    rows = labelled[::max(1, len(labelled) // count)]
     return [row["refs_av"][0] for row in rows][:count]

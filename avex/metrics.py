@@ -141,14 +141,30 @@ def _shared_meteor():
         return _meteor
 
 
+class _Closed:
+    """What a closed METEOR scorer becomes: pycocoevalcap's ``Meteor.__del__`` takes the
+    scorer's lock, which a ``compute_score`` interrupted by Ctrl-C still holds, so it would
+    wait forever (then flush a pipe nobody reads, then wait on the process)."""
+
+
 @atexit.register
 def _close_meteor() -> None:
+    """Kill the METEOR process (SIGKILL: whatever it is doing) and never wait on it or on
+    the scorer's lock, so Ctrl-C during an evaluation exits at once."""
     global _meteor
-    if _meteor is not None:
-        _meteor.meteor_p.stdin.close()
-        _meteor.meteor_p.kill()
-        _meteor.meteor_p.wait()
-        _meteor = None
+    meteor, _meteor = _meteor, None
+    if meteor is None:
+        return
+    process = meteor.meteor_p
+    meteor.__class__ = _Closed
+    process.kill()
+    # stdin's flush meets a dead reader (EPIPE) rather than blocking; stderr is left to the
+    # thread that reads it, which sees its end now
+    for pipe in (process.stdin, process.stdout):
+        try:
+            pipe.close()
+        except OSError:
+            pass
 
 
 def _tokenized(captions_per_clip: list[list[str]]) -> dict[int, list[str]]:

@@ -105,7 +105,9 @@ def prune_inputs(inputs_embeds: torch.Tensor, modality: torch.Tensor, *, scores=
             every text token; padding is dropped whatever it says. S > 1 gives S pruned
             variants of each sample (e.g. an anchor and its counterfactuals), read from the one
             copy of ``inputs_embeds``.
-        retention: rho in (0, 1], used with ``scores`` or ``policy``.
+        retention: rho in (0, 1], used with ``scores`` or ``policy``; or one rho per row: a
+            1-D tensor (or list) [B], each value read as a Python float (a float32 tensor's
+            0.3 is 0.30000001...), exactly as a call on that row alone with that number.
         policy: a trained :class:`avex.policy.AVEXPolicy` (``avex.load_policy``) that scores
             the AV tokens instead of ``scores`` (:meth:`~avex.policy.AVEXPolicy.score`); inputs
             of another width or layout than it was trained on are refused.
@@ -285,15 +287,47 @@ def select_keep(inputs_embeds: torch.Tensor, modality: torch.Tensor, *, scores=N
                              "with scores")
         if retention is None:
             raise ValueError("retention is required with policy")
-        _checks.ratio("retention", retention)
+        retention = row_retention(retention, modality.shape[0])
         if policy.trained_on is not None:
-            policy.trained_on.check_retention(retention)
+            for rho in sorted(set(retention if isinstance(retention, list) else [retention])):
+                policy.trained_on.check_retention(rho)
     elif scores is None or retention is None:
         missing = "scores" if scores is None else "retention"
         raise ValueError(f"{missing} is required: pass scores with retention, or keep")
+    retention = row_retention(retention, modality.shape[0])
     _checks.flag("per_item", per_item)
     choose = _per_item_keep if per_item else _row_keep
     return choose(inputs_embeds, modality, scores, policy, retention)
+
+
+def row_retention(retention, rows: int) -> float | list[float]:
+    """``retention`` checked: one rho in (0, 1] for every row, or one per row (a 1-D tensor
+    or a list of ``rows`` numbers), returned as a float or a list of floats."""
+    if isinstance(retention, torch.Tensor) and retention.dim() == 0:
+        retention = retention.item()
+    if not isinstance(retention, (torch.Tensor, list, tuple)):
+        return _checks.ratio("retention", retention)
+    if isinstance(retention, torch.Tensor):
+        if retention.dim() != 1 or retention.is_complex() or retention.dtype == torch.bool:
+            raise ValueError(f"retention must be a number in (0, 1] or a 1-D tensor [B] of "
+                             f"them, one per row, got a {retention.dtype} tensor of shape "
+                             f"{list(retention.shape)}")
+        retention = retention.detach().cpu().tolist()
+    if len(retention) != rows:
+        raise ValueError(f"retention holds {len(retention)} values but inputs_embeds has "
+                         f"{rows} rows; pass one per row, or one number for all")
+    return [_checks.ratio(f"retention[{b}]", rho) for b, rho in enumerate(retention)]
+
+
+def _kept_counts(retention, counts: torch.Tensor, rows=None) -> torch.Tensor:
+    """K = round(rho N) for each entry of ``counts``, rho the one retention or the retention
+    of its row (``rows[i]``: the row of entry i; default: entry i is row i)."""
+    if not isinstance(retention, list):
+        return num_kept(retention, counts)
+    rows = range(len(counts)) if rows is None else rows.tolist()
+    if not len(counts):
+        return counts.new_zeros(0)
+    return torch.stack([num_kept(retention[r], n) for r, n in zip(rows, counts)])
 
 
 def item_index(modality: torch.Tensor) -> torch.Tensor:
@@ -331,18 +365,18 @@ def _per_item_keep(inputs_embeds, modality, scores, policy, retention):
         scores = policy.score(inputs_embeds[row_of], codes)
     else:
         scores = scores[row_of] if len(row_of) else scores[:0]
-    chosen = _top_k_keep(scores, retention, codes, own)
+    chosen = _top_k_keep(scores, retention, codes, own, rows=row_of)
     keep = torch.zeros(modality.shape, dtype=torch.long, device=modality.device)
     return keep.index_add_(0, row_of, chosen.long()) > 0
 
 
-def _top_k_keep(scores, retention, modality, is_av):
+def _top_k_keep(scores, retention, modality, is_av, rows=None):
     _checks.tensor("scores", scores, ndim=2, floating=True)
     _checks.same_device("scores", scores, "modality", modality)
     if scores.shape != modality.shape:
         raise ValueError(f"scores must have shape {list(modality.shape)} (one per position of "
                          f"inputs_embeds), got {list(scores.shape)}")
-    k = num_kept(retention, is_av.sum(1))
+    k = _kept_counts(retention, is_av.sum(1), rows)
     av_scores = torch.where(is_av, scores.detach(), torch.full_like(scores, float("-inf")))
     for bad, what in ((torch.isnan(av_scores), "NaN"), (torch.isposinf(av_scores), "+inf")):
         if bool(bad.any()):
@@ -353,8 +387,10 @@ def _top_k_keep(scores, retention, modality, is_av):
     short = selectable < k
     if bool(short.any()):
         b = int(torch.nonzero(short)[0, 0])
+        rho = retention if not isinstance(retention, list) else \
+            retention[b if rows is None else int(rows[b])]
         raise ValueError(f"scores: sample {b} has {int(selectable[b])} audio-visual tokens with a "
-                         f"score > -inf, but retention={retention} keeps {int(k[b])} of its "
+                         f"score > -inf, but retention={rho} keeps {int(k[b])} of its "
                          f"{int(is_av[b].sum())}; give its tokens finite scores, or pass keep")
     # Top-K over the AV axis [B, M], not the whole sequence [B, L]: a long prompt must not
     # widen the rows the kernel ranks. Order is kept, so ties still go to the lower position.

@@ -311,7 +311,7 @@ class Run:
                                          or float(sums.get("reward_spread", 0.0)) > 0) or rewarded
                 if not rewarded and step + 1 == min(ZERO_REWARD_STEPS, self.rl_steps):
                     raise zero_reward_error(step + 1, min(len(clips), cfg.batch_size
-                                                          * (step + 1)))
+                                                          * (step + 1)), captioner)
             if self.books.stop_requested() and step + 1 < self.rl_steps:
                 self.books.interrupt(model, "rl", step + 1, optimizer, scheduler)
             if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < self.rl_steps:

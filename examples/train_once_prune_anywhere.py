@@ -5,20 +5,20 @@
 The whole user path on a tiny random model, in about a minute on a laptop CPU:
 
 1. a few short media files (MP4 with an AAC track, WAV, PNG) and their reference captions;
-2. a tiny random Qwen2.5-Omni thinker (video + audio, interleaved with use_audio_in_video)
-   or Qwen2.5-VL (video and images), saved with ``save_pretrained`` with its tokenizer;
-3. export: ``avex.data.export.export_cache`` (``python -m avex.data export``) through the
+2. a tiny random Qwen2.5-Omni thinker (video + audio, interleaved with use_audio_in_video),
+   Qwen2.5-VL (video and images), Qwen2-Audio (audio files and videos' audio tracks) or
+   LLaVA-OneVision (video and images), saved with ``save_pretrained`` with its processor;
+3. export: ``python -m avex.data export`` (``avex.data.export.export_cache``) through the
    model's processor and ``avex.adapters.adapt`` into a feature cache;
 4. train: ``python -m avex.train --data CACHE --captioner MODEL`` (a few steps);
 5. serve: ``avex.load_policy(run, model=model)``, then
    ``adapt(model, **processor(...)).prune(policy=policy, retention=0.4)`` and ``generate``.
 
-With a real model, step 2 is ``from_pretrained`` and ``AutoProcessor.from_pretrained``. Here the
-processor is assembled offline from its parts (a word-level tokenizer that knows the model's
-placeholder tokens, the Qwen2-VL image processor, Whisper's feature extractor). transformers'
-video processors need torchvision, whose PyPI build fails to import on a CPU-only torch, so
-this example hands the processor :class:`FramesVideoProcessor`, which runs the model's own
-image processor on each frame and groups frames in pairs as Qwen2-VL's video processor does.
+With a real model, step 2 is the model's own folder. Here the processor is assembled offline
+from its parts (a word-level tokenizer that knows the model's placeholder tokens, the model
+family's Pillow image processor, Whisper's feature extractor, and the library's own video
+processor, ``avex.data.video``, which needs no torchvision) and saved beside the model, where
+``python -m avex.data export --model DIR`` and ``avex.data.processor.load_processor`` read it.
 Nothing is downloaded.
 """
 from __future__ import annotations
@@ -40,7 +40,13 @@ SPECIAL = {"qwen2_5_omni": {"<|AUDIO|>": 190, "<|IMAGE|>": 191, "<|VIDEO|>": 192
                             "<|audio_bos|>": 193, "<|audio_eos|>": 194, "<|vision_bos|>": 195,
                             "<|vision_eos|>": 196},
            "qwen2_5_vl": {"<|image_pad|>": 191, "<|video_pad|>": 192,
-                          "<|vision_start|>": 195, "<|vision_end|>": 196}}
+                          "<|vision_start|>": 195, "<|vision_end|>": 196},
+           "qwen2_audio": {"<|AUDIO|>": 190, "<|audio_bos|>": 193, "<|audio_eos|>": 194},
+           "llava_onevision": {"<image>": 191, "<video>": 192}}
+#: what each family takes: video and images, audio files
+SEES = {"qwen2_5_omni": True, "qwen2_5_vl": True, "qwen2_audio": False, "llava_onevision": True}
+HEARS = {"qwen2_5_omni": True, "qwen2_5_vl": False, "qwen2_audio": True,
+         "llava_onevision": False}
 TEXT = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=2048, vocab_size=TEXT_VOCAB,
             rope_parameters=dict(rope_type="default", mrope_section=[2, 1, 1],
@@ -55,12 +61,13 @@ VISION = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hi
 # ----------------------------------------------------------------------------------------------
 
 def write_video(path: Path, seed: int, seconds: float = 4.0, fps: int = 8, size: int = 16,
-                rate: int = 16000, audio: bool = True) -> None:
-    """An MP4 (MPEG-4 video, AAC audio) of moving noise and a tone, written with PyAV."""
+                rate: int = 16000, audio: bool = True, faststart: bool = False) -> None:
+    """An MP4 (MPEG-4 video, AAC audio) of moving noise and a tone, written with PyAV
+    (``faststart``: its index before the data, as streaming sites write them)."""
     import av
 
     rng = np.random.default_rng(seed)
-    with av.open(str(path), "w") as out:
+    with av.open(str(path), "w", options={"movflags": "faststart"} if faststart else {}) as out:
         video = out.add_stream("mpeg4", rate=fps)
         video.width = video.height = size
         video.pix_fmt = "yuv420p"
@@ -89,8 +96,9 @@ def write_video(path: Path, seed: int, seconds: float = 4.0, fps: int = 8, size:
 
 
 def write_media(folder: Path, family: str, seed: int = 0) -> Path:
-    """Six clips and ``captions.jsonl``: videos (with their audio track), a WAV (Omni only)
-    and PNG images; four train clips and two test clips."""
+    """Up to six clips and ``captions.jsonl``: videos (with their audio track), a WAV (for a
+    model that hears) and a PNG (for one that sees); the second and the last are test clips,
+    the others train clips."""
     import soundfile
     from PIL import Image
 
@@ -100,12 +108,14 @@ def write_media(folder: Path, family: str, seed: int = 0) -> Path:
     for i in range(4):
         write_video(folder / f"clip{i}.mp4", seed + i)
         files.append(f"clip{i}.mp4")
-    if family == "qwen2_5_omni":
+    if HEARS[family]:
         soundfile.write(str(folder / "sound.wav"),
                         (0.2 * rng.standard_normal(24000)).astype(np.float32), 22050)
         files.append("sound.wav")
-    Image.fromarray(rng.integers(0, 255, (20, 24, 3), dtype=np.uint8)).save(folder / "still.png")
-    files.append("still.png")
+    if SEES[family]:
+        Image.fromarray(rng.integers(0, 255, (20, 24, 3), dtype=np.uint8)).save(
+            folder / "still.png")
+        files.append("still.png")
     rows = []
     for i, name in enumerate(files):
         captions = [" ".join(rng.choice(WORDS, 5)) for _ in range(3)]
@@ -134,10 +144,10 @@ def build_model(family: str):
 
 def _random_model(family: str):
     torch.manual_seed(0)
+    ids = SPECIAL[family]
     if family == "qwen2_5_omni":
         from transformers import (Qwen2_5OmniThinkerConfig,
                                   Qwen2_5OmniThinkerForConditionalGeneration)
-        ids = SPECIAL[family]
         config = Qwen2_5OmniThinkerConfig(
             text_config=TEXT, vision_config=VISION,
             audio_config=dict(num_mel_bins=8, encoder_layers=1, encoder_attention_heads=2,
@@ -150,14 +160,34 @@ def _random_model(family: str):
             vision_end_token_id=ids["<|vision_eos|>"], position_id_per_seconds=2,
             seconds_per_chunk=2, pad_token_id=0)
         return Qwen2_5OmniThinkerForConditionalGeneration(config).eval()
-    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
-    ids = SPECIAL[family]
-    config = Qwen2_5_VLConfig(text_config=TEXT, vision_config=dict(VISION, window_size=8),
-                              image_token_id=ids["<|image_pad|>"],
-                              video_token_id=ids["<|video_pad|>"],
-                              vision_start_token_id=ids["<|vision_start|>"],
-                              vision_end_token_id=ids["<|vision_end|>"], pad_token_id=0)
-    return Qwen2_5_VLForConditionalGeneration(config).eval()
+    if family == "qwen2_5_vl":
+        from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+        config = Qwen2_5_VLConfig(text_config=TEXT, vision_config=dict(VISION, window_size=8),
+                                  image_token_id=ids["<|image_pad|>"],
+                                  video_token_id=ids["<|video_pad|>"],
+                                  vision_start_token_id=ids["<|vision_start|>"],
+                                  vision_end_token_id=ids["<|vision_end|>"], pad_token_id=0)
+        return Qwen2_5_VLForConditionalGeneration(config).eval()
+    text = {k: v for k, v in TEXT.items() if k != "rope_parameters"}
+    if family == "qwen2_audio":
+        from transformers import Qwen2AudioConfig, Qwen2AudioForConditionalGeneration
+        # 300 source positions: the encoder takes exactly 600 mel frames, 6 s at a 160 hop
+        config = Qwen2AudioConfig(
+            audio_config=dict(d_model=16, encoder_layers=1, encoder_attention_heads=2,
+                              encoder_ffn_dim=32, num_mel_bins=8, max_source_positions=300),
+            text_config=dict(text, model_type="qwen2", pad_token_id=0),
+            audio_token_index=ids["<|AUDIO|>"])
+        return Qwen2AudioForConditionalGeneration(config).eval()
+    from transformers import LlavaOnevisionConfig, LlavaOnevisionForConditionalGeneration
+    config = LlavaOnevisionConfig(
+        text_config=dict(text, model_type="qwen2", pad_token_id=0),
+        vision_config=dict(model_type="siglip_vision_model", hidden_size=16,
+                           intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=8, patch_size=2),
+        image_token_index=ids["<image>"], video_token_index=ids["<video>"],
+        vision_feature_layer=-1, vision_feature_select_strategy="full",
+        image_grid_pinpoints=[[8, 8], [8, 16], [16, 8], [16, 16]])
+    return LlavaOnevisionForConditionalGeneration(config).eval()
 
 
 def build_tokenizer(family: str):
@@ -181,92 +211,73 @@ def build_tokenizer(family: str):
                               "vision_eos_token": "<|vision_eos|>"},
              "qwen2_5_vl": {"image_token": "<|image_pad|>", "video_token": "<|video_pad|>",
                             "vision_bos_token": "<|vision_start|>",
-                            "vision_eos_token": "<|vision_end|>"}}[family]
+                            "vision_eos_token": "<|vision_end|>"},
+             "qwen2_audio": {"audio_token": "<|AUDIO|>", "audio_bos_token": "<|audio_bos|>",
+                             "audio_eos_token": "<|audio_eos|>"},
+             "llava_onevision": {"image_token": "<image>", "video_token": "<video>"}}[family]
     return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>",
                                    unk_token="<unk>", eos_token="<eos>",
                                    extra_special_tokens=names)
 
 
-class FramesVideoProcessor:
-    """A video processor for the Qwen2-VL family that needs no torchvision: each frame goes
-    through the model's own (Pillow) image processor, and consecutive frames form the temporal
-    patches, in the patch order of transformers' Qwen2VLVideoProcessor (a video of one frame
-    repeated gives exactly the image processor's patches)."""
-
-    def __init__(self, image_processor):
-        self.image_processor = image_processor
-        self.patch_size = image_processor.patch_size
-        self.merge_size = image_processor.merge_size
-        self.temporal_patch_size = image_processor.temporal_patch_size
-
-    def __call__(self, videos, **kwargs):
-        from transformers import BatchFeature
-
-        step, patch = self.temporal_patch_size, self.patch_size
-        values, grids = [], []
-        for frames in videos:
-            frames = list(frames)
-            frames += [frames[-1]] * (-len(frames) % step)   # pad with the last frame
-            out = self.image_processor(images=frames, return_tensors="np")
-            _, grid_h, grid_w = (int(x) for x in out["image_grid_thw"][0])
-            # per frame [grid_h * grid_w, C, step (copies), P, P]: keep one copy
-            pixels = out["pixel_values"].reshape(len(frames), grid_h * grid_w, 3, step, patch,
-                                                 patch)[:, :, :, 0]
-            pixels = pixels.reshape(len(frames) // step, step, grid_h * grid_w, 3, patch, patch)
-            pixels = pixels.transpose(0, 2, 3, 1, 4, 5)
-            values.append(pixels.reshape(-1, 3 * step * patch * patch))
-            grids.append([len(frames) // step, grid_h, grid_w])
-        # the sampling rate the frames were read at (Qwen2.5-VL's processor times its M-RoPE
-        # by it, as it reads it from the real video processor's metadata)
-        fps = float(kwargs.get("fps") or 2.0)
-        return BatchFeature({"pixel_values_videos": torch.tensor(np.concatenate(values)),
-                             "video_grid_thw": torch.tensor(grids),
-                             "video_metadata": [types.SimpleNamespace(sampled_fps=fps, fps=fps)
-                                                for _ in grids]},
-                            skip_tensor_conversion=["video_metadata"])
-
-
 def build_processor(family: str, tokenizer=None):
-    """The family's processor, assembled from its parts without the hub or torchvision."""
-    from transformers import Qwen2_5OmniProcessor, Qwen2_5_VLProcessor, WhisperFeatureExtractor
-    try:  # transformers 5.2x: the Pillow backend has its own class
-        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import \
-            Qwen2VLImageProcessorPil
-    except ImportError:  # before: the slow (NumPy / Pillow) processor is the plain class
-        from transformers import Qwen2VLImageProcessor as Qwen2VLImageProcessorPil
+    """The family's processor, assembled from its parts without the hub or torchvision; its
+    video processor is the library's (avex.data.video), configured as transformers' own."""
+    import transformers
+    from transformers import WhisperFeatureExtractor
+
+    from avex.data.processor import assemble_processor
+    from avex.data.video import LlavaOnevisionFramesProcessor, QwenVLFramesProcessor
 
     tokenizer = tokenizer or build_tokenizer(family)
-    images = Qwen2VLImageProcessorPil(patch_size=2, temporal_patch_size=2, merge_size=2,
-                                      size={"shortest_edge": 64, "longest_edge": 256})
-    # ProcessorMixin's constructor checks the video processor's class against the video
-    # processors transformers has, which without torchvision is none: the parts are set here
-    cls = Qwen2_5OmniProcessor if family == "qwen2_5_omni" else Qwen2_5_VLProcessor
-    processor = object.__new__(cls)
-    processor.tokenizer, processor.image_processor, processor.chat_template = \
-        tokenizer, images, None
-    processor.video_processor = FramesVideoProcessor(images)
+    audio = WhisperFeatureExtractor(feature_size=8, sampling_rate=16000, hop_length=160,
+                                    chunk_length=6, n_fft=400)
+    if family == "qwen2_audio":
+        return transformers.Qwen2AudioProcessor(feature_extractor=audio, tokenizer=tokenizer,
+                                                chat_template=None)
+    if family == "llava_onevision":
+        images = _pil_image_processor("llava_onevision", "LlavaOnevisionImageProcessor")(
+            size={"height": 8, "width": 8}, crop_size={"height": 8, "width": 8},
+            image_grid_pinpoints=[[8, 8], [8, 16], [16, 8], [16, 16]])
+        video = LlavaOnevisionFramesProcessor(size={"height": 8, "width": 8})
+        return assemble_processor(transformers.LlavaOnevisionProcessor,
+                                  {"image_processor": images, "tokenizer": tokenizer,
+                                   "video_processor": video}, num_image_tokens=16,
+                                  vision_feature_select_strategy="full", chat_template=None)
+    images = _pil_image_processor("qwen2_vl", "Qwen2VLImageProcessor")(
+        patch_size=2, temporal_patch_size=2, merge_size=2,
+        size={"shortest_edge": 64, "longest_edge": 256})
+    video = QwenVLFramesProcessor(patch_size=2, temporal_patch_size=2, merge_size=2,
+                                  size={"shortest_edge": 64, "longest_edge": 256})
+    parts = {"image_processor": images, "video_processor": video, "tokenizer": tokenizer}
     if family == "qwen2_5_omni":
-        processor.feature_extractor = WhisperFeatureExtractor(
-            feature_size=8, sampling_rate=16000, hop_length=160, chunk_length=6, n_fft=400)
-        for name in ("image_token", "audio_token", "video_token", "vision_bos_token",
-                     "vision_eos_token", "audio_bos_token", "audio_eos_token"):
-            setattr(processor, name, getattr(tokenizer, name))
-        for name in ("image_token", "audio_token", "video_token"):
-            setattr(processor, name + "_id", tokenizer.convert_tokens_to_ids(
-                getattr(tokenizer, name)))
-    else:
-        processor.image_token, processor.video_token = "<|image_pad|>", "<|video_pad|>"
-        processor.image_token_id = tokenizer.convert_tokens_to_ids("<|image_pad|>")
-        processor.video_token_id = tokenizer.convert_tokens_to_ids("<|video_pad|>")
-    return processor
+        return assemble_processor(transformers.Qwen2_5OmniProcessor,
+                                  {**parts, "feature_extractor": audio}, chat_template=None)
+    return assemble_processor(transformers.Qwen2_5_VLProcessor, parts, chat_template=None)
 
 
-def save_model(model, tokenizer, directory: Path) -> Path:
-    """The model with its tokenizer in ``tokenizer/``: beside a Qwen config.json,
+def _pil_image_processor(module: str, name: str):
+    """The Pillow image processor class of a family (transformers 5.2x names it ``...Pil``;
+    before, the plain class is the Pillow one)."""
+    import importlib
+
+    try:
+        found = importlib.import_module(f"transformers.models.{module}."
+                                        f"image_processing_pil_{module}")
+        return getattr(found, name + "Pil")
+    except (ImportError, AttributeError):
+        import transformers
+        return getattr(transformers, name)
+
+
+def save_model(model, processor, directory: Path) -> Path:
+    """The model with its processor (``python -m avex.data export --model`` reads both), and
+    its tokenizer again in ``tokenizer/``: beside a Qwen config.json, the captioner's
     AutoTokenizer would load Qwen2's byte-level tokenizer instead of this word-level one
     (FrozenCaptioner reads ``tokenizer/`` first)."""
     model.save_pretrained(str(directory))
-    tokenizer.save_pretrained(str(directory / "tokenizer"))
+    processor.save_pretrained(str(directory))
+    processor.tokenizer.save_pretrained(str(directory / "tokenizer"))
     return directory
 
 
@@ -303,27 +314,30 @@ def serve(model, processor, policy, media_file: Path, retention: float = RETENTI
     return adapted, pruned, tokens
 
 
+def command(*argv) -> None:
+    """One documented command, as a user runs it."""
+    done = subprocess.run([sys.executable, "-m", *argv], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"python -m {' '.join(argv[:2])} failed:\n{done.stderr[-3000:]}")
+
+
 def run(family: str, workdir: Path) -> dict:
     import avex
-    from avex.data.export import export_cache
+    from avex.data.processor import load_processor
 
     workdir = Path(workdir)
     captions = write_media(workdir / "media", family)
     model = build_model(family)
-    tokenizer = build_tokenizer(family)
-    processor = build_processor(family, tokenizer)
-    model_dir = save_model(model, tokenizer, workdir / "model")
+    model_dir = save_model(model, build_processor(family), workdir / "model")
 
-    cache = export_cache(workdir / "media", captions, workdir / "cache", model=model,
-                         processor=processor, progress=False)
-    run_dir = workdir / "run"
-    done = subprocess.run([sys.executable, "-m", "avex.train", "--data", str(cache),
-                           "--captioner", str(model_dir), "--run-dir", str(run_dir),
-                           *TRAIN_FLAGS], capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"python -m avex.train failed:\n{done.stderr[-3000:]}")
+    cache, run_dir = workdir / "cache", workdir / "run"
+    command("avex.data", "export", "--media", str(workdir / "media"), "--captions",
+            str(captions), "--model", str(model_dir), "--out", str(cache), "--no-progress")
+    command("avex.train", "--data", str(cache), "--captioner", str(model_dir), "--run-dir",
+            str(run_dir), *TRAIN_FLAGS)
 
     policy = avex.load_policy(run_dir, model=model)
+    processor = load_processor(model_dir, model)     # as export loaded it
     test_file = workdir / "media" / "clip1.mp4"
     adapted, pruned, tokens = serve(model, processor, policy, test_file)
     print(f"{family}: exported {cache}, trained {run_dir}; served {test_file.name}: "

@@ -1,6 +1,5 @@
 """Test set-up. Without CUDA, Triton kernels run on the CPU through the interpreter; the
 variable has to be set before any kernel module is imported."""
-import dataclasses
 import os
 
 import torch
@@ -50,14 +49,11 @@ def layout_atol(dtype=torch.float32, device=DEVICE) -> float:
 def tiny_cache_dir(tmp_path_factory):
     """A cache root holding ``benchmarks/embedded-tiny-seed0`` and its ``tiny`` captioner."""
     # imported here, not at the top: the kernel tests run without loading transformers
-    from avex.captioner.train import PRESETS, train_captioner
-    from avex.data import ensure_benchmark
-    from avex.paths import default_captioner_path
+    from avex.captioner.train import ensure_captioner
 
     root = tmp_path_factory.mktemp("avex-cache")
-    bench = ensure_benchmark("tiny", cache_dir=root, progress=False)
-    cfg = dataclasses.replace(PRESETS["tiny"], steps=150, lr=1e-2)  # enough for non-zero rewards
-    train_captioner(bench, default_captioner_path(bench.name, "tiny", root), cfg, progress=False)
+    # as python -m avex.train --benchmark-preset tiny --captioner-preset tiny builds them
+    ensure_captioner("tiny", "tiny", cache_dir=root, progress=False)
     return root
 
 

@@ -118,7 +118,7 @@ READER_CASES = [
     case("a flipped bit in a shard the clips read", lambda r: FeatureCache(flip_bit(r, "test-00000")).verify_shards([2]), CacheError, r"test-00000\.safetensors: corrupted shard, SHA-256 differs"),
     case("verify_shards of clip 3 of 3", lambda r: FeatureCache(r).verify_shards([3]), IndexError, "clip index 3 out of range for 3 clips"),
     case("FeatureCache(None)", lambda r: FeatureCache(None), TypeError, r"root must be the path of a feature cache directory \(a str or Path\), got NoneType: None"),
-    case("meta.json names a tokenizer folder that is missing", lambda r: (edit_meta(r, tokenizer="tokenizer"), FeatureCache(r).check_tokenizer()), CacheError, r"meta\.json: tokenizer 'tokenizer' is not a folder inside the cache \(.*tokenizer\), nor is it a local path or a model in the Hugging Face cache"),
+    case("meta.json names a tokenizer folder that is missing", lambda r: (edit_meta(r, tokenizer="tokenizer"), FeatureCache(r).check_tokenizer()), CacheError, r"meta\.json names tokenizer 'tokenizer', but the cache has no tokenizer/ \(.*tokenizer is missing\), and it is not a local path or a model in the Hugging Face cache either"),
     case("meta.json names a tokenizer folder that is broken", lambda r: (edit_meta(r, tokenizer="shards"), FeatureCache(r).check_tokenizer()), CacheError, r"meta\.json: tokenizer 'shards' can't be loaded from the cache"),
 ]
 
@@ -178,7 +178,8 @@ def test_data_verify_fails_where_the_named_tokenizer_is_missing(cache_root, caps
     assert "no tokenizer" in capsys.readouterr().out
     edit_meta(cache_root, tokenizer="tokenizer")
     exits_with_usage_error(data_main, ["verify", str(cache_root)],
-                           r"tokenizer 'tokenizer' is not a folder inside the cache", capsys)
+                           r"names tokenizer 'tokenizer', but the cache has no tokenizer/",
+                           capsys)
 
 
 def test_data_verify_loads_the_tokenizer_inside_the_cache(tiny_benchmark, capsys):

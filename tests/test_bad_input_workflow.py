@@ -102,6 +102,12 @@ def media(tmp_path_factory):
     root = tmp_path_factory.mktemp("media")
     ex.write_media(root, "qwen2_5_omni")
     (root / "broken.mp4").write_bytes(b"not a video at all" * 10)
+    # cut in half: the index at the front still promises every frame, the data ends early
+    ex.write_video(root / "fast.mp4", 7, faststart=True)
+    whole = (root / "fast.mp4").read_bytes()
+    (root / "cut.mp4").write_bytes(whole[:len(whole) // 2])
+    wav = (root / "sound.wav").read_bytes()
+    (root / "cut.wav").write_bytes(wav[:len(wav) // 3])
     return root, ex
 
 
@@ -119,6 +125,11 @@ def export(media_dir, rows, out, *, family="qwen2_5_vl", processor=None, model=N
 TRAIN = {"file": "clip0.mp4", "captions": ["a dog barks"], "split": "train"}
 
 
+def gemma3n_stub():
+    from types import SimpleNamespace
+    return SimpleNamespace(config=SimpleNamespace(model_type="gemma3n"))
+
+
 def wrong_patch_processor(ex):
     processor = ex.build_processor("qwen2_5_vl")
     processor.image_processor.patch_size = 14
@@ -130,13 +141,18 @@ EXPORT_CASES = [
     case("an unreadable media file", dict(rows=[TRAIN, {**TRAIN, "file": "broken.mp4"}]), ValueError, r"broken.mp4: unreadable video .* \(captions line 2\)"),
     case("a caption line that is not JSON", dict(rows=[TRAIN, "{oops"]), ValueError, r"line 2: not valid JSON"),
     case("an unknown split", dict(rows=[{**TRAIN, "split": "dev"}]), ValueError, r"line 1: 'split' must be one of \['train', 'val', 'test', 'transfer'\], got 'dev'"),
-    case("empty captions", dict(rows=[{**TRAIN, "captions": []}]), ValueError, r"line 1: 'captions' must be a list of non-empty strings \(at least one\), got \[\]"),
+    case("empty captions", dict(rows=[{**TRAIN, "captions": []}]), ValueError, r"line 1: 'captions' is an empty list; leave the field out for a clip without references"),
+    case("a caption that is empty", dict(rows=[{**TRAIN, "captions": [" "]}]), ValueError, r"line 1: 'captions' must be a list of non-empty strings \(or left out\), got \[' '\]"),
+    case("a video cut short", dict(rows=[TRAIN, {**TRAIN, "file": "cut.mp4"}]), ValueError, r"cut.mp4: decodes short: its header says 32 frames of video, only \d+ frames decode .* \(captions line 2\)"),
+    case("a WAV cut short", dict(rows=[TRAIN, {**TRAIN, "file": "cut.wav"}], family="qwen2_5_omni"), ValueError, r"cut.wav: decodes short: its header says 1.09 s of audio, only 0.36 s decode .* \(captions line 2\)"),
+    case("Gemma 3n, whose per-layer inputs a cache can't hold", dict(rows=[TRAIN], model=lambda ex: gemma3n_stub()), ValueError, r"model type 'gemma3n' is refused by export: Gemma 3n's decoder reads per-layer token embeddings"),
+    case("images for a model that sees nothing", dict(rows=[TRAIN, {**TRAIN, "file": "still.png"}], family="qwen2_audio"), ValueError, r"still.png \(captions line 2\): qwen2_audio takes no images"),
     case("no train split", dict(rows=[{**TRAIN, "split": "test"}]), ValueError, r"no row has split 'train'"),
     case("a file outside the media folder", dict(rows=[{**TRAIN, "file": "../x.mp4"}]), ValueError, r"'file' must be a path inside the media folder, got '../x.mp4'"),
     case("an unknown media type", dict(rows=[{**TRAIN, "file": "notes.txt"}]), ValueError, r"unknown media type '.txt'"),
     case("audio for a model that hears nothing", dict(rows=[TRAIN, {**TRAIN, "file": "sound.wav"}]), ValueError, r"sound.wav \(captions line 2\): qwen2_5_vl takes no audio"),
     case("a processor that does not match the model", dict(rows=[TRAIN], processor=wrong_patch_processor), ValueError, r"the processor does not match the model .*image_processor.patch_size is 14, the model's vision_config.patch_size is 2"),
-    case("a model export can't prompt", dict(rows=[TRAIN], model=lambda ex: qwen2()), ValueError, r"export knows the processor inputs of \['qwen2_5_omni_thinker', 'qwen2_5_vl'\], not model type 'qwen2'"),
+    case("a model export can't prompt", dict(rows=[TRAIN], model=lambda ex: qwen2()), ValueError, r"export knows the processor inputs of \['qwen2_5_omni_thinker', 'qwen2_5_vl', 'llava_onevision', 'qwen2_audio'\], not model type 'qwen2'"),
 ]
 
 
@@ -149,7 +165,7 @@ def test_export_refusals_write_nothing(media, tmp_path, call, error, match):
             kwargs[key] = kwargs[key](ex)
     out = tmp_path / "cache"
     raises(lambda: export(media_dir, kwargs.pop("rows"), out, ex=ex, **kwargs), error, match)
-    assert not out.exists() and not (tmp_path / ".cache.export").exists()
+    assert list(tmp_path.iterdir()) == []   # no cache, no partial export, no lock folder
 
 
 def test_export_refuses_a_clip_without_av_tokens(media, tmp_path):
@@ -166,8 +182,8 @@ def test_export_refuses_a_clip_without_av_tokens(media, tmp_path):
         def __call__(self, text, return_tensors, **media_inputs):
             return self.inner.tokenizer(["a dog barks"], return_tensors=return_tensors)
 
-    with pytest.raises(ValueError, match=r"clip0.mp4 \(line 1\): the processed clip has no audio "
-                                         r"or visual token"):
+    with pytest.raises(ValueError, match=r"clip0.mp4 \(captions line 1\): the processed clip "
+                                         r"has no audio or visual token"):
         export(media_dir, [TRAIN], tmp_path / "cache", processor=TextOnly(processor), ex=ex)
     assert not (tmp_path / "cache").exists()
     assert not list((tmp_path / ".cache.export" / "clips").glob("*.safetensors"))
@@ -203,7 +219,7 @@ def test_export_resumes_and_verifies(media, tmp_path, monkeypatch):
     assert redone == ["clip1.mp4", "still.png"]
     assert data_main(["verify", str(tmp_path / "cache")]) == 0
     assert not (tmp_path / ".cache.export").exists()
-    with pytest.raises(ValueError, match="a cache already exists"):
+    with pytest.raises(ValueError, match=r"already exists \(a feature cache\); pass overwrite"):
         export(media_dir, rows, tmp_path / "cache", ex=ex)
 
 
@@ -280,8 +296,26 @@ def test_training_stops_when_every_reward_is_zero(tiny_cache_dir, tmp_path, monk
 
     monkeypatch.setattr(CiderD, "score", lambda self, c, r: np.zeros(len(c)))
     with pytest.raises(RuntimeError, match=r"every reward of the first 3 RL step\(s\) was 0 .*"
-                                           r"tokenizer/ sub-folder.*max-new-tokens"):
+                                           r"max-new-tokens.*tokenizer/ sub-folder"):
         main(["--benchmark-preset", "tiny", "--captioner-preset", "tiny", "--cache-dir",
               str(tiny_cache_dir), "--run-dir", str(tmp_path / "run"), "--batch-size", "8",
               "--micro-batch-size", "8", "--epochs", "1", "--warmup-epochs", "0.2",
               "--no-evaluate", "--no-progress"])
+
+
+def test_zero_rewards_from_an_undertrained_captioner_blame_the_training():
+    """A captioner whose record says it captions its own validation clips at CIDEr 0 (the tiny
+    preset's 4 steps did that) is named as undertrained, and the tokenizer is not blamed."""
+    from types import SimpleNamespace
+
+    from avex.stopping import zero_reward_error
+
+    under = SimpleNamespace(path=Path("caps/tiny"), info={"training": {"steps": 4, "lr": 0.002,
+                                                                       "val_cider": 0.0}})
+    message = str(zero_reward_error(3, 24, under))
+    assert "captioner at caps/tiny is undertrained: it was trained 4 steps at lr 0.002 and " \
+           "captions its own validation clips at CIDEr 0" in message
+    assert "tokenizer" not in message
+    trained = SimpleNamespace(path=None, info={"training": {"steps": 150, "val_cider": 18.9}})
+    for captioner in (trained, None):
+        assert "tokenizer/ sub-folder" in str(zero_reward_error(3, 24, captioner))

@@ -89,9 +89,10 @@ def test_writer_rejects_bad_input(tmp_path):
             writer.add("x", "dev", torch.zeros(3, 4), torch.zeros(2, 4), **ok)
         with pytest.raises(ValueError, match="clip_id must match"):
             writer.add("a/b", "train", torch.zeros(3, 4), torch.zeros(2, 4), **ok)
-        with pytest.raises(ValueError, match="refs_av for clip 'x' must hold at least one"):
+        with pytest.raises(ValueError, match=r"refs_av for clip 'x' must be a list of "
+                                             r"non-empty strings, got \[''\]"):
             writer.add("x", "train", torch.zeros(3, 4), torch.zeros(2, 4),
-                       **{**ok, "refs_av": []})
+                       **{**ok, "refs_av": [""]})
         with pytest.raises(ValueError, match="exactly one of prompt_suffix_ids"):
             writer.add("x", "train", torch.zeros(3, 4), torch.zeros(2, 4), refs_av=["a"],
                        prompt_prefix_ids=[1])
@@ -102,6 +103,54 @@ def test_writer_rejects_bad_input(tmp_path):
         CacheWriter(tmp_path / "c", dim=4)
     with pytest.raises(ValueError, match="dim must be a positive int, got 0"):
         CacheWriter(tmp_path / "d", dim=0)
+
+
+def test_overwrite_replaces_only_a_cache(tmp_path, monkeypatch):
+    """overwrite=True replaces a feature cache, and nothing else: a folder of other files, the
+    working directory and the home directory (or a folder holding them) are refused before
+    anything is written, and left as they were."""
+    def write(root, overwrite=True):
+        with CacheWriter(root, dim=4, overwrite=overwrite) as writer:
+            writer.add("x", "train", torch.zeros(3, 4), torch.zeros(2, 4), refs_av=["a"],
+                       prompt_prefix_ids=[1], prompt_suffix_ids=[2])
+
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "todo.txt").write_text("keep me")
+    with pytest.raises(FileExistsError, match=r"'.*notes' exists and is not a feature cache"):
+        write(notes)
+    assert (notes / "todo.txt").read_text() == "keep me"
+    monkeypatch.chdir(notes)
+    with pytest.raises(FileExistsError, match=r"cache directory '\.' is the working directory"):
+        write(Path("."))
+    monkeypatch.chdir(tmp_path.parent)
+    monkeypatch.setenv("HOME", str(notes))
+    with pytest.raises(FileExistsError, match=r"is the home directory or holds it"):
+        write(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes"]
+    assert (notes / "todo.txt").read_text() == "keep me"
+
+    write(tmp_path / "cache")
+    write(tmp_path / "cache")                    # a cache is replaced
+    with pytest.raises(FileExistsError,
+                       match=r"already exists \(a feature cache\); pass overwrite=True"):
+        write(tmp_path / "cache", overwrite=False)
+    (tmp_path / "empty").mkdir()
+    write(tmp_path / "empty", overwrite=False)   # an empty folder is no loss
+    assert FeatureCache(tmp_path / "empty").clip_ids == ["x"]
+
+
+def test_a_failed_close_leaves_no_staging_folder(tmp_path):
+    """A folder that appears at root while the cache is written is not replaced, and the
+    writer's temporary folder goes with the error."""
+    with pytest.raises(FileExistsError, match="appeared while writing: .* is not a feature cache"):
+        with CacheWriter(tmp_path / "c", dim=4) as writer:
+            writer.add("x", "train", torch.zeros(3, 4), torch.zeros(2, 4), refs_av=["a"],
+                       prompt_prefix_ids=[1], prompt_suffix_ids=[2])
+            (tmp_path / "c").mkdir()
+            (tmp_path / "c" / "mine.txt").write_text("mine")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c"]
+    assert [p.name for p in (tmp_path / "c").iterdir()] == ["mine.txt"]
 
 
 def test_failed_write_leaves_nothing(tmp_path):
@@ -260,7 +309,9 @@ def test_missing_meta_and_bad_version(tmp_path, cache_root):
 def test_verify_cli_reports_the_file(cache_root, capsys):
     # meta.json names "my/tokenizer": neither inside the cache nor anywhere, until it is saved
     exits_with_usage_error(data_cli, ["verify", str(cache_root)],
-                           "tokenizer 'my/tokenizer' is not a folder inside the cache", capsys)
+                           r"names tokenizer 'my/tokenizer', but the cache has no my/tokenizer/ "
+                           r"\(.* is missing\)", capsys)
+    assert "internet" not in capsys.readouterr().err
     build_tokenizer().save_pretrained(str(cache_root / "my" / "tokenizer"))
     assert data_cli(["verify", str(cache_root)]) == 0
     (cache_root / "shards" / "val-00000.safetensors").unlink()
@@ -377,3 +428,12 @@ def test_build_cli(tmp_path, capsys):
     assert "already built" in capsys.readouterr().out
     shutil.rmtree(out)
     exits_with_usage_error(data_cli, ["info", str(out)], "no such cache directory", capsys)
+
+
+def test_a_clip_without_references_is_a_legal_row(tmp_path):
+    """A label-free clip (exported without captions) has refs_av [] in the manifest: written
+    and read back as it is."""
+    with CacheWriter(tmp_path / "c", dim=4) as writer:
+        writer.add("x", "train", torch.zeros(3, 4), torch.zeros(2, 4), refs_av=[],
+                   prompt_prefix_ids=[1], prompt_suffix_ids=[2])
+    assert FeatureCache(tmp_path / "c")[0].refs_av == []

@@ -1,9 +1,13 @@
-"""examples/train_once_prune_anywhere.py runs end to end on both tiny models (media files ->
-export -> python -m avex.train -> avex.load_policy -> adapt(...).prune(policy=) -> generate),
-and the keep-set it serves is the one python -m avex.evaluate scores for the same clip and
-retention."""
+"""examples/train_once_prune_anywhere.py runs end to end on tiny models of three families by
+the documented commands (media files -> python -m avex.data export, and the same export from
+two processes under torchrun -> python -m avex.train -> avex.load_policy ->
+adapt(...).prune(policy=) -> generate), and the keep-set it serves is the one python -m
+avex.evaluate scores for the same clip and retention."""
 import importlib.util
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -28,13 +32,39 @@ def load_example():
     return module
 
 
+def torchrun_export(workdir: Path, out: Path, processes: int = 2):
+    """python -m avex.data export of the example's media, from ``processes`` processes."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc-per-node", str(processes), "-m", "avex.data", "export", "--media",
+               str(workdir / "media"), "--captions", str(workdir / "media" / "captions.jsonl"),
+               "--model", str(workdir / "model"), "--out", str(out), "--no-progress"]
+    return subprocess.run(command, capture_output=True, text=True,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def same_cache(one: Path, other: Path) -> None:
+    from avex.data import FeatureCache
+
+    a, b = FeatureCache(one), FeatureCache(other, verify="hash")
+    assert a.clip_ids == b.clip_ids and [r["refs_av"] for r in a.rows] == \
+        [r["refs_av"] for r in b.rows]
+    for x, y in zip(a, b):
+        for key in ("inputs_embeds", "modality", "position_ids"):
+            assert (x.merged[key] is None and y.merged[key] is None) or \
+                torch.equal(x.merged[key], y.merged[key]), (x.clip_id, key)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["qwen2_5_omni", "qwen2_5_vl"])
+@pytest.mark.parametrize("family", ["qwen2_5_omni", "qwen2_5_vl", "qwen2_audio"])
 def test_example_serves_the_keep_set_evaluate_scores(family, tmp_path, monkeypatch):
     example = load_example()
     out = example.run(family, tmp_path)
     layout = json.loads((out["run_dir"] / "policy.json").read_text())["trained_on"]["layout"]
-    assert layout == ("interleaved" if family == "qwen2_5_omni" else "visual")
+    assert layout == {"qwen2_5_omni": "interleaved", "qwen2_5_vl": "visual",
+                      "qwen2_audio": "audio"}[family]
+    done = torchrun_export(tmp_path, tmp_path / "cache2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    same_cache(out["cache"], tmp_path / "cache2")
     assert (out["run_dir"] / "policy" / "model.safetensors").is_file()
     assert out["tokens"].shape == (1, 4)
 

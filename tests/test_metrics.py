@@ -163,3 +163,29 @@ def test_every_metric_is_available_here():
     if importlib.util.find_spec("pycocoevalcap") is None:
         pytest.skip(f"the metrics degrade here (tested above): {metrics.java_tools_missing()}")
     assert metrics.unavailable_metrics() == {}
+
+
+def test_closing_an_interrupted_meteor_kills_it_without_waiting():
+    """Ctrl-C inside pycocoevalcap's Meteor.compute_score leaves the scorer's lock held; the
+    close at exit must kill the process and return at once, not wait on that lock (issue 34:
+    a 9-minute hang after Ctrl-C)."""
+    import subprocess
+    import threading
+
+    pytest.importorskip("pycocoevalcap")
+    from pycocoevalcap.meteor.meteor import Meteor
+
+    stuck = object.__new__(Meteor)   # a METEOR that never answers, as one stopped mid-score
+    stuck.meteor_p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE)
+    stuck.lock = threading.Lock()
+    stuck.lock.acquire()
+    stuck.meteor_p.stdin.write(b"EVAL ||| 1 2 3\n")   # unflushed, as an interrupted write
+    metrics._meteor, process = stuck, stuck.meteor_p
+    del stuck
+    closing = threading.Thread(target=metrics._close_meteor, daemon=True)
+    closing.start()
+    closing.join(timeout=10)
+    assert not closing.is_alive(), "closing METEOR waited on its lock or its process"
+    assert process.wait(timeout=10) == -9 and metrics._meteor is None

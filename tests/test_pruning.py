@@ -555,3 +555,70 @@ def test_per_item_refusals():
         prune_inputs(embeds, modality, keep=modality == TEXT, per_item=True)
     with pytest.raises(TypeError, match="per_item must be"):
         prune_inputs(embeds, modality, policy=policy, retention=0.4, per_item="yes")
+
+
+# --- one retention per row -------------------------------------------------------------------
+
+def _same_as_rows_alone(batch, embeds, modality, retention, **kwargs):
+    """Each row of the batch call keeps what a call on that row alone, at that row's retention
+    (a Python float), keeps: the keep-set, the compacted embeddings and the positions."""
+    for b, rho in enumerate(retention.tolist()):
+        alone = prune_inputs(embeds[b:b + 1], modality[b:b + 1], retention=rho,
+                             **{k: (v[b:b + 1] if isinstance(v, torch.Tensor) else v)
+                                for k, v in kwargs.items()})
+        assert torch.equal(batch.keep[b], alone.keep[0]), (b, rho)
+        width = int(alone.attention_mask.sum())
+        assert torch.equal(batch.inputs_embeds[b][batch.attention_mask[b].bool()],
+                           alone.inputs_embeds[0][-width:])
+        assert torch.equal(batch.position_ids[..., b, :][..., batch.attention_mask[b].bool()],
+                           alone.position_ids[..., 0, -width:])
+
+
+@pytest.mark.parametrize("retention", [[0.2, 0.5, 1.0], [0.35, 0.05, 0.7]])
+def test_a_retention_per_row_is_each_row_at_its_own_retention(retention):
+    embeds, modality, scores = make_batch(5)
+    retention = torch.tensor(retention)
+    batch = prune_inputs(embeds, modality, scores=scores, retention=retention)
+    _same_as_rows_alone(batch, embeds, modality, retention, scores=scores)
+    kept = batch.keep[:, 0] & ((modality == VISUAL) | (modality == AUDIO))
+    counts = ((modality == VISUAL) | (modality == AUDIO)).sum(1)
+    assert kept.sum(1).tolist() == [int(num_kept(r, int(n)))
+                                    for r, n in zip(retention.tolist(), counts)]
+    assert len(set(kept.sum(1).tolist())) > 1
+
+
+def test_a_retention_per_row_with_a_policy_per_row_and_per_item():
+    embeds, modality, policy = _two_items()
+    retention = torch.tensor([0.25, 0.75])
+    for per_item in (False, True):
+        batch = prune_inputs(embeds, modality, policy=policy, retention=retention,
+                             per_item=per_item)
+        _same_as_rows_alone(batch, embeds, modality, retention, policy=policy,
+                            per_item=per_item)
+
+
+def test_adapted_inputs_prune_takes_a_retention_per_row():
+    from avex.adapters import AdaptedInputs
+
+    embeds, modality, policy = _two_items()
+    mask = (modality != PAD).long()
+    adapted = AdaptedInputs(embeds, modality, None, {}, mask, torch.zeros_like(mask), "qwen2")
+    retention = torch.tensor([0.3, 0.9])
+    batch = adapted.prune(policy=policy, retention=retention)
+    _same_as_rows_alone(batch, embeds, modality, retention, policy=policy)
+
+
+@pytest.mark.parametrize("retention,error,match", [
+    (torch.tensor([0.5, 0.5]), ValueError, r"retention holds 2 values but inputs_embeds has 3 "
+                                           r"rows; pass one per row"),
+    (torch.full((3, 1), 0.5), ValueError, r"retention must be a number in \(0, 1\] or a 1-D "
+                                          r"tensor \[B\] of them, one per row, got a "
+                                          r"torch.float32 tensor of shape \[3, 1\]"),
+    (torch.tensor([0.5, 1.5, 0.5]), ValueError, r"retention\[1\] must be in \(0, 1\], got 1.5"),
+    (torch.tensor([0.5, float("nan"), 0.5]), ValueError, r"retention\[1\] must be in \(0, 1\]"),
+    ([0.5, 0.0, 0.5], ValueError, r"retention\[1\] must be in \(0, 1\], got 0.0"),
+])
+def test_a_retention_per_row_is_checked(retention, error, match):
+    embeds, modality, scores = make_batch(5)
+    with pytest.raises(error, match=match):
+        prune_inputs(embeds, modality, scores=scores, retention=retention)

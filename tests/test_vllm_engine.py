@@ -10,6 +10,10 @@ log-probabilities at every step.
   within float32 tolerance.
 * The plugin at rho = 1.0 equals unpruned vLLM exactly, and unpruned vLLM equals
   ``avex.generate`` on the full prompt.
+* Requests that carry their own rho (``mm_processor_kwargs={"avex_retention": rho}``) on an
+  engine at rho = 0.4: each prompt as ``avex.generate`` prunes it at its own rho (a retention
+  per row, ``prune(retention=tensor)``); prompts 0 and 3 hold the same image, so a cache
+  identity without the rho would hand prompt 3 prompt 0's pruned image.
 * Engines that must not start: the refusal table through vLLM's own ``LLM(...)``.
 
 vLLM engines start slowly on a shared CPU, so they all run in one subprocess
@@ -35,6 +39,8 @@ from avex.pruning import generate  # noqa: E402
 HERE = Path(__file__).resolve().parent
 MAX_TOKENS = 6
 PRUNED = {"rho 0.1": 0.1, "rho 0.4, chunked prefill": 0.4, "rho 1.0": 1.0}
+#: per prompt: the rho each request of the "per request" engine (rho 0.4) asks for
+PER_REQUEST = [0.1, None, 1.0, 0.25]
 ATOL = 2e-4  # float32 log-probabilities of two implementations (vision tower, attention)
 
 
@@ -61,6 +67,9 @@ def served(tiny):
     on = {name: {"hf_overrides": hf_overrides(model, policy=tiny["policy"], retention=rho)}
           for name, rho in PRUNED.items()}
     on["rho 0.4, chunked prefill"]["max_num_batched_tokens"] = 16
+    on["per request"] = {"hf_overrides": hf_overrides(model, policy=tiny["policy"],
+                                                      retention=0.4),
+                         "request_retentions": PER_REQUEST}
     ours = {"architectures": ["AVEXQwen2_5_VLForConditionalGeneration"],
             "avex_policy": str(tiny["policy"])}
     refusals = {
@@ -101,6 +110,9 @@ def reference(tiny):
     out = {"unpruned": adapted.prune(keep=adapted.modality >= 0)}
     for name, rho in PRUNED.items():
         out[name] = adapted.prune(policy=policy, retention=rho, per_item=True)
+    rates = torch.tensor([0.4 if rho is None else rho for rho in PER_REQUEST],
+                         dtype=torch.float64)
+    out["per request"] = adapted.prune(policy=policy, retention=rates, per_item=True)
     results = {}
     for name, pruned in out.items():
         generated = generate(model, pruned, max_new_tokens=MAX_TOKENS,
@@ -115,7 +127,7 @@ def reference(tiny):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["unpruned", *PRUNED])
+@pytest.mark.parametrize("name", ["unpruned", *PRUNED, "per request"])
 def test_engine_matches_avex_generate(served, reference, name):
     tokens, logprobs, lengths, _ = reference[name]
     engine = served["engines"][name]
@@ -181,3 +193,15 @@ def test_engine_refusals(served, name):
     kind, message = served["refusals"][name]
     assert kind in ("ValueError", "ValidationError"), f"{kind}: {message}"
     assert re.search(REFUSED[name], message), message
+
+
+@pytest.mark.slow
+def test_a_request_carries_its_own_retention(served):
+    """The per-request engine prunes each prompt at its request's rho: its prompt lengths are
+    those of the engines at that rho, not the engine's 0.4 for all."""
+    got = [out["prompt_length"] for out in served["engines"]["per request"]]
+    by_rho = {0.1: "rho 0.1", None: "rho 0.4, chunked prefill", 1.0: "rho 1.0"}
+    for i, rho in enumerate(PER_REQUEST):
+        if rho in by_rho:
+            assert got[i] == served["engines"][by_rho[rho]][i]["prompt_length"], (i, rho)
+    assert len(set(got)) > 1

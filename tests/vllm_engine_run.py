@@ -2,8 +2,9 @@
 process, and save what they generate: ``python tests/vllm_engine_run.py SPEC OUT``.
 
 SPEC (JSON): ``model``, ``max_tokens``, ``engines`` (name -> LLM keyword arguments, e.g.
-``hf_overrides`` and ``max_num_batched_tokens``) and ``refusals`` (name -> {"model": ...,
-LLM keyword arguments}: engines that must fail to start; their error is recorded). OUT (a
+``hf_overrides`` and ``max_num_batched_tokens``, and optionally ``request_retentions``: one
+rho per prompt, sent as the request's ``mm_processor_kwargs``) and ``refusals`` (name ->
+{"model": ..., LLM keyword arguments}: engines that must fail to start; their error is recorded). OUT (a
 torch file): for each engine, per prompt, the greedy tokens and the log-probabilities of the
 whole vocabulary at each step; for each refusal, the exception's type and message.
 
@@ -60,8 +61,12 @@ def main(spec_path, out_path):
             del llm
             gc.collect()
     for name, kwargs in spec["engines"].items():
+        rates = kwargs.pop("request_retentions", None)
         llm = LLM(**engine_kwargs(spec["model"], **kwargs))
-        outputs = llm.generate(prompts, params, use_tqdm=False)
+        asked = prompts if rates is None else [
+            prompt if rho is None else dict(prompt, mm_processor_kwargs={"avex_retention": rho})
+            for prompt, rho in zip(prompts, rates)]
+        outputs = llm.generate(asked, params, use_tqdm=False)
         per_prompt = []
         for output in outputs:
             sample = output.outputs[0]

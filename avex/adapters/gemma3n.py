@@ -22,6 +22,16 @@ from avex.adapters._capture import (AdaptedInputs, adapted, check_placeholders,
                                     require, token_id)
 
 MODEL_TYPES = ("gemma3n",)
+# export (avex.adapters._export): refused, and why
+PROCESSOR = "Gemma3nProcessor"
+VIDEO = None
+SEES, HEARS = True, True
+EXPORT_REFUSED = (
+    "Gemma 3n's decoder reads per-layer token embeddings (per_layer_inputs) besides "
+    "inputs_embeds; the feature cache stores the merged embeddings only, and the frozen "
+    "captioner captions from those, so training on an exported cache would caption a "
+    "different model than the one served. Gemma 3n is served pruned (adapt(...).prune), not "
+    "trained from a cache")
 
 
 def adapt(model, **processor_outputs) -> AdaptedInputs:

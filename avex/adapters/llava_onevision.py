@@ -17,8 +17,13 @@ from avex import _checks
 from avex.adapters._capture import (AdaptedInputs, adapted, check_placeholders,
                                     check_processor_outputs, placeholder_runs, refuse_unused,
                                     require, token_id)
+from avex.adapters._export import prompt_text, vision_inputs
 
 MODEL_TYPES = ("llava_onevision",)
+# export (avex.adapters._export): its processor, its video processor's style, what it takes
+PROCESSOR = "LlavaOnevisionProcessor"
+VIDEO = "llava_onevision"
+SEES, HEARS = True, False
 
 
 def adapt(model, **processor_outputs) -> AdaptedInputs:
@@ -63,3 +68,11 @@ def _image_newline(model):
         if name.endswith("image_newline"):
             return parameter.detach()
     raise ValueError(f"{type(model).__name__} has no image_newline parameter")
+
+
+def export_inputs(model, processor, media, prompt: str) -> tuple[dict, dict]:
+    """One image or video: its placeholder (``<image>``, ``<video>``) then the prompt (or the
+    chat template). A video's audio track is not used: the model hears nothing."""
+    token = processor.video_token if media.kind == "video" else processor.image_token
+    text = prompt_text(processor, media.kind, token, prompt)
+    return {"text": [text], "return_tensors": "pt", **vision_inputs(media)}, {}

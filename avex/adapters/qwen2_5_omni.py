@@ -15,9 +15,14 @@ from avex import _checks
 from avex.adapters._capture import (AdaptedInputs, adapted, audio_token_counts,
                                     check_placeholders, check_processor_outputs,
                                     placeholder_runs, refuse_unused, require, token_id)
+from avex.adapters._export import marker, prompt_text, vision_inputs
 from avex.adapters.qwen2_5_vl import check_per_video, check_vision_blocks
 
 MODEL_TYPES = ("qwen2_5_omni_thinker",)
+# export (avex.adapters._export): its processor, its video processor's style, what it takes
+PROCESSOR = "Qwen2_5OmniProcessor"
+VIDEO = "qwen2_vl"
+SEES, HEARS = True, True
 AUDIO_INPUTS = ("input_features", "feature_attention_mask")
 REFUSED = {"audio_feature_lengths": "pass feature_attention_mask, as the processor returns it"}
 
@@ -102,3 +107,44 @@ def _check_interleaving(model, inputs, index, audio_tokens, video, audio, block,
             f"the model's {per_chunk}-position chunks (position_id_per_seconds * "
             "seconds_per_chunk), so its TMRoPE positions would be wrong; build the prompt "
             "with this model's processor and use_audio_in_video=True")
+
+
+def export_inputs(model, processor, media, prompt: str, *,
+                  use_audio_in_video: bool = True) -> tuple[dict, dict]:
+    """One image, audio file or video: the file's placeholder between its markers
+    (``<|vision_bos|>``/``<|vision_eos|>``, ``<|audio_bos|>``/``<|audio_eos|>``) then the
+    prompt (or the chat template). A video with an audio track and ``use_audio_in_video``
+    gets the track interleaved chunk by chunk (the model's TMRoPE), and ``adapt`` is told."""
+    config = model.config
+    vision = (marker(processor, config, "vision_start_token_id"),
+              marker(processor, config, "vision_end_token_id"))
+    if media.kind == "audio":
+        start = marker(processor, config, "audio_start_token_id")
+        end = marker(processor, config, "audio_end_token_id")
+        text = prompt_text(processor, "audio", f"{start}{processor.audio_token}{end}", prompt)
+        return {"text": [text], "audio": [media.audio], "return_tensors": "pt",
+                "sampling_rate": media.sampling_rate}, {}
+    token = processor.video_token if media.kind == "video" else processor.image_token
+    text = prompt_text(processor, media.kind, f"{vision[0]}{token}{vision[1]}", prompt)
+    inputs = {"text": [text], "return_tensors": "pt", **vision_inputs(media)}
+    if media.kind != "video" or not use_audio_in_video or media.audio is None:
+        return inputs, {}
+    inputs["audio"] = [media.audio]
+    inputs["sampling_rate"] = media.sampling_rate
+    extra = _audio_in_video(processor, config, 1)
+    inputs["videos_kwargs"].update(extra.pop("videos_kwargs", {}))
+    inputs.update(extra)
+    return inputs, {"use_audio_in_video": True}
+
+
+def _audio_in_video(processor, config, count: int) -> dict:
+    """The processor keywords that interleave each video's audio track with it, on this
+    transformers: ``load_audio_from_video`` + ``audio_from_video_indices`` where the
+    processor has them (5.2x), ``use_audio_in_video`` before; chunking from the config."""
+    timing = {"seconds_per_chunk": float(getattr(config, "seconds_per_chunk", 2)),
+              "position_id_per_seconds": getattr(config, "position_id_per_seconds", 25)}
+    if hasattr(processor, "_resolve_audio_from_video"):
+        return {"load_audio_from_video": True, "audio_from_video_indices": list(range(count)),
+                **timing}
+    return {"use_audio_in_video": True, "videos_kwargs": {"use_audio_in_video": True,
+                                                          **timing}}

@@ -14,8 +14,13 @@ import torch
 from avex.adapters._capture import (AdaptedInputs, adapted, check_placeholders,
                                     check_processor_outputs, grid_token_counts, placeholder_runs,
                                     refuse_unused, require, token_id)
+from avex.adapters._export import marker, prompt_text, vision_inputs
 
 MODEL_TYPES = ("qwen2_5_vl",)
+# export (avex.adapters._export): its processor, its video processor's style, what it takes
+PROCESSOR = "Qwen2_5_VLProcessor"
+VIDEO = "qwen2_vl"
+SEES, HEARS = True, False
 
 
 def adapt(model, **processor_outputs) -> AdaptedInputs:
@@ -85,3 +90,14 @@ def check_token_types(inputs: dict, image: int, video: int) -> None:
                          f"video placeholders (id {video}) and 0 elsewhere, got "
                          f"{int(types[b, pos])} at sample {b}, position {pos} (token id "
                          f"{int(ids[b, pos])})")
+
+
+def export_inputs(model, processor, media, prompt: str) -> tuple[dict, dict]:
+    """One image or video: ``<|vision_start|><|image_pad|> or <|video_pad|><|vision_end|>``
+    then the prompt (or the chat template), the frames with their sampling rate (its M-RoPE
+    times them by it). A video's audio track is not used: the model hears nothing."""
+    start = marker(processor, model.config, "vision_start_token_id")
+    end = marker(processor, model.config, "vision_end_token_id")
+    token = processor.video_token if media.kind == "video" else processor.image_token
+    text = prompt_text(processor, media.kind, f"{start}{token}{end}", prompt)
+    return {"text": [text], "return_tensors": "pt", **vision_inputs(media)}, {}

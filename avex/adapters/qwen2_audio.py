@@ -8,8 +8,13 @@ from __future__ import annotations
 from avex.adapters._capture import (AdaptedInputs, adapted, audio_token_counts,
                                     check_placeholders, check_processor_outputs,
                                     placeholder_runs, refuse_unused, require, token_id)
+from avex.adapters._export import prompt_text
 
 MODEL_TYPES = ("qwen2_audio",)
+# export (avex.adapters._export): its processor, no video processor, what it takes
+PROCESSOR = "Qwen2AudioProcessor"
+VIDEO = None
+SEES, HEARS = False, True
 AUDIO_INPUTS = ("input_features", "feature_attention_mask")
 
 
@@ -26,3 +31,13 @@ def adapt(model, **processor_outputs) -> AdaptedInputs:
         check_placeholders("audio", audio, blocks, audio_token_counts(model, inputs),
                            "feature_attention_mask (valid frames through the audio tower)")
     return adapted(model, inputs, visual_ids=(), audio_ids=[audio])
+
+
+def export_inputs(model, processor, media, prompt: str) -> tuple[dict, dict]:
+    """An audio file, or a video's audio track (the model sees nothing):
+    ``<|audio_bos|><|AUDIO|><|audio_eos|>`` then the prompt (or the chat template), the
+    samples at the feature extractor's rate."""
+    place = f"{processor.audio_bos_token}{processor.audio_token}{processor.audio_eos_token}"
+    text = prompt_text(processor, "audio", place, prompt)
+    return {"text": [text], "audio": [media.audio], "return_tensors": "pt",
+            "sampling_rate": media.sampling_rate}, {}

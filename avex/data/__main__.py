@@ -12,13 +12,19 @@ The benchmark's measured gates are an analysis: ``python -m avex.evaluate gates`
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
 import sys
 import time
 from pathlib import Path
 
+import torch
+
 from .. import _checks
-from .cache import CacheError, FeatureCache
-from .export import ExportError, ExportSettings, export_cache, load_model, read_captions
+from .cache import SPLITS, CacheError, FeatureCache
+from .export import (ExportError, ExportSettings, export_cache, load_model, media_rows,
+                     read_captions)
+from .processor import load_processor
 from .embedded import (PRESETS, benchmark_name, build_benchmark, default_benchmark_path,
                        resolve_config)
 
@@ -65,23 +71,44 @@ def cmd_export(args) -> int:
     # settings, captions, media and output path are checked before the model loads
     settings.validate()
     _checks.output_dir("out", args.out)
-    read_captions(args.captions, args.media)
+    _checks.available_device("device", args.device)
+    if args.captions is not None:
+        read_captions(args.captions, args.media)
+    else:
+        media_rows(args.media, args.split)
     if not Path(args.model, "config.json").is_file():
         raise ExportError(f"--model: {args.model!r} is not a Hugging Face model directory "
                           "(no config.json)")
-    from transformers import AutoProcessor
-
-    model = load_model(args.model)
-    processor = AutoProcessor.from_pretrained(args.processor or args.model)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    device = args.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and world > 1:   # each process its own GPU
+        device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+    model = load_model(args.model, device)
+    processor = load_processor(args.processor or args.model, model)
+    launcher = f"torchrun --nproc-per-node {world} -m avex.data " if world > 1 else \
+        "python -m avex.data "
     started = time.perf_counter()
-    out = export_cache(args.media, args.captions, args.out, model=model, processor=processor,
-                       settings=settings, overwrite=args.overwrite,
-                       progress=not args.no_progress)
-    cache = FeatureCache(out, verify="hash")
-    cache.verify_all()
-    print(f"exported {len(cache)} clips ({', '.join(f'{k} {v}' for k, v in cache.meta.splits.items())}) "
-          f"-> {out} in {time.perf_counter() - started:.1f} s; train with python -m avex.train "
-          f"--data {out} --captioner {args.model}")
+    try:
+        out = export_cache(args.media, args.captions, args.out, model=model,
+                           processor=processor, settings=settings, overwrite=args.overwrite,
+                           progress=not args.no_progress, split=args.split,
+                           resume_command=launcher + shlex.join(args.argv))
+    except KeyboardInterrupt as stop:   # ExportInterrupted, or a second Ctrl-C mid-clip
+        resume = getattr(stop, "resume", launcher + shlex.join(args.argv))
+        print(f"\n{stop if str(stop) else 'export stopped'}; the clips done are kept in "
+              f"{Path(args.out).parent / ('.' + Path(args.out).name + '.export')}; resume "
+              f"with: {resume}", file=sys.stderr)
+        return 130
+    if int(os.environ.get("RANK", "0")) == 0:
+        cache = FeatureCache(out)
+        labels = sum(bool(row["refs_av"]) for row in cache.rows)
+        print(f"exported {len(cache)} clips ("
+              f"{', '.join(f'{k} {v}' for k, v in cache.meta.splits.items())}; {labels} with "
+              f"reference captions) -> {out} in {time.perf_counter() - started:.2f} s, "
+              f"verified; train with python -m avex.train --data {out} --captioner "
+              f"{args.model}")
     return 0
 
 
@@ -126,8 +153,12 @@ def main(argv=None) -> int:
     export = sub.add_parser("export", help="media files + captions -> a feature cache, "
                             "through a model's processor")
     export.add_argument("--media", required=True, help="the folder of media files")
-    export.add_argument("--captions", required=True,
-                        help='JSON lines: {"file": ..., "captions": [...], "split": "train"}')
+    export.add_argument("--captions", default=None,
+                        help='JSON lines: {"file": ..., "captions": [...], "split": "train"} '
+                        "(captions may be left out); without it every media file under "
+                        "--media is a clip of --split, without references")
+    export.add_argument("--split", default="train", choices=SPLITS,
+                        help="the split of every clip when there is no --captions file")
     export.add_argument("--model", required=True,
                         help="a local Hugging Face model directory (the captioner to train with)")
     export.add_argument("--processor", default=None,
@@ -141,7 +172,11 @@ def main(argv=None) -> int:
                         default=True, help="a video's audio track goes in with it (Omni)")
     export.add_argument("--dtype", default="float32", choices=("float32", "float16",
                                                                "bfloat16"))
-    export.add_argument("--overwrite", action="store_true")
+    export.add_argument("--device", default="auto",
+                        help="auto (a GPU where there is one; under torchrun each process its "
+                        "own), cpu, cuda or cuda:N")
+    export.add_argument("--overwrite", action="store_true",
+                        help="replace the cache at --out (only ever a feature cache)")
     export.add_argument("--no-progress", action="store_true")
     export.set_defaults(run=cmd_export, parser=export)
 
@@ -154,6 +189,7 @@ def main(argv=None) -> int:
     info.set_defaults(run=cmd_info, parser=info)
 
     args = parser.parse_args(argv)
+    args.argv = argv
     try:  # a bad flag, path or cache is a usage error of its subcommand (exit status 2)
         return args.run(args)
     except (CacheError, FileNotFoundError, FileExistsError, ValueError, TypeError, OSError,

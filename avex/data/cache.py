@@ -178,6 +178,43 @@ def _annotation(name: str, value, clip_id: str, length: int) -> torch.Tensor:
     return _owned(value, torch.int8)
 
 
+def is_feature_cache(path) -> bool:
+    """Whether ``path`` is a folder holding a feature cache's meta.json (the format's name in
+    it): the one kind of folder ``overwrite`` may replace."""
+    try:
+        meta = json.loads((Path(path) / META_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and meta.get("format") == FORMAT_NAME
+
+
+def check_replaceable(root: Path, overwrite: bool, *, when: str = "") -> None:
+    """A cache may be written at ``root`` when nothing is there or an empty folder is, and,
+    with ``overwrite``, when a feature cache is. Any other folder is refused, as are the
+    working directory, the home directory and the folders that hold them, cache or not."""
+    resolved = Path(root).resolve()
+    for name, protected in (("the working directory", Path.cwd()), ("the home directory",
+                                                                     Path.home())):
+        protected = protected.resolve()
+        if resolved == protected or resolved in protected.parents:
+            raise FileExistsError(f"cache directory {str(root)!r} is {name} or holds it "
+                                  f"({protected}); write the cache to a folder of its own")
+    if not root.exists():
+        return
+    if not root.is_dir():
+        raise FileExistsError(f"{when}cache directory {str(root)!r} is a file")
+    if is_feature_cache(root):
+        if not overwrite:
+            raise FileExistsError(f"{when}cache directory {str(root)!r} already exists (a "
+                                  "feature cache); pass overwrite=True to replace it")
+        return
+    if any(root.iterdir()):
+        raise FileExistsError(f"{when}{str(root)!r} exists and is not a feature cache (no "
+                              f"{META_FILE} of format {FORMAT_NAME!r}); overwrite only ever "
+                              "replaces a feature cache, so choose another folder or empty "
+                              "this one yourself")
+
+
 class CacheWriter:
     """Writes a cache directory. Use as a context manager; nothing appears at ``root`` until the
     writer closes without error (it builds in a sibling temporary directory, then renames).
@@ -205,9 +242,7 @@ class CacheWriter:
         if source is not None and not isinstance(source, dict):
             raise TypeError(f"source must be a dict or None, got {type(source).__name__}")
         self.root = Path(root)
-        if self.root.exists() and not overwrite:
-            raise FileExistsError(f"cache directory {self.root} already exists; pass "
-                                  "overwrite=True to replace it")
+        check_replaceable(self.root, overwrite)
         self.dim, self.n_frames, self.dtype = dim, n_frames, dtype
         self.tokenizer, self.source = tokenizer, dict(source or {})
         self.clips_per_shard, self.overwrite = clips_per_shard, overwrite
@@ -287,7 +322,8 @@ class CacheWriter:
             "shard": None,  # filled when the shard is written
             "n_visual": int(visual.shape[0]),
             "n_audio": int(audio.shape[0]),
-            "refs_av": _check_refs("refs_av", refs_av, clip_id, required=True),
+            # empty: a label-free clip (python -m avex.data export without captions)
+            "refs_av": _check_refs("refs_av", refs_av, clip_id, required=False),
             "refs_v": _check_refs("refs_v", refs_v, clip_id, required=False),
             "refs_a": _check_refs("refs_a", refs_a, clip_id, required=False),
         }
@@ -399,11 +435,15 @@ class CacheWriter:
         with open(self.staging / META_FILE, "w", encoding="utf-8") as handle:
             json.dump(meta, handle, indent=1, sort_keys=True)
             handle.write("\n")
-        if self.root.exists():
-            if not self.overwrite:
-                raise FileExistsError(f"cache directory {self.root} appeared while writing")
-            shutil.rmtree(self.root)
-        os.replace(self.staging, self.root)
+        check_replaceable(self.root, self.overwrite, when="appeared while writing: ")
+        if is_feature_cache(self.root):
+            # the old cache moves aside first: a cache is at root at every moment
+            old = self.root.parent / f".{self.root.name}.old-{os.getpid()}"
+            os.replace(self.root, old)
+            os.replace(self.staging, self.root)
+            shutil.rmtree(old)
+        else:   # absent, or an empty folder (a rename replaces an empty folder)
+            os.replace(self.staging, self.root)
         self._closed = True
         return self.root
 
@@ -416,7 +456,11 @@ class CacheWriter:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is None:
-            self.close()
+            try:
+                self.close()
+            except BaseException:   # the staging folder never outlives a failed close
+                self.abort()
+                raise
         else:
             self.abort()
 
@@ -535,8 +579,6 @@ def _read_manifest(root: Path) -> list[dict]:
             if key in row and not isinstance(row[key], dict):
                 raise CacheError(f"{_where(path, line_no, clip_id)}: {key} must be an "
                                  f"object, got {row[key]!r}")
-        if not row["refs_av"]:
-            raise CacheError(f"{_where(path, line_no, clip_id)}: refs_av is empty")
         shard = row["shard"]
         if not isinstance(shard, str) or Path(shard).is_absolute() or ".." in Path(shard).parts:
             raise CacheError(f"{_where(path, line_no, clip_id)}: shard must be a path "
@@ -955,10 +997,15 @@ class FeatureCache:
         try:
             AutoTokenizer.from_pretrained(path, local_files_only=True)
         except Exception as err:  # OSError, ValueError, and the tokenizer libraries' own
-            state = "can't be loaded from" if inside.exists() else "is not a folder inside"
-            raise CacheError(f"{self.root / META_FILE}: tokenizer {name!r} {state} the cache "
-                             f"({inside}), nor is it a local path or a model in the Hugging "
-                             f"Face cache, so the prompt ids can't be read "
+            if not inside.exists() and not Path(name).exists():
+                # transformers' own message would be about the hub and the internet
+                raise CacheError(f"{self.root / META_FILE} names tokenizer {name!r}, but the "
+                                 f"cache has no {name}/ ({inside} is missing), and it is not a "
+                                 "local path or a model in the Hugging Face cache either, so "
+                                 "the prompt ids can't be read; restore that folder or rebuild "
+                                 "the cache") from None
+            raise CacheError(f"{self.root / META_FILE}: tokenizer {name!r} can't be loaded "
+                             f"from the cache ({path}), so the prompt ids can't be read "
                              f"({type(err).__name__}: {str(err)[:200]})") from None
         return path
 

@@ -1,6 +1,6 @@
-"""``python -m avex.data export``: a folder of media files and their reference captions -> the
-feature cache that ``python -m avex.train --data`` reads, through the model's own processor and
-:func:`avex.adapters.adapt`.
+"""``python -m avex.data export``: a folder of media files (and, optionally, their reference
+captions) -> the feature cache that ``python -m avex.train --data`` reads, through the model's
+own processor and :func:`avex.adapters.adapt`.
 
 Per clip, what is cached is what the adapter gives (``CacheWriter.add_merged``): the merged
 embeddings the model's decoder reads, the modality codes, the model's own positions. Training
@@ -12,16 +12,31 @@ The captions file is JSON lines, one clip a line::
     {"file": "clips/dog.mp4", "captions": ["a dog barks at a door", ...], "split": "train"}
 
 ``file`` is relative to the media folder; ``split`` one of train, val, test, transfer;
-optional ``id`` (default: the file's path, made a clip id), ``visual_captions`` and
-``audio_captions`` (the C_v / C_a references). Every check runs before anything is written:
-the captions file, every media file's header, the processor against the model. A clip whose
-processed sequence has no audio-visual token is refused before it is written. Clips are kept
-as they are done in ``.<out>.export/`` beside the output, so an interrupted export resumes
-where it stopped when run again with the same settings; the cache appears at ``out`` only
-when every clip is done.
+``captions`` may be left out (a label-free clip: training with the fidelity reward needs no
+references); optional ``id`` (default: the file's path, made a clip id), ``visual_captions``
+and ``audio_captions`` (the C_v / C_a references). Without a captions file, every media file
+under the folder is a clip of one split, without references.
 
-docs/workflow.md says which processor inputs each model family needs; :func:`family_inputs`
-is that table in code.
+What is checked when (docs/workflow.md says the same):
+
+* before anything is written, in this order: the settings and the output path (an existing
+  folder only if it is a feature cache and ``overwrite`` is given; never the working or home
+  directory), the model family, every captions line, the processor against the model, every
+  file's header and whether the model takes its kind; then the lock (a second export into the
+  same output is refused at once); then the probe pass: every file still to export is decoded
+  in full once, and one that can't be decoded or decodes shorter than its header says is
+  refused, naming its captions line;
+* while exporting: each file is decoded again and checked against its header the same way,
+  and a clip whose processed sequence has no audio-visual token is refused before it is
+  written.
+
+Clips are kept as they are done in ``.<out>.export/`` beside the output, so an export stopped
+(Ctrl-C, SIGTERM: at a clip boundary) or killed resumes where it stopped when run again with
+the same model, weights, tokenizer, processor settings and export settings (anything else is
+refused: clips of two models never mix). The cache appears at ``out`` only when every clip is
+done. Under ``torchrun``, each process exports its share of the clips (on its own GPU where
+there are GPUs) and packs them into shards; the first merges the parts into the cache and
+verifies it.
 """
 from __future__ import annotations
 
@@ -33,22 +48,33 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+import torch.distributed as torch_dist
 from safetensors import safe_open
 from safetensors.torch import save_file
 
 from avex import _checks
-from avex.adapters import adapt
-from avex.data.cache import CLIP_ID_PATTERN, SPLITS, CacheWriter, json_lines
-from avex.data.media import MediaError, media_kind, probe, read_media
+from avex.adapters import FAMILIES as ADAPTERS
+from avex.adapters import adapt, adapter_for
+from avex.adapters._export import unusable_kind
+from avex.data.cache import (CLIP_ID_PATTERN, SPLITS, CacheWriter, FeatureCache,
+                             check_replaceable, json_lines)
+from avex.data.identity import settings_sha256, tokenizer_record, weights_sha256
+from avex.data.media import KINDS, MediaError, check_media, media_kind, probe, read_media
+from avex.data.parts import ExportLock, merge_parts, partial_dir, remove_stale
+from avex.data.processor import with_frames_video_processor
 from avex.modality import AUDIO, PAD, VISUAL
 from avex.progress import progress_bar
+from avex.stopping import StopSignals
 
-__all__ = ["ExportSettings", "ExportError", "read_captions", "check_processor",
-           "family_inputs", "export_cache"]
+__all__ = ["ExportSettings", "ExportError", "ExportInterrupted", "read_captions",
+           "media_rows", "check_processor", "family_inputs", "export_cache", "load_model",
+           "EXPORT_FAMILIES"]
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-#: model types export knows how to prompt (family_inputs); others are refused up front
-FAMILIES = ("qwen2_5_omni_thinker", "qwen2_5_vl")
+#: model types export knows how to prompt (their adapter's export_inputs); the other adapters
+#: say why not (EXPORT_REFUSED)
+EXPORT_FAMILIES = tuple(m.MODEL_TYPES[0] for m in ADAPTERS.values()
+                        if not getattr(m, "EXPORT_REFUSED", None))
 
 
 class ExportError(ValueError):
@@ -56,12 +82,23 @@ class ExportError(ValueError):
     setting at fault."""
 
 
+class ExportInterrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM stopped the export at a clip boundary; the clips done are kept.
+    ``resume``: the command that continues it. The CLI prints it and exits with 130."""
+
+    def __init__(self, done: int, total: int, resume: str):
+        super().__init__(f"export stopped after {done} of {total} clips (kept); resume with: "
+                         f"{resume}")
+        self.done, self.total, self.resume = done, total, resume
+
+
 @dataclass
 class ExportSettings:
     """How media become processor inputs. ``prompt``: the text after the media (the request
-    the model answers with a caption); ``fps`` / ``max_frames``: video frame sampling;
-    ``use_audio_in_video``: a video's audio track goes in with it (Qwen2.5-Omni interleaves
-    the two); ``dtype``: the cache's float type."""
+    the model answers with a caption); ``fps`` / ``max_frames``: video frame sampling (a video
+    too long for ``max_frames`` frames at ``fps`` is sampled evenly at a lower rate, and the
+    processor is told that rate); ``use_audio_in_video``: a video's audio track goes in with
+    it (Qwen2.5-Omni interleaves the two); ``dtype``: the cache's float type."""
     prompt: str = "Describe what you see and hear."
     fps: float = 2.0
     max_frames: int | None = 32
@@ -84,10 +121,15 @@ class CaptionRow:
     clip_id: str
     file: Path
     split: str
-    captions: list
+    captions: list = field(default_factory=list)    # empty: a label-free clip
     visual_captions: list = field(default_factory=list)
     audio_captions: list = field(default_factory=list)
     line: int = 0
+    name: str = ""        # the file's path inside the media folder, as the manifest records it
+
+    @property
+    def where(self) -> str:
+        return f"captions line {self.line}" if self.line else f"media file {self.file.name}"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -98,20 +140,19 @@ def _clip_id(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.\-]", "_", text)[-200:]
 
 
-def _caption_list(path, line, name, value, required):
-    if value is None and not required:
+def _caption_list(path, line, name, value):
+    if value is None:
         return []
-    if not isinstance(value, list) or not all(isinstance(c, str) and c.strip() for c in value) \
-            or (required and not value):
-        raise ExportError(f"{path} line {line}: {name!r} must be a list of non-empty strings"
-                          f"{' (at least one)' if required else ''}, got {value!r}")
+    if not isinstance(value, list) or not all(isinstance(c, str) and c.strip() for c in value):
+        raise ExportError(f"{path} line {line}: {name!r} must be a list of non-empty strings "
+                          f"(or left out), got {value!r}")
     return [" ".join(c.split()) for c in value]
 
 
 def read_captions(path, media_dir) -> list[CaptionRow]:
-    """The rows of a captions JSONL file, checked: JSON objects with ``file``, ``captions``
-    and ``split``; files that exist under ``media_dir`` and have a known media suffix; clip
-    ids unique. Every missing file is listed at once."""
+    """The rows of a captions JSONL file, checked: JSON objects with ``file`` and ``split``,
+    ``captions`` optional; files that exist under ``media_dir`` and have a known media suffix;
+    clip ids unique. Every missing file is listed at once."""
     path, media_dir = Path(path), Path(media_dir)
     if not path.is_file():
         raise ExportError(f"captions: no file at {str(path)!r}")
@@ -145,31 +186,54 @@ def read_captions(path, media_dir) -> list[CaptionRow]:
         seen[clip_id] = line
         if not (media_dir / file).is_file():
             missing.append(f"line {line}: {file}")
-        rows.append(CaptionRow(clip_id, media_dir / file, raw["split"],
-                               _caption_list(path, line, "captions", raw.get("captions"),
-                                             True),
+        captions = _caption_list(path, line, "captions", raw.get("captions"))
+        if "captions" in raw and not captions:
+            raise ExportError(f"{path} line {line}: 'captions' is an empty list; leave the "
+                              "field out for a clip without references")
+        rows.append(CaptionRow(clip_id, media_dir / file, raw["split"], captions,
                                _caption_list(path, line, "visual_captions",
-                                             raw.get("visual_captions"), False),
+                                             raw.get("visual_captions")),
                                _caption_list(path, line, "audio_captions",
-                                             raw.get("audio_captions"), False), line))
+                                             raw.get("audio_captions")), line, file))
     if missing:
         shown = "; ".join(missing[:10]) + (f"; and {len(missing) - 10} more"
                                            if len(missing) > 10 else "")
         raise ExportError(f"{path} names {len(missing)} file(s) missing from {media_dir}: "
                           f"{shown}")
+    return _checked_rows(rows, str(path))
+
+
+def media_rows(media_dir, split: str = "train") -> list[CaptionRow]:
+    """Every media file under ``media_dir`` (a known suffix, hidden files and folders left
+    out), in path order, as clips of ``split`` without references: a label-free export."""
+    media_dir = Path(media_dir)
+    if not media_dir.is_dir():
+        raise ExportError(f"media: no folder at {str(media_dir)!r}")
+    if split not in SPLITS:
+        raise ExportError(f"split must be one of {list(SPLITS)}, got {split!r}")
+    suffixes = {s for group in KINDS.values() for s in group}
+    files = sorted(p for p in media_dir.rglob("*") if p.is_file()
+                   and p.suffix.lower() in suffixes
+                   and not any(part.startswith(".") for part in p.relative_to(media_dir).parts))
+    rows, seen = [], {}
+    for file in files:
+        relative = file.relative_to(media_dir).as_posix()
+        clip_id = _clip_id(relative)
+        if clip_id in seen:
+            raise ExportError(f"media: {relative} and {seen[clip_id]} make the same clip id "
+                              f"{clip_id!r}; rename one, or give ids in a captions file")
+        seen[clip_id] = relative
+        rows.append(CaptionRow(clip_id, file, split, name=relative))
+    return _checked_rows(rows, f"media folder {media_dir}")
+
+
+def _checked_rows(rows: list[CaptionRow], where: str) -> list[CaptionRow]:
     if not rows:
-        raise ExportError(f"{path}: holds no rows")
+        raise ExportError(f"{where}: holds no clips")
     if not any(r.split == "train" for r in rows):
-        raise ExportError(f"{path}: no row has split 'train'; python -m avex.train needs one")
+        raise ExportError(f"{where}: no row has split 'train'; python -m avex.train needs one")
     return rows
 
-
-def _token(tokenizer, model_config, *names):
-    for name in names:
-        value = getattr(model_config, name, None)
-        if isinstance(value, int):
-            return value, tokenizer.convert_ids_to_tokens(value)
-    raise ExportError(f"{type(model_config).__name__} sets none of {list(names)}")
 
 
 def check_processor(model, processor) -> None:
@@ -220,84 +284,51 @@ def check_processor(model, processor) -> None:
                           + "; ".join(differ))
 
 
+
+
 # ----------------------------------------------------------------------------------------------
-# What each family's processor takes
+# What each family's processor takes (each family's adapter module says it: export_inputs)
 # ----------------------------------------------------------------------------------------------
 
-def _omni_audio_in_video(processor, model, count: int) -> dict:
-    """The processor keywords that interleave each video's audio track with it, on this
-    transformers: ``load_audio_from_video`` + ``audio_from_video_indices`` where the
-    processor has them (5.2x), ``use_audio_in_video`` before."""
-    config = model.config
-    timing = {"seconds_per_chunk": float(getattr(config, "seconds_per_chunk", 2)),
-              "position_id_per_seconds": getattr(config, "position_id_per_seconds", 25)}
-    if hasattr(processor, "_resolve_audio_from_video"):
-        return {"load_audio_from_video": True, "audio_from_video_indices": list(range(count)),
-                **timing}
-    return {"use_audio_in_video": True, "videos_kwargs": {"use_audio_in_video": True,
-                                                          **timing}}
+def export_family(model):
+    """The adapter module of ``model``'s family, where export knows how to prompt it; a model
+    of another type, or one whose cache couldn't be trained on (Gemma 3n), is refused."""
+    kind = getattr(getattr(model, "config", None), "model_type", None)
+    try:
+        family = adapter_for(model)
+    except ValueError:
+        raise ExportError(f"model: export knows the processor inputs of "
+                          f"{list(EXPORT_FAMILIES)}, not model type {kind!r} "
+                          "(docs/workflow.md)") from None
+    if getattr(family, "EXPORT_REFUSED", None):
+        raise ExportError(f"model: model type {kind!r} is refused by export: "
+                          f"{family.EXPORT_REFUSED}")
+    return family
 
 
 def family_inputs(model, processor, media, settings: ExportSettings) -> tuple[dict, dict]:
-    """(processor keywords, extra model keywords) for one decoded file (:class:`Media`):
-    the prompt with the family's placeholders (the processor's chat template when it has one),
-    the media, and the family's settings (Qwen2.5-Omni: a video's audio track interleaved,
-    ``use_audio_in_video`` also handed to the model; chunking from the model's config)."""
-    kind = model.config.model_type
-    tokenizer = processor.tokenizer
-    hears = kind == "qwen2_5_omni_thinker"
-    if media.kind == "audio" and not hears:
-        raise ExportError(f"{media.path}: {kind} takes no audio; export audio files with a "
-                          "model that hears (Qwen2.5-Omni)")
-    with_audio = hears and media.kind == "video" and settings.use_audio_in_video \
-        and media.audio is not None
-    if kind == "qwen2_5_omni_thinker":
-        _, v_start = _token(tokenizer, model.config, "vision_start_token_id")
-        _, v_end = _token(tokenizer, model.config, "vision_end_token_id")
-        _, a_start = _token(tokenizer, model.config, "audio_start_token_id")
-        _, a_end = _token(tokenizer, model.config, "audio_end_token_id")
-        place = {"video": f"{v_start}{processor.video_token}{v_end}",
-                 "image": f"{v_start}{processor.image_token}{v_end}",
-                 "audio": f"{a_start}{processor.audio_token}{a_end}"}[media.kind]
-    elif kind == "qwen2_5_vl":
-        _, v_start = _token(tokenizer, model.config, "vision_start_token_id")
-        _, v_end = _token(tokenizer, model.config, "vision_end_token_id")
-        place = f"{v_start}{processor.video_token if media.kind == 'video' else processor.image_token}{v_end}"
-    else:
-        raise ExportError(f"export knows the processor inputs of {list(FAMILIES)}, not "
-                          f"model type {kind!r}")
-    if getattr(processor, "chat_template", None):
-        content = [{"type": media.kind}, {"type": "text", "text": settings.prompt}]
-        text = processor.apply_chat_template([{"role": "user", "content": content}],
-                                             add_generation_prompt=True, tokenize=False)
-    else:
-        text = f"{place}{settings.prompt}"
-    inputs: dict = {"text": [text], "return_tensors": "pt"}
-    model_kwargs: dict = {}
-    if media.kind == "image":
-        inputs["images"] = [media.frames[0]]
-    elif media.kind == "audio":
-        inputs["audio"] = [media.audio]
-    else:
-        inputs["videos"] = [media.frames]
-        inputs["videos_kwargs"] = {"fps": settings.fps}
-        if with_audio:
-            inputs["audio"] = [media.audio]
-            extra = _omni_audio_in_video(processor, model, 1)
-            inputs["videos_kwargs"].update(extra.pop("videos_kwargs", {}))
-            inputs.update(extra)
-            model_kwargs["use_audio_in_video"] = True
-    return inputs, model_kwargs
+    """(processor keywords, extra ``adapt`` keywords) for one decoded file (:class:`Media`):
+    the prompt with the family's placeholders (the processor's chat template when it has
+    one), the media, and the family's settings; each family's adapter module says how
+    (``export_inputs``, docs/workflow.md's table)."""
+    family = export_family(model)
+    reason = unusable_kind(family, media.kind, media.audio is not None)
+    if reason:
+        raise ExportError(f"{media.path}: {reason}")
+    if family.MODEL_TYPES[0] == "qwen2_5_omni_thinker":
+        return family.export_inputs(model, processor, media, settings.prompt,
+                                    use_audio_in_video=settings.use_audio_in_video)
+    return family.export_inputs(model, processor, media, settings.prompt)
 
 
 # ----------------------------------------------------------------------------------------------
 # Export
 # ----------------------------------------------------------------------------------------------
 
-def load_model(path):
+def load_model(path, device: str = "cpu"):
     """The audio-visual model of a local Hugging Face directory, as the class its config.json
-    names (``architectures``), in eval mode (the frozen captioner loads it the same way); the
-    thinker of a full Qwen2.5-Omni."""
+    names (``architectures``), in eval mode on ``device`` (the frozen captioner loads it the
+    same way); the thinker of a full Qwen2.5-Omni."""
     import transformers
 
     config = transformers.AutoConfig.from_pretrained(str(path))
@@ -306,16 +337,32 @@ def load_model(path):
         raise ExportError(f"model: {path}/config.json (model_type {config.model_type!r}) names "
                           "no model class this transformers has")
     model = getattr(transformers, names[0]).from_pretrained(str(path), dtype=torch.float32)
-    return getattr(model, "thinker", model).eval()
+    return getattr(model, "thinker", model).eval().to(device)
+
+
+def _processor_settings(processor) -> str:
+    """A hash of every part of the processor but its tokenizer (hashed on its own): image
+    sizes, patching, mel bins, the chat template all change what is exported."""
+    parts = {}
+    for name, value in vars(processor).items():
+        if name == "tokenizer":
+            continue
+        to_dict = getattr(value, "to_dict", None)
+        parts[name] = to_dict() if callable(to_dict) else value
+    return settings_sha256({"class": type(processor).__name__, "parts": parts})
 
 
 def _fingerprint(model, processor, settings) -> dict:
     """What the exported tensors depend on besides the media file (the captions don't: they
-    are added when the cache is written, so a fixed caption doesn't void a partial export)."""
+    are added when the cache is written, so a fixed caption doesn't void a partial export):
+    the model (its type, its weights' hash), the tokenizer, the processor, the settings."""
     return {"model_type": model.config.model_type,
             "model": str(getattr(model.config, "_name_or_path", "")),
-            "parameters": sum(p.numel() for p in model.parameters()),
-            "processor": type(processor).__name__, "settings": asdict(settings)}
+            "weights_sha256": weights_sha256(model),
+            "tokenizer": tokenizer_record(processor.tokenizer),
+            "processor": type(processor).__name__,
+            "processor_sha256": _processor_settings(processor),
+            "settings": asdict(settings)}
 
 
 def _source(row: CaptionRow) -> str:
@@ -324,8 +371,12 @@ def _source(row: CaptionRow) -> str:
     return f"{row.file.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
 
 
+def _clip_path(partial: Path, row: CaptionRow) -> Path:
+    return partial / "clips" / f"{row.clip_id}.safetensors"
+
+
 def _done(partial: Path, row: CaptionRow) -> bool:
-    path = partial / "clips" / f"{row.clip_id}.safetensors"
+    path = _clip_path(partial, row)
     if not path.is_file():
         return False
     try:
@@ -344,104 +395,251 @@ def _sampling_rate(model, processor) -> int | None:
 
 def _export_clip(model, processor, row: CaptionRow, settings: ExportSettings, rate) -> dict:
     """One clip through the processor and the adapter: the tensors ``add_merged`` takes."""
-    media = read_media(row.file, fps=settings.fps, max_frames=settings.max_frames,
-                       sampling_rate=rate)
+    try:
+        media = read_media(row.file, fps=settings.fps, max_frames=settings.max_frames,
+                           sampling_rate=rate)
+    except MediaError as err:
+        raise ExportError(f"{err} ({row.where})") from None
     if media.kind == "video" and media.audio is not None and media.audio.size == 0:
         media.audio = None
     if media.kind == "audio" and (media.audio is None or media.audio.size == 0):
-        raise ExportError(f"{row.file}: the audio decodes to no samples")
+        raise ExportError(f"{row.file} ({row.where}): the audio decodes to no samples")
     inputs, model_kwargs = family_inputs(model, processor, media, settings)
     processed = dict(processor(**inputs))
-    processed = {k: v for k, v in processed.items() if isinstance(v, torch.Tensor)}
+    device = next(model.parameters()).device
+    processed = {k: v.to(device) for k, v in processed.items() if isinstance(v, torch.Tensor)}
     adapted = adapt(model, **processed, **model_kwargs)
     modality = adapted.modality[0]
     present = modality != PAD
     if not bool(((modality == VISUAL) | (modality == AUDIO)).any()):
-        raise ExportError(f"{row.file} (line {row.line}): the processed clip has no audio or "
+        raise ExportError(f"{row.file} ({row.where}): the processed clip has no audio or "
                           "visual token (the processor expanded no placeholder); nothing could "
                           "be pruned or learned from it")
     positions = None if adapted.position_ids is None else adapted.position_ids[..., 0, :]
-    return {"inputs_embeds": adapted.inputs_embeds[0][present].float(),
-            "modality": modality[present],
-            **({} if positions is None else {"position_ids": positions[..., present]})}
+    return {"inputs_embeds": adapted.inputs_embeds[0][present].float().cpu(),
+            "modality": modality[present].cpu(),
+            **({} if positions is None else {"position_ids": positions[..., present].cpu()})}
+
+
+def _check_out(out: Path, overwrite: bool, inputs: list) -> None:
+    """The output before anything is read: a folder that may be written (nothing there, an
+    empty folder, or, with ``overwrite``, a feature cache), not the working or home directory,
+    and no folder holding the media, the captions or the model."""
+    _checks.output_dir("out", str(out))
+    target = out.resolve()
+    for name, path in inputs:
+        if path is not None and (Path(path).resolve() == target
+                                 or target in Path(path).resolve().parents):
+            raise ExportError(f"out: {str(out)!r} holds the {name} ({path}); write the cache "
+                              "to a folder of its own")
+    try:
+        check_replaceable(out, overwrite)
+    except FileExistsError as err:
+        raise ExportError(f"out: {err}" + ("" if overwrite else " (the CLI's --overwrite)")) \
+            from None
+
+
+class _Ranks:
+    """This process's place in a torchrun job (one process outside torchrun), and the
+    agreement of every process on each step: one process's error stops them all, naming it."""
+
+    def __init__(self):
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.owns_group = self.world > 1 and not torch_dist.is_initialized()
+        if self.owns_group:   # messages only: gloo, whatever the devices
+            torch_dist.init_process_group("gloo")
+
+    def agree(self, step, *args):
+        """Run ``step`` on this process and raise, on every process, the first error any of
+        them met (ExportError and the like; an interrupt is raised where it happened)."""
+        error = None
+        try:
+            result = step(*args)
+        except (ExportError, ValueError, OSError, RuntimeError) as err:
+            error, result = err, None
+        if self.world == 1:
+            if error is not None:
+                raise error
+            return result
+        errors = [None] * self.world
+        torch_dist.all_gather_object(errors, None if error is None else
+                                     f"{type(error).__name__}: {error}")
+        if error is not None:
+            raise error
+        for rank, message in enumerate(errors):
+            if message is not None:
+                raise ExportError(f"process {rank} of {self.world} stopped the export: "
+                                  f"{message}")
+        return result
+
+    def barrier(self):
+        if self.world > 1:
+            torch_dist.barrier()
+
+    def close(self):
+        if self.owns_group and torch_dist.is_initialized():
+            torch_dist.destroy_process_group()
 
 
 def export_cache(media_dir, captions, out, *, model, processor,
                  settings: ExportSettings | None = None, overwrite: bool = False,
-                 progress: bool = True) -> Path:
-    """Export every clip of ``captions`` (a JSONL file, :func:`read_captions`) under
-    ``media_dir`` through ``processor`` and ``model`` into a feature cache at ``out``; see the
-    module docstring. Returns ``out``."""
+                 progress: bool = True, split: str = "train",
+                 resume_command: str | None = None) -> Path:
+    """Export every clip of ``captions`` (a JSONL file, :func:`read_captions`; None: every
+    media file under ``media_dir`` as a ``split`` clip without references, :func:`media_rows`)
+    through ``processor`` and ``model`` into a feature cache at ``out``; see the module
+    docstring for what is checked when. Under torchrun each process exports its share; every
+    process returns ``out``. Ctrl-C or SIGTERM stops at a clip boundary:
+    :class:`ExportInterrupted`, the clips done kept, naming ``resume_command`` (the CLI's
+    own command line) as the way on."""
     settings = (settings or ExportSettings()).validate()
     out = Path(out)
-    _checks.output_dir("out", str(out))
-    if (out / "meta.json").exists() and not overwrite:
-        raise ExportError(f"out: a cache already exists at {str(out)!r}; pass overwrite (the "
-                          "CLI's --overwrite) to replace it")
-    if getattr(model.config, "model_type", None) not in FAMILIES:
-        raise ExportError(f"model: export knows the processor inputs of {list(FAMILIES)}, not "
-                          f"model type {getattr(model.config, 'model_type', None)!r} "
-                          "(docs/workflow.md)")
-    rows = read_captions(captions, media_dir)
+    _check_out(out, overwrite, [("media folder", media_dir), ("captions file", captions),
+                                ("model", getattr(model.config, "_name_or_path", None) or None)])
+    family = export_family(model)
+    rows = read_captions(captions, media_dir) if captions is not None else \
+        media_rows(media_dir, split)
     check_processor(model, processor)
+    processor = with_frames_video_processor(processor, model)
     rate = _sampling_rate(model, processor)
     for row in rows:  # every header, before anything is decoded or written
         try:
             info = probe(row.file)
         except MediaError as err:
-            raise ExportError(f"{err} (captions line {row.line})") from None
-        if info["kind"] == "audio" and rate is None:
-            raise ExportError(f"{row.file} (captions line {row.line}): "
-                              f"{model.config.model_type} takes no audio")
-    partial = out.parent / f".{out.name}.export"
+            raise ExportError(f"{err} ({row.where})") from None
+        reason = unusable_kind(family, info["kind"], info["audio"])
+        if reason:
+            raise ExportError(f"{row.file} ({row.where}): {reason}")
+    ranks = _Ranks()
+    lock = ExportLock(partial_dir(out))
+    try:
+        with StopSignals() as stop:
+            return _export(rows, out, model, processor, settings, rate, ranks, lock,
+                           overwrite, progress, stop, resume_command or
+                           "call export_cache again with the same arguments")
+    finally:
+        if lock.fd is not None:   # a run stopped before its first clip leaves nothing behind
+            partial = partial_dir(out)
+            if partial.exists() and not any((partial / "clips").glob("*.safetensors")):
+                shutil.rmtree(partial, ignore_errors=True)
+        lock.release()
+        ranks.close()
+
+
+def _export(rows, out, model, processor, settings, rate, ranks, lock, overwrite, progress,
+            stop, resume):
+    partial = partial_dir(out)
     fingerprint = _fingerprint(model, processor, settings)
-    _open_partial(partial, fingerprint)
-    todo = [r for r in rows if not _done(partial, r)]
-    if len(todo) < len(rows):
-        print(f"resuming the export in {partial}: {len(rows) - len(todo)} of {len(rows)} "
-              "clips done")
-    bar = progress_bar(todo, desc="export", unit="clip", disable=not progress)
+
+    def take_lock():
+        if ranks.rank == 0:
+            if not lock.acquire():
+                raise ExportError(f"out: another export is writing {out} (it holds the lock "
+                                  f"on {partial}); wait for it to finish, or stop it")
+            remove_stale(out)
+            _open_partial(partial, fingerprint)
+
+    ranks.agree(take_lock)
+    ranks.agree(_open_partial, partial, fingerprint)   # every process's model and settings
+    mine = rows[ranks.rank::ranks.world]
+    todo = [r for r in mine if not _done(partial, r)]
+    if len(todo) < len(mine):
+        print(f"resuming the export in {partial}: {len(mine) - len(todo)} of {len(mine)} "
+              f"clips done{f' (process {ranks.rank})' if ranks.world > 1 else ''}")
+    ranks.agree(_probe_all, todo, rate is not None, stop)
+    written = 0
     with torch.no_grad():
+        bar = progress_bar(todo, desc="export", unit="clip",
+                           disable=not progress or ranks.rank != 0)
         for row in bar:
+            if stop.requested:   # Ctrl-C or SIGTERM: stop at this clip boundary
+                break
             tensors = _export_clip(model, processor, row, settings, rate)
-            _write_atomically(partial / "clips" / f"{row.clip_id}.safetensors",
+            _write_atomically(_clip_path(partial, row),
                               {k: v.contiguous() for k, v in tensors.items()},
                               {"source": _source(row)})
+            written += 1
+    if stop.requested:
+        raise ExportInterrupted(len(mine) - len(todo) + written, len(mine), resume)
     dim = model.get_input_embeddings().embedding_dim
     source = {"exported_by": "python -m avex.data export", **fingerprint}
-    with CacheWriter(out, dim=dim, dtype=DTYPES[settings.dtype], source=source,
-                     clips_per_shard=settings.clips_per_shard, overwrite=overwrite) as writer:
+    part = ranks.agree(_pack, partial, mine, ranks.rank, dim, settings, source)
+    parts = [None] * ranks.world
+    if ranks.world > 1:
+        torch_dist.all_gather_object(parts, None if part is None else str(part))
+    else:
+        parts = [None if part is None else str(part)]
+    if ranks.rank == 0:
+        ranks.agree(_merge, [Path(p) for p in parts if p], out, rows, source, overwrite)
+    else:
+        ranks.agree(lambda: None)
+    if ranks.rank == 0:
+        shutil.rmtree(partial, ignore_errors=True)
+    ranks.barrier()
+    return out
+
+
+def _probe_all(rows: list, audio: bool, stop) -> None:
+    """The probe pass: every file decoded in full once, before any clip is written."""
+    for row in rows:
+        if stop.requested:
+            return
+        try:
+            check_media(row.file, audio=audio)
+        except MediaError as err:
+            raise ExportError(f"{err} ({row.where})") from None
+
+
+def _pack(partial: Path, rows: list, rank: int, dim: int, settings: ExportSettings,
+          source: dict) -> Path | None:
+    """This process's clips packed into cache shards (a cache of its own under
+    ``parts/``); None when it has none."""
+    if not rows:
+        return None
+    root = partial / "parts" / f"rank-{rank}"
+    with CacheWriter(root, dim=dim, dtype=DTYPES[settings.dtype], source=source,
+                     clips_per_shard=settings.clips_per_shard, overwrite=True) as writer:
         for row in rows:
-            with safe_open(str(partial / "clips" / f"{row.clip_id}.safetensors"),
-                           framework="pt") as handle:
+            with safe_open(str(_clip_path(partial, row)), framework="pt") as handle:
                 clip = {k: handle.get_tensor(k) for k in handle.keys()}
             writer.add_merged(row.clip_id, row.split, clip["inputs_embeds"], clip["modality"],
                               clip.get("position_ids"), refs_av=row.captions,
                               refs_v=row.visual_captions, refs_a=row.audio_captions,
-                              info={"file": str(row.file.relative_to(Path(media_dir)))})
-    shutil.rmtree(partial, ignore_errors=True)
-    return out
+                              info={"file": row.name})
+    return root
+
+
+def _merge(parts: list, out: Path, rows: list, source: dict, overwrite: bool) -> None:
+    merge_parts(parts, out, [r.clip_id for r in rows], source=source, overwrite=overwrite)
+    FeatureCache(out, verify="hash").verify_all()
 
 
 def _open_partial(partial: Path, fingerprint: dict) -> None:
-    """Open (or start) the partial export folder; one of another model or other settings is
-    refused (its clips would mix two exports)."""
+    """Open (or start) the partial export folder; one of another model, weights, tokenizer,
+    processor or settings is refused (its clips would mix two exports)."""
     settings = partial / "export.json"
     if settings.is_file():
         saved = json.loads(settings.read_text(encoding="utf-8"))
         if saved != fingerprint:
             differ = sorted(k for k in set(saved) | set(fingerprint)
                             if saved.get(k) != fingerprint.get(k))
-            raise ExportError(f"{partial} holds an unfinished export with other settings "
-                              f"(they differ in {differ}); run that export again to finish it, "
-                              "or delete the folder to start over")
+            raise ExportError(f"{partial} holds an unfinished export with another model or "
+                              f"other settings (they differ in {differ}); run that export "
+                              "again to finish it, or delete the folder to start over")
         return
     (partial / "clips").mkdir(parents=True, exist_ok=True)
-    settings.write_text(json.dumps(fingerprint, indent=1) + "\n", encoding="utf-8")
+    temporary = settings.with_name(f".export.json.tmp-{os.getpid()}")
+    temporary.write_text(json.dumps(fingerprint, indent=1) + "\n", encoding="utf-8")
+    os.replace(temporary, settings)
 
 
 def _write_atomically(path: Path, tensors: dict, metadata: dict) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    save_file(tensors, str(tmp), metadata=metadata)
-    os.replace(tmp, path)
-
+    try:
+        save_file(tensors, str(tmp), metadata=metadata)
+        os.replace(tmp, path)
+    except BaseException:   # the half-written file goes with the error (a kill: the next run)
+        tmp.unlink(missing_ok=True)
+        raise

@@ -5,10 +5,12 @@ positions. Imported by vLLM's model registry (``avex.integrations.vllm.register`
 Three pieces of vLLM's multimodal-pruning interface, and what this file does with each:
 
 * The processor fixes each item's placeholder count when the prompt is processed:
-  ``_get_prompt_updates`` writes K placeholders. The policy reads the prompt's text, which
-  the vision encoder never sees, so ``apply`` adds the prompt's text token ids to every item's
-  inputs (``avex_text_ids``), and each item's cache identity (its hash: the processor cache,
-  the encoder cache, prefix caching) folds in the text and the settings.
+  ``_get_prompt_updates`` writes K placeholders, rho the request's own
+  (``mm_processor_kwargs={"avex_retention": rho}``) or the engine's. The policy reads the
+  prompt's text, which the vision encoder never sees, so ``apply`` adds the prompt's text
+  token ids and the request's rho to every item's inputs (``avex_text_ids``,
+  ``avex_retention``), and each item's cache identity (its hash: the processor cache, the
+  encoder cache, prefix caching) folds in the text, the policy and that rho.
 * ``embed_multimodal`` runs the vision tower, scores each item's tokens with the policy
   (``avex.pruning.select_keep``, the selection ``prune_inputs(per_item=True)`` makes) and
   returns the kept rows, each with its original (t, h, w) position and the start of the text
@@ -20,6 +22,7 @@ Three pieces of vLLM's multimodal-pruning interface, and what this file does wit
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import hashlib
 from collections.abc import Sequence
@@ -37,13 +40,27 @@ from vllm.multimodal.inputs import MultiModalBatchedField, MultiModalFieldElem
 from vllm.multimodal.processing import PromptReplacement
 from vllm.multimodal.video_prune.evs import recompute_mrope_positions
 
-from avex.integrations.vllm import ARCHITECTURE, check_engine, positions, settings_of
+from avex import _checks
+from avex.integrations.vllm import (ARCHITECTURE, RETENTION_KEY, check_engine, positions,
+                                   settings_of)
 from avex.modality import TEXT, VISUAL
 from avex.policy import AVEXPolicy
 from avex.pruning import select_keep
 from avex.selection import num_kept
 
 TEXT_IDS = "avex_text_ids"
+#: the request being processed: its rho (the processor object serves every request, so the
+#: request's value travels in a context variable, not on the processor)
+_REQUEST_RETENTION = contextvars.ContextVar("avex_request_retention")
+
+
+def request_retention(mm_kwargs, default: float) -> float:
+    """A request's rho: its ``mm_processor_kwargs["avex_retention"]``, checked, else the
+    engine's ``default``."""
+    value = (mm_kwargs or {}).get(RETENTION_KEY)
+    if value is None:
+        return default
+    return _checks.ratio(f"mm_processor_kwargs[{RETENTION_KEY!r}]", value)
 
 
 class AVEXQwen2_5_VLMultiModalProcessor(Qwen2_5_VLMultiModalProcessor):
@@ -59,10 +76,12 @@ class AVEXQwen2_5_VLMultiModalProcessor(Qwen2_5_VLMultiModalProcessor):
         placeholder = self._placeholder_ids(hf_processor_mm_kwargs)
         merge = self.info.get_image_processor(**hf_processor_mm_kwargs).merge_size
 
+        retention = _REQUEST_RETENTION.get(settings.retention)
+
         def replacement(item_idx: int, modality: str):
             grid = out_mm_kwargs[modality][item_idx][f"{modality}_grid_thw"].data
             tokens = int(grid.prod()) // merge ** 2
-            return [placeholder[modality]] * int(num_kept(settings.retention, tokens))
+            return [placeholder[modality]] * int(num_kept(retention, tokens))
 
         return [PromptReplacement(modality=modality, target=[placeholder[modality]],
                                   replacement=partial(replacement, modality=modality))
@@ -79,19 +98,32 @@ class AVEXQwen2_5_VLMultiModalProcessor(Qwen2_5_VLMultiModalProcessor):
         hashes = super()._get_mm_hashes(inputs)
         settings = settings_of(self.info.get_hf_config())
         text = np.asarray(self._text_ids(inputs.prompt), dtype=np.int64).tobytes()
-        salt = f"avex|{settings.policy}|{settings.retention!r}|".encode() + text
+        retention = _REQUEST_RETENTION.get(settings.retention)
+        salt = f"avex|{settings.policy}|{retention!r}|".encode() + text
         return {modality: [hashlib.sha256(item.encode() + b"|" + salt).hexdigest()
                            for item in items]
                 for modality, items in hashes.items()}
 
     def apply(self, inputs, timing_ctx):
-        result = super().apply(inputs, timing_ctx)
+        # the request's rho is read here and kept from the Hugging Face processor, which
+        # would take an unknown keyword for one of its own
+        kwargs = dict(inputs.hf_processor_mm_kwargs)
+        retention = request_retention(kwargs, settings_of(self.info.get_hf_config()).retention)
+        kwargs.pop(RETENTION_KEY, None)
+        inputs = dataclasses.replace(inputs, hf_processor_mm_kwargs=kwargs)
+        token = _REQUEST_RETENTION.set(retention)
+        try:
+            result = super().apply(inputs, timing_ctx)
+        finally:
+            _REQUEST_RETENTION.reset(token)
         text = torch.tensor(self._text_ids(result["prompt_token_ids"]), dtype=torch.long)
+        rho = torch.tensor([retention], dtype=torch.float64)
         field = MultiModalBatchedField(keep_on_cpu=True)
         for items in result["mm_kwargs"].values():
             for item in items:
                 if item is not None:  # None: the engine has this item (same hash) cached
                     item[TEXT_IDS] = MultiModalFieldElem(data=text, field=field)
+                    item[RETENTION_KEY] = MultiModalFieldElem(data=rho, field=field)
         return result
 
 
@@ -128,6 +160,7 @@ class AVEXQwen2_5_VLForConditionalGeneration(Qwen2_5_VLForConditionalGeneration)
     # -- the encoder: the kept rows of each item, with their positions ---------------------------
     def embed_multimodal(self, **kwargs: object):
         texts = kwargs.pop(TEXT_IDS, None)
+        rates = kwargs.pop(RETENTION_KEY, None)
         inputs = self._parse_and_validate_multimodal_inputs(**kwargs)
         if not inputs:
             return []
@@ -135,6 +168,8 @@ class AVEXQwen2_5_VLForConditionalGeneration(Qwen2_5_VLForConditionalGeneration)
             raise RuntimeError(f"{ARCHITECTURE}: the media items came without {TEXT_IDS}; they "
                                "were not processed by the plugin's processor")
         texts = list(texts)
+        rates = [self.avex_retention] * len(texts) if rates is None else \
+            [float(r.reshape(-1)[0]) for r in rates]
         out = []
         for modality, item_inputs in inputs.items():
             if modality == "image":
@@ -148,20 +183,21 @@ class AVEXQwen2_5_VLForConditionalGeneration(Qwen2_5_VLForConditionalGeneration)
                 factors = [s * per_second for s in seconds]
             grids = item_inputs[f"{modality}_grid_thw"].tolist()
             for emb, grid, factor in zip(embeds, grids, factors):
-                out.append(self._kept_rows(emb, grid, factor, texts[len(out)]))
+                out.append(self._kept_rows(emb, grid, factor, texts[len(out)],
+                                           rates[len(out)]))
         if len(out) != len(texts):
             raise RuntimeError(f"{len(texts)} {TEXT_IDS} for {len(out)} media items")
         return tuple(out)
 
-    def _kept_rows(self, embeds, grid, t_factor, text_ids) -> torch.Tensor:
+    def _kept_rows(self, embeds, grid, t_factor, text_ids, retention) -> torch.Tensor:
         merge = self.visual.spatial_merge_size
         where = positions.item_positions(grid, merge, t_factor)
-        if int(num_kept(self.avex_retention, embeds.shape[0])) < embeds.shape[0]:
-            keep = self._keep(embeds, text_ids)
+        if int(num_kept(retention, embeds.shape[0])) < embeds.shape[0]:
+            keep = self._keep(embeds, text_ids, retention)
             embeds, where = embeds[keep], where[keep.cpu()]
         return torch.cat([embeds, positions.encode(where, embeds.dtype).to(embeds.device)], 1)
 
-    def _keep(self, embeds, text_ids) -> torch.Tensor:
+    def _keep(self, embeds, text_ids, retention) -> torch.Tensor:
         """bool [N]: the item's K highest-scoring tokens, scored with the prompt's text as
         ``prune_inputs(per_item=True)`` scores one item of a row."""
         policy = self.avex_policy
@@ -172,7 +208,7 @@ class AVEXQwen2_5_VLForConditionalGeneration(Qwen2_5_VLForConditionalGeneration)
         row = torch.cat([text, embeds])[None]
         codes = torch.full(row.shape[:2], VISUAL, dtype=torch.long, device=embeds.device)
         codes[:, :text.shape[0]] = TEXT
-        keep = select_keep(row, codes, policy=policy, retention=self.avex_retention)
+        keep = select_keep(row, codes, policy=policy, retention=retention)
         return keep[0, text.shape[0]:]
 
     # -- positions --------------------------------------------------------------------------------

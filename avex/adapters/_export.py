@@ -1,0 +1,64 @@
+"""What export (``python -m avex.data export``) needs from every family, shared by the family
+modules. Each family module says its own part next to its ``adapt``:
+
+* ``PROCESSOR``: the transformers processor class its model's processor is;
+* ``VIDEO``: how its video processor works (a style of :mod:`avex.data.video`), or None;
+* ``SEES`` / ``HEARS``: whether it takes images and video / audio;
+* ``export_inputs(model, processor, media, prompt)``: the processor keywords of one decoded
+  file, and the keywords its ``adapt`` needs besides the processor's output;
+* or ``EXPORT_REFUSED``: why a cache of it can't be trained on.
+
+``media`` is an :class:`avex.data.media.Media`: ``kind`` ("video", "audio", "image"), the
+sampled ``frames`` and the rate they were taken at (``fps``), ``audio`` samples at the
+feature extractor's rate.
+"""
+from __future__ import annotations
+
+__all__ = ["unusable_kind", "marker", "prompt_text", "vision_inputs"]
+
+
+def unusable_kind(family, kind: str, has_audio: bool) -> str | None:
+    """Why ``family`` can't take a file of ``kind`` (None where it can): audio for a model
+    that hears nothing, images for one that sees nothing, and video for one that sees
+    nothing unless the video has an audio track (the track is what it gets)."""
+    name = family.MODEL_TYPES[0]
+    if kind == "audio" and not family.HEARS:
+        return f"{name} takes no audio"
+    if kind == "image" and not family.SEES:
+        return f"{name} takes no images"
+    if kind == "video" and not family.SEES and not has_audio:
+        return f"{name} takes no video, and this video has no audio track for it"
+    return None
+
+
+def marker(processor, config, *names: str) -> str:
+    """The token the model's config names (e.g. ``vision_start_token_id``), as text."""
+    for name in names:
+        value = getattr(config, name, None)
+        if isinstance(value, int):
+            return processor.tokenizer.convert_ids_to_tokens(value)
+    raise ValueError(f"{type(config).__name__} sets none of {list(names)}")
+
+
+def prompt_text(processor, kind: str, placeholder: str, prompt: str) -> str:
+    """The prompt of one file: the processor's chat template (a user turn with the media and
+    the prompt, then the assistant's turn) where it has one, else the placeholder then the
+    prompt."""
+    if getattr(processor, "chat_template", None):
+        content = [{"type": kind}, {"type": "text", "text": prompt}]
+        return processor.apply_chat_template([{"role": "user", "content": content}],
+                                             add_generation_prompt=True, tokenize=False)
+    return f"{placeholder}{prompt}"
+
+
+def vision_inputs(media) -> dict:
+    """An image or a video's frames as the processor takes them. A video's frames come with
+    the rate they were sampled at (the video processor's metadata): Qwen's M-RoPE times the
+    frames by it, and a video longer than ``max_frames`` allows is sampled below ``--fps``."""
+    if media.kind == "image":
+        return {"images": [media.frames[0]]}
+    count = len(media.frames)
+    return {"videos": [media.frames],
+            "videos_kwargs": {"fps": media.fps,
+                              "video_metadata": [{"total_num_frames": count, "fps": media.fps,
+                                                  "frames_indices": list(range(count))}]}}
