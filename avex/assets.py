@@ -41,6 +41,6 @@ def load_cache_and_captioner(data_path, captioner_path, *, device=None):
 
 def reference_sample(cache, count: int = 32) -> list[str]:
     """Reference captions spread over the cache (the manifest's; no tensor is read), for the
-    captioner's tokenizer round-trip check."""
+    captioner's tokenizer round-trip check; none from clips without references."""
     rows = cache.rows[::max(1, len(cache.rows) // count)]
-    return [row["refs_av"][0] for row in rows][:count]
+    return [row["refs_av"][0] for row in rows if row["refs_av"]][:count]
