@@ -31,7 +31,7 @@ from avex.progress import progress_bar
 from avex.selection import AVLayout
 
 __all__ = ["FIDELITY_HINGE", "TIE_BREAK_POINTS", "FullCaptions", "full_captions",
-           "fidelity_reward", "break_ties", "fidelity_split"]
+           "full_captions_path", "fidelity_reward", "break_ties", "fidelity_split"]
 
 FULL_CAPTIONS_FORMAT = "avex-full-captions/1"
 #: the margin form's hinge, in logits: a step counts as safe once y_full's token leads by this
@@ -74,6 +74,17 @@ def full_captions_key(captioner, cache, split: str, num_beams: int,
             "device": captioner.device.type, "dtype": str(captioner.dtype).removeprefix("torch.")}
 
 
+def full_captions_path(captioner, cache, split: str, *, num_beams: int = 1,
+                       max_new_tokens: int = 24, cache_dir=None) -> Path:
+    """Where :func:`full_captions` keeps y_full of ``split`` under this decoding:
+    ``<cache_dir>/full_captions/<16 hex digits of the key's SHA-256>.json``."""
+    _checks.int_at_least("num_beams", num_beams, 1)
+    _checks.int_at_least("max_new_tokens", max_new_tokens, 1)
+    identity = full_captions_key(captioner, cache, split, num_beams, max_new_tokens)
+    key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+    return full_captions_dir(cache_dir) / f"{key}.json"
+
+
 def full_captions(captioner, cache, split: str, *, num_beams: int = 1, max_new_tokens: int = 24,
                   cache_dir=None, batch_size: int = 64, progress: bool = False) -> FullCaptions:
     """y_full of every clip of ``split`` of the feature cache ``cache``: the captioner's
@@ -81,12 +92,10 @@ def full_captions(captioner, cache, split: str, *, num_beams: int = 1, max_new_t
     ``<cache_dir>/full_captions/<key>.json`` (default: the avex cache root;
     :func:`full_captions_key` names what the key covers). The clips are captioned in batches
     of ``batch_size``, as the evaluation captions full tokens."""
-    _checks.int_at_least("num_beams", num_beams, 1)
-    _checks.int_at_least("max_new_tokens", max_new_tokens, 1)
     _checks.int_at_least("batch_size", batch_size, 1)
+    path = full_captions_path(captioner, cache, split, num_beams=num_beams,
+                              max_new_tokens=max_new_tokens, cache_dir=cache_dir)
     identity = full_captions_key(captioner, cache, split, num_beams, max_new_tokens)
-    key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
-    path = full_captions_dir(cache_dir) / f"{key}.json"
     if path.is_file():
         record = json.loads(path.read_text(encoding="utf-8"))
         if record.get("identity") != identity:

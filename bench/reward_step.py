@@ -20,8 +20,9 @@ backward), at the retention training would draw for that round (the same for eve
 the table holds the medians over rounds, with the interquartile range, and the median time
 inside generation (``generate_tokens``) and teacher forcing (``teacher_forced``). The policy
 is the freshly initialised one (no warmup): the sets differ from a trained policy's, their
-number and sizes do not. y_full of the train split is generated once before (its time is
-reported; a second run reads it from the cache).
+number and sizes do not. y_full of the train split is generated once before, into a
+temporary folder (its time is reported: a training run pays it once per captioner, benchmark
+and decoding).
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -40,7 +42,7 @@ import torch
 
 from avex.assets import resolve_asset_paths
 from avex.config import TrainConfig
-from avex.fidelity import full_captions
+from avex.fidelity import full_captions, full_captions_path
 from avex.reward import CiderD
 from avex.tables import markdown_table
 from avex.train import load_assets
@@ -75,19 +77,26 @@ def commit() -> str:
     return head + (" (uncommitted changes)" if dirty else " (clean tree)")
 
 
-def measure(cfg: TrainConfig, rounds: int, progress: bool) -> tuple[list[dict], dict]:
+def measure(cfg: TrainConfig, rounds: int, progress: bool,
+            full_captions_dir: str) -> tuple[list[dict], dict]:
+    """Rows (one per reward) and the set-up's facts; y_full is generated into (or read from)
+    ``full_captions_dir``, and timed."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     data_path, captioner_path = resolve_asset_paths(cfg.data, cfg.captioner,
                                                     cache_dir=cfg.cache_dir, progress=progress)
     cache, captioner, policy = load_assets(cfg, data_path, captioner_path, device)
     train = cache.split("train")
     clips = [train[i] for i in range(len(train))]
+    decoding = dict(num_beams=cfg.num_beams, max_new_tokens=cfg.max_new_tokens,
+                    cache_dir=full_captions_dir)
+    cached = full_captions_path(captioner, cache, "train", **decoding).is_file()
+    sync()
     t0 = time.perf_counter()
-    full = full_captions(captioner, cache, "train", num_beams=cfg.num_beams,
-                         max_new_tokens=cfg.max_new_tokens, cache_dir=cfg.cache_dir,
-                         progress=progress)
-    setup = {"full_captions_s": time.perf_counter() - t0, "train_clips": len(clips),
-             "benchmark": data_path.name, "captioner": captioner_path.name}
+    full = full_captions(captioner, cache, "train", progress=progress, **decoding)
+    sync()
+    setup = {"full_captions_s": time.perf_counter() - t0, "full_captions_cached": cached,
+             "train_clips": len(clips), "benchmark": data_path.name,
+             "captioner": captioner_path.name}
     cider = CiderD(corpus_references=[c.refs_av for c in clips], tokenize=True)
     batch_clips = clips[:cfg.micro_batch_size]
     targets = full.targets(batch_clips)
@@ -119,24 +128,31 @@ def measure(cfg: TrainConfig, rounds: int, progress: bool) -> tuple[list[dict], 
             print(f"round {r + 1}/{rounds} done", file=sys.stderr, flush=True)
     rows = []
     for (reward, diagnose), got in times.items():
-        steps = sorted(t["step"] for t in got)
-        quartiles = statistics.quantiles(steps, n=4) if len(steps) > 1 else [steps[0]] * 3
+        ratios = [t["step"] / c["step"] for t, c in zip(got, times[("cider", False)])]
         rows.append({"reward": reward_name(reward, diagnose),
-                     "step_ms": 1e3 * statistics.median(steps),
-                     "iqr_ms": 1e3 * (quartiles[2] - quartiles[0]),
+                     "step_ms": 1e3 * statistics.median(t["step"] for t in got),
+                     "iqr_ms": 1e3 * iqr([t["step"] for t in got]),
                      "generation_ms": 1e3 * statistics.median(t["generation"] for t in got),
-                     "forcing_ms": 1e3 * statistics.median(t["forcing"] for t in got)})
+                     "forcing_ms": 1e3 * statistics.median(t["forcing"] for t in got),
+                     "ratio": statistics.median(ratios), "ratio_iqr": iqr(ratios)})
     return rows, setup
 
 
+def iqr(values: list[float]) -> float:
+    if len(values) < 2:
+        return 0.0
+    quartiles = statistics.quantiles(values, n=4)
+    return quartiles[2] - quartiles[0]
+
+
 def table(rows: list[dict], exchanges: bool) -> str:
-    base = next(r["step_ms"] for r in rows if r["reward"] == "cider")
     sets = "8 anchors + 8 exchanges (16 sets) a clip" if exchanges else "8 anchors a clip"
     return f"**{sets}**\n\n" + markdown_table(
-        ["reward", "median step", "IQR", "generation", "teacher forcing", "step / cider's"],
+        ["reward", "median step", "IQR", "generation", "teacher forcing",
+         "step / cider's step (same round)"],
         [[r["reward"], f"{r['step_ms']:.0f} ms", f"{r['iqr_ms']:.0f} ms",
           f"{r['generation_ms']:.0f} ms", f"{r['forcing_ms']:.0f} ms",
-          f"{r['step_ms'] / base:.2f}"] for r in rows])
+          f"{r['ratio']:.2f} (IQR {r['ratio_iqr']:.2f})"] for r in rows])
 
 
 def main(argv=None) -> None:
@@ -153,11 +169,13 @@ def main(argv=None) -> None:
         parser.error(f"--out: no folder {str(Path(args.out).parent)!r}")
     load = os.getloadavg()
     sections, setup = [], None
-    for exchanges in (False, True):
-        cfg = TrainConfig(cache_dir=args.cache_dir, exchanges=exchanges, progress=False,
-                          normalize_exchange=False, exchange_saturation=5.0)
-        rows, setup = measure(cfg, args.rounds, args.progress)
-        sections.append(table(rows, exchanges))
+    with tempfile.TemporaryDirectory() as scratch:   # y_full generated here, timed, once
+        for exchanges in (False, True):
+            cfg = TrainConfig(cache_dir=args.cache_dir, exchanges=exchanges, progress=False,
+                              normalize_exchange=False, exchange_saturation=5.0)
+            rows, facts = measure(cfg, args.rounds, args.progress, scratch)
+            setup = setup or facts
+            sections.append(table(rows, exchanges))
     load_after = os.getloadavg()
     report = "\n".join([
         "# RL step time by reward (CPU)", "",
@@ -173,11 +191,14 @@ def main(argv=None) -> None:
         "step; with exchanges, w's saturation fixed at 5 and L_ex unnormalised (the "
         "normalisation's two extra gradient norms cost the same under every reward)",
         f"- medians of {args.rounds} rounds, the rewards alternating within each round (order "
-        "reversed every other round); \"generation\" and \"teacher forcing\": the median time "
-        "inside `generate_tokens` and `teacher_forced`",
-        f"- once per run, before RL: y_full of the {setup['train_clips']} train clips took "
-        f"{setup['full_captions_s']:.1f} s here (generated, or read from the cache if a run "
-        "made it before)", "", *[s + "\n" for s in sections]])
+        "reversed every other round); the IQR of the step mostly reflects the retention, which "
+        "changes between rounds; the last column is the median of the per-round ratios to the "
+        "cider step of the same round (same retention, same sets); \"generation\" and "
+        "\"teacher forcing\": the median time inside `generate_tokens` and `teacher_forced`",
+        f"- once per captioner, benchmark and decoding (before RL, then cached): y_full of the "
+        f"{setup['train_clips']} train clips took {setup['full_captions_s']:.1f} s here "
+        f"({'read from the cache' if setup['full_captions_cached'] else 'generated'}, batches "
+        "of 64)", "", *[s + "\n" for s in sections]])
     print(report)
     if args.out is not None:
         Path(args.out).write_text(report, encoding="utf-8")
