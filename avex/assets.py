@@ -67,7 +67,6 @@ def check_tokenizer(cache, captioner, captioner_path) -> None:
 
 def reference_sample(cache, count: int = 32) -> list[str]:
     """Reference captions spread over the cache (the manifest's; no tensor is read), for the
-    captioner's tokenizer round-trip check."""
-    labelled = [row for row in cache.rows if row["refs_av"]]   # label-free rows have none
-    rows = labelled[::max(1, len(labelled) // count)]
-    return [row["refs_av"][0] for row in rows][:count]
+    captioner's tokenizer round-trip check; none from clips without references."""
+    rows = cache.rows[::max(1, len(cache.rows) // count)]
+    return [row["refs_av"][0] for row in rows if row["refs_av"]][:count]

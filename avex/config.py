@@ -18,6 +18,9 @@ from avex.registry import BENCHMARK_PRESETS, CAPTIONER_PRESETS, EVAL_METHODS, SP
 from avex.run_files import warmup_policy_file
 
 EXCHANGE_TYPES = ("vv", "aa", "va", "av")
+#: what a kept set is rewarded by (docs/training.md, "Rewards"; avex.fidelity)
+REWARDS = ("cider", "fidelity", "cider+fidelity")
+FIDELITY_FORMS = ("logp", "margin")
 
 PRESETS = {
     # Section 3.4 of the paper, for a real backbone (VideoLLaMA 2 / VILA features).
@@ -83,7 +86,9 @@ class TrainConfig:
     # lambda_ex is the share it gets whatever the reward scale (measured: unnormalised, the
     # paper preset's L_ex was ~0.2% of the clipped update)
     normalize_exchange: bool = True
-    diagnostics_every: int = 10       # RL steps between per-type gradient-norm ratios (0: off)
+    # RL steps between diagnostic steps (0: none): each exchange type's gradient-norm ratio,
+    # and with a fidelity reward CIDEr too, to log how often the two agree
+    diagnostics_every: int = 10
     warmup_only: bool = False
     lambda_ex: float = 0.1
     rl: bool = True                   # L_RL on (the estimator: rl_estimator)
@@ -98,7 +103,15 @@ class TrainConfig:
     lambda_target: float = 0.0        # weight of the warmup BCE kept on during RL (an anchor)
     lambda_best: float = 0.0          # weight of a BCE toward each clip's best-rewarded anchor
     warmup_from: str | None = None    # a run directory: start from its warmup policy, skip ours
-    # reward decoding
+    # the reward of a kept set: "cider" (100 x CIDEr-D of its caption against the AV
+    # references), "fidelity" (100 x the mean teacher-forced log p of y_full, the captioner's
+    # caption of the full tokens: no references, no generation) or "cider+fidelity" (CIDEr,
+    # its ties broken by fidelity, never reordering two sets whose CIDEr differs)
+    reward: str = "cider"
+    # R_fid's form: "logp" (mean log p(y_full | S)) or "margin" (a hinge on each step's logit
+    # margin of y_full's token; all margins > 0 is greedy decoding writing y_full exactly)
+    fidelity_form: str = "logp"
+    # reward decoding (CIDEr's captions, and y_full)
     num_beams: int = 1
     max_new_tokens: int = 24
     # evaluation and bookkeeping
@@ -157,6 +170,8 @@ class TrainConfig:
         if len(set(self.exchange_types)) != len(self.exchange_types):
             raise ValueError(f"exchange_types has duplicates: {self.exchange_types}")
         _checks.choice("exchange_selection", self.exchange_selection, {"confidence", "random"})
+        _checks.choice("reward", self.reward, REWARDS)
+        _checks.choice("fidelity_form", self.fidelity_form, FIDELITY_FORMS)
         _checks.int_at_least("num_beams", self.num_beams, 1)
         _checks.int_at_least("max_new_tokens", self.max_new_tokens, 1)
         if not isinstance(self.eval_retentions, (list, tuple)):
@@ -312,6 +327,10 @@ def resolve_config(args: argparse.Namespace) -> TrainConfig:
                 raise ValueError(f"{name} = {asked[name]!r} has no effect without the exchange "
                                  "term (off by default); add --exchanges (exchanges: true) or "
                                  f"drop {name}")
+        if "fidelity_form" in asked and cfg.reward == "cider":
+            raise ValueError(f"fidelity_form = {asked['fidelity_form']!r} has no effect with "
+                             "reward 'cider'; add --reward fidelity (or cider+fidelity) or drop "
+                             "fidelity_form")
         if "g" in asked and cfg.g_fraction > 0:
             raise ValueError(f"g = {asked['g']!r} has no effect while g_fraction is "
                              f"{cfg.g_fraction} (g = g_fraction x K); add --g-fraction 0 for a "

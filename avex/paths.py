@@ -1,8 +1,9 @@
 """Where the toolkit keeps what it builds: one cache root and the folders under it.
 
 ``$AVEX_CACHE`` if set, else ``$XDG_CACHE_HOME/avex``, else ``~/.cache/avex``; under it
-``benchmarks/<name>/`` (feature caches), ``captioners/<benchmark>-<preset>/`` (frozen captioners)
-and ``attention/`` (cached full-token attention). A leaf module: it imports nothing of avex.
+``benchmarks/<name>/`` (feature caches), ``captioners/<benchmark>-<preset>/`` (frozen captioners),
+``attention/`` (cached full-token attention) and ``full_captions/`` (cached full-token captions,
+y_full). A leaf module: it imports nothing of avex.
 """
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import os
 from pathlib import Path
 
 __all__ = ["default_cache_dir", "benchmarks_dir", "default_captioner_path", "attention_dir",
-           "CAPTIONER_FILE"]
+           "full_captions_dir", "CAPTIONER_FILE"]
 
 #: a captioner directory's record of what it is (format, feature dim, training, reference)
 CAPTIONER_FILE = "avex_captioner.json"
@@ -40,3 +41,7 @@ def default_captioner_path(benchmark: str = "embedded-default-seed0", preset: st
 
 def attention_dir(cache_dir=None) -> Path:
     return _root(cache_dir) / "attention"
+
+
+def full_captions_dir(cache_dir=None) -> Path:
+    return _root(cache_dir) / "full_captions"

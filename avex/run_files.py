@@ -5,7 +5,8 @@
          metrics.jsonl                 one line per optimiser step (warmup, then RL)
          warmup_policy.safetensors     the policy after the warmup (other runs start from it)
          exchange_calibration.json     w(dR)'s saturation, measured once (with the exchange term)
-         exchange_diagnostics.json     the exchange term's labels and gradients (and a .png)
+         exchange_diagnostics.json     the RL groups' reward ties; with the exchange term, its
+                                       labels and gradients (and a .png)
          checkpoints/step-N/, latest   atomic checkpoints (avex.checkpoint)
          policy/                       the finished policy (AVEXPolicy.save_pretrained)
          results.md, results.json      the end-of-run table

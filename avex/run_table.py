@@ -1,7 +1,9 @@
 """The table a ``python -m avex.train`` run ends with: its policy beside full tokens, the methods
 of ``eval_methods`` and the warmup-only policy, at each of ``eval_retentions``, captioned and
 scored by the sweep's loop (:func:`avex.scoring.caption_and_score`) and written to the run's
-``results.md`` and ``results.json``."""
+``results.md`` and ``results.json``. An evaluation split without reference captions is scored
+by fidelity instead: the share of clips whose pruned caption is the full-token caption y_full
+exactly, and the mean log p(y_full | S) (:func:`avex.fidelity.fidelity_split`)."""
 from __future__ import annotations
 
 import copy
@@ -13,10 +15,11 @@ from safetensors.torch import load_file
 
 from avex import metrics
 from avex.config import TrainConfig
+from avex.fidelity import fidelity_split, full_captions
 from avex.judge import judge_line, judge_record
 from avex.methods import label, load_policy, make_selector, policy_selector
 from avex.run_files import RESULTS_JSON, RESULTS_MD, WARMUP_POLICY_FILE
-from avex.scoring import caption_and_score
+from avex.scoring import caption_and_score, keep_all
 from avex.tables import markdown_table
 
 
@@ -44,13 +47,12 @@ def score_run(cfg: TrainConfig, run_dir: Path, policy, captioner, cache,
         methods["warmup only"] = policy_selector(warmup_policy)
     methods[run_label(cfg)] = policy_selector(policy)
     jobs = [(name, retention) for retention in cfg.eval_retentions for name in methods]
-    scored = caption_and_score(captioner, {"eval": clips}, jobs, methods.__getitem__,
-                               num_beams=cfg.num_beams, max_new_tokens=cfg.max_new_tokens,
-                               progress=cfg.progress, desc="evaluation")
-    rows = [{"method": label("full") if key == "full" else key, "retention": retention,
-             **scored[("eval", key, retention)][1]}
-            for key, retention in [("full", 1.0)] + jobs]
-    table = results_table(rows, f"{cfg.eval_split} split, {len(clips)} clips")
+    if all(clip.refs_av for clip in clips):
+        rows = cider_rows(cfg, captioner, clips, methods, jobs)
+        table = results_table(rows, f"{cfg.eval_split} split, {len(clips)} clips")
+    else:   # no references to score against: how faithfully each selection keeps y_full
+        rows = fidelity_rows(cfg, captioner, cache, clips, methods, jobs)
+        table = fidelity_table(rows, f"{cfg.eval_split} split, {len(clips)} clips")
     judge = judge_record(cache.root, captioner.path) if captioner.path is not None else None
     if judge is not None:
         table += "\n\n" + judge_line(judge)
@@ -61,21 +63,59 @@ def score_run(cfg: TrainConfig, run_dir: Path, policy, captioner, cache,
     return {"rows": rows, "table": table}
 
 
+def cider_rows(cfg: TrainConfig, captioner, clips, methods: dict, jobs) -> list[dict]:
+    """C_av, C_v, C_a, BLEU-4 and METEOR of full tokens and of every (method, retention)."""
+    scored = caption_and_score(captioner, {"eval": clips}, jobs, methods.__getitem__,
+                               num_beams=cfg.num_beams, max_new_tokens=cfg.max_new_tokens,
+                               progress=cfg.progress, desc="evaluation")
+    return [{"method": label("full") if key == "full" else key, "retention": retention,
+             **scored[("eval", key, retention)][1]}
+            for key, retention in [("full", 1.0)] + jobs]
+
+
+def fidelity_rows(cfg: TrainConfig, captioner, cache, clips, methods: dict, jobs) -> list[dict]:
+    """Without references: per (method, retention), the share of clips whose pruned caption is
+    y_full exactly (``exact``, %) and the mean log p(y_full | S) per token (``log_prob``), y_full
+    being the captioner's full-token caption under the run's decoding
+    (:func:`avex.fidelity.fidelity_split`)."""
+    full = full_captions(captioner, cache, cfg.eval_split, num_beams=cfg.num_beams,
+                         max_new_tokens=cfg.max_new_tokens, cache_dir=cfg.cache_dir,
+                         progress=cfg.progress)
+    rows = []
+    for key, retention in [("full", 1.0)] + jobs:
+        selector = keep_all if key == "full" else methods[key]
+        got = fidelity_split(captioner, clips, selector, retention, full,
+                             progress=cfg.progress, desc=f"fidelity: {key} @ {retention:.0%}")
+        rows.append({"method": label("full") if key == "full" else key, "retention": retention,
+                     "exact": 100.0 * sum(got["exact"]) / len(clips),
+                     "log_prob": sum(got["log_prob"]) / len(clips)})
+    return rows
+
+
 def run_label(cfg: TrainConfig) -> str:
+    """This run's row: its recipe, and its reward where that isn't CIDEr."""
+    name = _recipe_label(cfg)
+    if cfg.reward != "cider" and not cfg.warmup_only:
+        form = ", margin" if cfg.fidelity_form == "margin" else ""
+        name = f"{name}, {cfg.reward} reward{form}"
+    return f"{name} (this run)"
+
+
+def _recipe_label(cfg: TrainConfig) -> str:
     if cfg.warmup_only:
-        return "warmup only (this run)"
+        return "warmup only"
     if not cfg.exchanges:
         if cfg.rl_estimator == "rloo":
-            return "AVEX, L_RL (RLOO) (this run)"
-        return "set-level reward, no exchanges (this run)"
+            return "AVEX, L_RL (RLOO)"
+        return "set-level reward, no exchanges"
     if cfg.exchange_selection == "random":
-        return "random exchanges (this run)"
+        return "random exchanges"
     terms = []
     if cfg.rl:
         terms.append("L_RL (RLOO)" if cfg.rl_estimator == "rloo" else "L_RL")
     if cfg.lambda_ex > 0:
         terms.append("L_ex")
-    return f"AVEX, {' + '.join(terms) or 'no loss'} (this run)"
+    return f"AVEX, {' + '.join(terms) or 'no loss'}"
 
 
 def results_table(rows: list[dict], caption: str) -> str:
@@ -86,3 +126,14 @@ def results_table(rows: list[dict], caption: str) -> str:
                                                              "METEOR")]
          for r in rows])
     return f"Results on the {caption} (CIDEr points; {metrics.cider_source()}):\n\n{table}"
+
+
+def fidelity_table(rows: list[dict], caption: str) -> str:
+    table = markdown_table(
+        ["method", "retention", "y_full exact (%)", "mean log p(y_full)"],
+        [[r["method"], f"{r['retention']:.0%}", f"{r['exact']:.1f}", f"{r['log_prob']:.4f}"]
+         for r in rows])
+    return (f"Results on the {caption}, which have no reference captions: how faithfully each "
+            "selection keeps the captioner's full-token caption y_full (the share of clips "
+            "whose pruned caption is y_full exactly, and the mean log-probability per token "
+            f"of y_full under the kept tokens):\n\n{table}")

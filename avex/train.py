@@ -29,6 +29,7 @@ from avex.config import TrainConfig, build_parser, explicit_settings, resolve_co
 from avex.data import FeatureCache
 from avex.distributed import Processes, no_sync, pick_device, unwrap
 from avex.exchange_diagnostics import write_report as write_exchange_report
+from avex.fidelity import full_captions
 from avex.policy import AVEXPolicy, TrainedOn, layout_of, row_layouts
 from avex.progress import progress_bar
 from avex.registry import METHODS
@@ -246,6 +247,17 @@ class Run:
                                                           cache_dir=cfg.cache_dir)
         return warmup_targets(attention, clips, training_retentions(cfg))
 
+    def full_captions(self, captioner, split: str):
+        """y_full of ``split`` under the run's decoding (:func:`avex.fidelity.full_captions`):
+        generated once per captioner, benchmark and decoding, and kept in the cache dir."""
+        cfg = self.cfg
+        settings = dict(num_beams=cfg.num_beams, max_new_tokens=cfg.max_new_tokens,
+                        cache_dir=cfg.cache_dir)
+        if self.procs.main:
+            full_captions(captioner, self.cache, split, progress=cfg.progress, **settings)
+        self.procs.barrier()
+        return full_captions(captioner, self.cache, split, **settings)
+
     def rl_optimizer(self, model):
         cfg = self.cfg
         optimizer = torch.optim.AdamW(unwrap(model).parameters(), lr=cfg.lr,
@@ -261,17 +273,21 @@ class Run:
             optimizer.load_state_dict(saved["optimizer"])
             scheduler.load_state_dict(saved["scheduler"])
             set_rng_state(saved["rng"])
-        cider = CiderD(corpus_references=[c.refs_av for c in clips], tokenize=True)
+        # CIDEr needs every clip's references; a label-free cache trains on fidelity alone
+        cider = CiderD(corpus_references=[c.refs_av for c in clips], tokenize=True) \
+            if all(c.refs_av for c in clips) else None
+        full = self.full_captions(captioner, "train") if cfg.reward != "cider" else None
         targets = self.targets(captioner, clips) if cfg.lambda_target > 0 else None
         saturation = exchange_saturation(cfg, self.run_dir / EXCHANGE_CALIBRATION_FILE, captioner,
-                                         cider, clips, write=self.procs.main)
+                                         cider, clips, write=self.procs.main,
+                                         policy=unwrap(model), full=full)
         bar = self.steps_bar("RL + AVEX", start_step, self.rl_steps)
         rewarded = False   # any reward above 0 yet (checked over the first steps of a run)
         for step in bar:
             chunks = self.my_chunks(step, len(clips), "rl")
             optimizer.zero_grad(set_to_none=True)
             sums: dict[str, float] = {}
-            diagnostics = []
+            diagnostics, reward_diagnostics = [], []
             every = cfg.diagnostics_every
             for i, chunk in enumerate(chunks):
                 batch_clips = [clips[j] for j in chunk]
@@ -279,15 +295,18 @@ class Run:
                 chunk_id = step * (cfg.batch_size // cfg.micro_batch_size) + \
                     self.procs.rank + i * self.procs.world
                 seed = sample_seed(cfg.seed, step, chunk_id)
+                diagnose = every > 0 and step % every == 0
                 with no_sync(model, last=i == len(chunks) - 1):
                     terms = rl_loss(cfg, model, captioner, cider, batch, batch_clips, seed,
                                     draw_retention(cfg, seed),
                                     None if targets is None else [targets[j] for j in chunk],
-                                    saturation=saturation,
-                                    grad_ratios=every > 0 and step % every == 0)
+                                    saturation=saturation, grad_ratios=diagnose,
+                                    full_tokens=None if full is None else
+                                    full.targets(batch_clips), diagnose=diagnose)
                     (terms["loss"] * len(chunk) * self.procs.world / cfg.batch_size).backward()
                 if "diagnostics" in terms:
                     diagnostics.append(terms.pop("diagnostics"))
+                reward_diagnostics.append(terms.pop("reward_diagnostics"))
                 weight = len(chunk) / (cfg.batch_size / self.procs.world)
                 for name, value in terms.items():
                     value = value.detach().float()
@@ -299,16 +318,22 @@ class Run:
             record = {"phase": "rl", "step": step, "lr": scheduler.get_last_lr()[0],
                       "grad_norm": float(total_norm), "time": time.time(),
                       **{k: v for k, v in sums.items()}}
-            if diagnostics:  # this rank's micro-batches
+            record["reward_diagnostics"] = reward_diagnostics   # this rank's micro-batches
+            if diagnostics:
                 record["exchange_diagnostics"] = diagnostics
             self.books.log(record)
             bar.set_postfix(reward=f"{float(sums['reward']):.1f}",
                             loss=f"{float(sums['loss']):.3f}")
-            if start_step == 0 and step < ZERO_REWARD_STEPS:
+            if start_step == 0 and step < ZERO_REWARD_STEPS and cfg.reward != "fidelity":
                 # the mean anchor reward and its spread over anchors: both 0 only if every
-                # anchor's CIDEr-D was 0 (it is never negative)
-                rewarded = self.books.any_rank(float(sums["reward"]) > 0
-                                         or float(sums.get("reward_spread", 0.0)) > 0) or rewarded
+                # anchor's CIDEr-D was 0 (it is never negative); with cider+fidelity, CIDEr's
+                # mean over the anchors (the tie-break is not a sign of captions scoring)
+                if "cider_reward" in sums:
+                    rewarded = self.books.any_rank(float(sums["cider_reward"]) > 0) or rewarded
+                else:
+                    rewarded = self.books.any_rank(
+                        float(sums["reward"]) > 0
+                        or float(sums.get("reward_spread", 0.0)) > 0) or rewarded
                 if not rewarded and step + 1 == min(ZERO_REWARD_STEPS, self.rl_steps):
                     raise zero_reward_error(step + 1, min(len(clips), cfg.batch_size
                                                           * (step + 1)), captioner)
@@ -317,9 +342,9 @@ class Run:
             if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < self.rl_steps:
                 self.books.save(model, "rl", step + 1, optimizer, scheduler)
         self.books.save(model, "done", self.rl_steps, optimizer, scheduler)
-        if cfg.exchanges and self.procs.main:
-            write_exchange_report(self.run_dir)
-        if self.procs.main:  # the artifact: AVEXPolicy.from_pretrained / avex.load_policy
+        if self.procs.main:
+            write_exchange_report(self.run_dir)   # the reward's ties, the exchange labels
+            # the artifact: AVEXPolicy.from_pretrained / avex.load_policy
             unwrap(model).save_pretrained(self.run_dir / SAVED_POLICY_DIR)
         if self.books.stop_requested():   # asked during the last step: done, but no evaluation
             raise TrainingInterrupted(latest_checkpoint(self.run_dir), self.books.resume_command())
@@ -337,10 +362,25 @@ def prepare_run(cfg: TrainConfig, *, resume: bool = False, explicit: dict | None
         cfg = resumed_config(cfg, explicit)
     if cfg.data != "embedded":  # a user's cache: manifest, shard headers and splits, read now
         cache = FeatureCache(cfg.data)
-        cache.split("train")
+        check_references(cfg, cache)
         if cfg.evaluate:
             cache.split(cfg.eval_split)
     return Run(cfg, resume=resume)
+
+
+def check_references(cfg: TrainConfig, cache) -> None:
+    """A reward that reads CIDEr (``cider``, ``cider+fidelity``) needs the AV references of
+    every train clip; a cache without them (label-free) trains with ``reward: fidelity``."""
+    train = cache.split("train")
+    if cfg.reward == "fidelity":
+        return
+    missing = [clip_id for clip_id, refs in zip(train.clip_ids, train.references("av"))
+               if not refs]
+    if missing:
+        raise ValueError(f"reward = {cfg.reward!r} scores captions against reference captions, "
+                         f"but {len(missing)} of {len(train)} train clips of {cache.root} have "
+                         f"none (e.g. clip {missing[0]!r}); pass --reward fidelity to train "
+                         "without references")
 
 
 def train(cfg: TrainConfig, *, resume: bool = False) -> dict:

@@ -7,8 +7,10 @@ One RL step, per micro-batch (:func:`rl_loss`):
     scores      = policy(inputs_embeds, modality)                 on the AV axis [B, M]
     S, log pi   = gumbel_topk(scores, K)                          the anchors
     exchanges   = build_exchanges(scores, S, modality, g)         V>V, A>A, V>A, A>V
-    captions    = one generation over anchors + counterfactuals   compacted, original positions
-    R           = 100 * CIDEr-D(captions, AV references)
+    R           = cfg.reward of every set (set_rewards):
+      cider:          100 * CIDEr-D(captions, AV references)      one generation over all sets
+      fidelity:       100 * mean log p(y_full | S) (or a margin)  one teacher-forced forward
+      cider+fidelity: CIDEr, its ties broken by fidelity
     L           = L_RL + lambda_ex * L_ex
 """
 from __future__ import annotations
@@ -23,7 +25,8 @@ import torch
 import torch.nn.functional as F
 
 from avex.config import TrainConfig
-from avex.exchange_diagnostics import exchange_statistics, grad_norm
+from avex.exchange_diagnostics import anchor_statistics, exchange_statistics, grad_norm
+from avex.fidelity import break_ties, fidelity_reward
 from avex.kernels import build_exchanges, gumbel_topk
 from avex.losses import (SATURATION_POINTS, anchored_policy_gradient_loss_unchecked,
                          exchange_terms_unchecked, group_normalized_loss_unchecked,
@@ -179,18 +182,25 @@ def anchor_exchanges(cfg: TrainConfig, scores, indices, modality, seed: int,
     return ExchangeSlots(delta_f, size > 0, size, keep, owner, slot_types)
 
 
-def rl_loss(cfg: TrainConfig, policy, captioner, cider, batch, clips, seed: int,
-            retention: float | None = None, targets: list | None = None, *,
-            saturation: float = SATURATION_POINTS, grad_ratios: bool = False) -> dict:
-    """The losses of one micro-batch. ``cfg.anchors`` Gumbel-Top-K sets per clip; with
-    ``cfg.exchanges``, the exchange sets around them (:func:`anchor_exchanges`); every keep-set
-    is captioned in one generation. ``saturation``: w(dR)'s; ``grad_ratios``: measure each
-    exchange type's gradient norm against L_RL's (``terms["diagnostics"]``).
-    With ``cfg.lambda_target`` > 0, the warmup's BCE on ``targets`` keeps the scores anchored
-    (their scale and the attention ranking) while the reward terms move them."""
+class SampledSets(NamedTuple):
+    """The keep-sets of one micro-batch: the policy's AV-axis ``scores`` [B, M] and ``layout``,
+    each clip's ``budget`` K [B], the anchors' ``indices`` [B, A, K] and ``log_prob`` [B, A],
+    and ``sets`` [B, S, M]: the A anchors, then the exchanges' counterfactuals (``exchanges``,
+    None without the exchange term)."""
+    scores: torch.Tensor
+    layout: AVLayout
+    budget: torch.Tensor
+    indices: torch.Tensor
+    log_prob: torch.Tensor
+    sets: torch.Tensor
+    exchanges: ExchangeSlots | None
+
+
+def sample_sets(cfg: TrainConfig, policy, batch, seed: int, retention: float) -> SampledSets:
+    """``cfg.anchors`` Gumbel-Top-K sets per clip at ``retention`` and, with ``cfg.exchanges``,
+    the exchanges around them (:func:`anchor_exchanges`)."""
     layout = AVLayout.of(batch.modality)
     scores = layout.gather(policy(batch.inputs_embeds, batch.modality))
-    retention = cfg.retention if retention is None else retention
     budget = layout.budget(retention)
     rows, width, count = scores.shape[0], scores.shape[1], cfg.anchors
     indices, log_prob = gumbel_topk(scores.repeat_interleave(count, 0),
@@ -202,16 +212,77 @@ def rl_loss(cfg: TrainConfig, policy, captioner, cider, batch, clips, seed: int,
         exchanges = anchor_exchanges(cfg, scores, indices, layout.modality, seed,
                                      group_size(cfg, budget))
         sets = torch.cat([sets, exchanges.keep], dim=1)
-    captions = captioner.caption_keep_sets(batch.inputs_embeds, batch.modality, sets,
-                                           num_beams=cfg.num_beams,
-                                           max_new_tokens=cfg.max_new_tokens,
-                                           position_ids=batch.native_position_ids)
+    return SampledSets(scores, layout, budget, indices, log_prob, sets, exchanges)
+
+
+class SetRewards(NamedTuple):
+    """The rewards of a micro-batch's keep-sets, [B, S] each: ``reward`` (``cfg.reward``'s,
+    float32), and where they were computed ``cider`` (CIDEr points, float32) and ``fidelity``
+    (the dense term, :func:`avex.fidelity.fidelity_reward`)."""
+    reward: torch.Tensor
+    cider: torch.Tensor | None
+    fidelity: torch.Tensor | None
+
+
+def set_rewards(cfg: TrainConfig, captioner, cider, batch, clips, sets: torch.Tensor,
+                full_tokens: list | None = None, *, with_cider: bool = False) -> SetRewards:
+    """``cfg.reward`` of every keep-set ``sets`` [B, S, M] of a micro-batch.
+
+    CIDEr (``cider``: a :class:`avex.reward.CiderD`) captions every set in one batched
+    generation; it is computed for ``cider`` and ``cider+fidelity``, and for ``fidelity`` only
+    where ``with_cider`` asks (a diagnostic step) and ``cider`` is given. The fidelity term is
+    one teacher-forced forward of y_full (``full_tokens``: its token ids per clip) per set."""
     num_sets = sets.shape[1]
-    flat = [c for row in captions for c in row]
-    refs = [clip.refs_av for clip in clips for _ in range(num_sets)]
-    rewards = torch.as_tensor(100.0 * cider.score(flat, refs), dtype=torch.float32,
-                              device=scores.device).view(-1, num_sets)
-    anchor_rewards, counterfactual = rewards[:, :count], rewards[:, count:]
+    points = None
+    if cfg.reward != "fidelity" or (with_cider and cider is not None):
+        captions = captioner.caption_keep_sets(batch.inputs_embeds, batch.modality, sets,
+                                               num_beams=cfg.num_beams,
+                                               max_new_tokens=cfg.max_new_tokens,
+                                               position_ids=batch.native_position_ids)
+        flat = [c for row in captions for c in row]
+        refs = [clip.refs_av for clip in clips for _ in range(num_sets)]
+        points = 100.0 * cider.score(flat, refs)
+    dense = None
+    if cfg.reward != "cider":
+        if full_tokens is None:
+            raise ValueError(f"reward {cfg.reward!r} needs y_full's token ids of the batch "
+                             "(full_tokens)")
+        scored = captioner.teacher_forced(batch.inputs_embeds, batch.modality, sets,
+                                          full_tokens, position_ids=batch.native_position_ids)
+        dense = fidelity_reward(scored, cfg.fidelity_form).float()
+    by_cider = None if points is None else torch.as_tensor(
+        points, dtype=torch.float32, device=sets.device).view(-1, num_sets)
+    if cfg.reward == "cider":
+        reward = by_cider
+    elif cfg.reward == "fidelity":
+        reward = dense
+    else:  # CIDEr in float64, its ties broken by fidelity: rounding after can't reorder
+        exact = torch.as_tensor(points, dtype=torch.float64, device=sets.device)
+        reward = break_ties(exact.view(-1, num_sets), dense).float()
+    return SetRewards(reward, by_cider, dense)
+
+
+def rl_loss(cfg: TrainConfig, policy, captioner, cider, batch, clips, seed: int,
+            retention: float | None = None, targets: list | None = None, *,
+            saturation: float = SATURATION_POINTS, grad_ratios: bool = False,
+            full_tokens: list | None = None, diagnose: bool = False) -> dict:
+    """The losses of one micro-batch. ``cfg.anchors`` Gumbel-Top-K sets per clip; with
+    ``cfg.exchanges``, the exchange sets around them (:func:`anchor_exchanges`); every keep-set
+    is rewarded by ``cfg.reward`` (:func:`set_rewards`; ``full_tokens``: y_full's token ids of
+    ``clips``, for a fidelity reward). ``saturation``: w(dR)'s; ``grad_ratios``: measure each
+    exchange type's gradient norm against L_RL's (``terms["diagnostics"]``); ``diagnose``: a
+    diagnostic step, where a fidelity reward is compared with CIDEr (generation, so not every
+    step). ``terms["reward_diagnostics"]`` says how often the clips' anchors tied.
+    With ``cfg.lambda_target`` > 0, the warmup's BCE on ``targets`` keeps the scores anchored
+    (their scale and the attention ranking) while the reward terms move them."""
+    retention = cfg.retention if retention is None else retention
+    drawn = sample_sets(cfg, policy, batch, seed, retention)
+    scores, layout, budget, log_prob, sets, exchanges = (
+        drawn.scores, drawn.layout, drawn.budget, drawn.log_prob, drawn.sets, drawn.exchanges)
+    rows, count = scores.shape[0], cfg.anchors
+    rewards = set_rewards(cfg, captioner, cider, batch, clips, sets, full_tokens,
+                          with_cider=diagnose)
+    anchor_rewards, counterfactual = rewards.reward[:, :count], rewards.reward[:, count:]
     rl = None
     if cfg.rl_estimator == "rloo" and (cfg.rl or not cfg.exchanges):
         rl = leave_one_out_loss_unchecked(log_prob, anchor_rewards, budget).mean()
@@ -235,9 +306,10 @@ def rl_loss(cfg: TrainConfig, policy, captioner, cider, batch, clips, seed: int,
         ex = parts.sum(dim=1).mean()
         weight = cfg.lambda_ex
         diagnostics = {"retention": float(retention), "k": int(budget.max()),
-                       "types": exchange_statistics(delta_reward, exchanges.delta_f,
-                                                    exchanges.valid, exchanges.group_size,
-                                                    budget, exchanges.types)}
+                       "types": exchange_statistics(
+                           delta_reward, exchanges.delta_f, exchanges.valid,
+                           exchanges.group_size, budget, exchanges.types,
+                           **label_deltas(rewards, count, exchanges.owner))}
         if cfg.normalize_exchange or grad_ratios:
             params = [p for p in policy.parameters() if p.requires_grad]
             rl_norm = grad_norm(rl, params) if rl is not None else None
@@ -278,8 +350,26 @@ def rl_loss(cfg: TrainConfig, policy, captioner, cider, batch, clips, seed: int,
     terms["reward"] = anchor_rewards[:, 0].mean()
     terms["reward_spread"] = anchor_rewards.std(dim=1).mean() if count > 1 else \
         torch.zeros(())
+    if cfg.reward == "cider+fidelity":  # CIDEr alone: the check that captions score at all
+        terms["cider_reward"] = rewards.cider[:, :count].mean()
     terms["retention"] = torch.tensor(float(retention))
+    terms["reward_diagnostics"] = anchor_statistics(
+        anchor_rewards, retention, int(budget.max()),
+        # under the cider reward, CIDEr's statistics would repeat the reward's own
+        cider=None if rewards.cider is None or cfg.reward == "cider"
+        else rewards.cider[:, :count],
+        dense=None if rewards.fidelity is None else rewards.fidelity[:, :count])
     return terms
+
+
+def label_deltas(rewards: SetRewards, count: int, owner) -> dict:
+    """CIDEr's and the dense term's dR of each exchange slot [B, E], where both were computed
+    (``exchange_statistics``' ``cider_delta`` and ``dense_delta``); {} otherwise."""
+    if rewards.cider is None or rewards.fidelity is None:
+        return {}
+    return {name: values[:, owner] - values[:, count:]
+            for name, values in (("cider_delta", rewards.cider),
+                                 ("dense_delta", rewards.fidelity))}
 
 
 def random_exchanges(scores, anchor_idx, modality, cfg: TrainConfig, seed: int,
@@ -305,21 +395,67 @@ def random_exchanges(scores, anchor_idx, modality, cfg: TrainConfig, seed: int,
     return drawn._replace(delta_f=torch.where(drawn.valid, delta_f, torch.zeros_like(delta_f)))
 
 
+#: the train clips w's saturation is measured on: 256 full-token captions for CIDEr (a cheap
+#: generation each), 64 clips' anchors and exchanges for a fidelity reward
+SATURATION_CLIPS = {"cider": 256, "fidelity": 64}
+#: with a fidelity reward, w saturates at this percentile of the non-zero |dR| measured at the
+#: start of RL: half of the informative labels get full weight, the smaller half less
+SATURATION_PERCENTILE = 50
+
+
 def exchange_saturation(cfg: TrainConfig, calibration_file: Path, captioner, cider, clips, *,
-                        write: bool) -> float:
-    """w(dR)'s saturation: ``cfg.exchange_saturation``, or the paper's scaled by the mean
-    full-token reward of the first 256 train clips (measured once, kept in the run's
-    ``calibration_file``, written where ``write``)."""
+                        write: bool, policy=None, full=None) -> float:
+    """w(dR)'s saturation: ``cfg.exchange_saturation``, or measured once at the start of RL
+    (kept in the run's ``calibration_file``, written where ``write``) on the reward's own
+    scale. CIDEr: the paper's 5 points scaled by the mean full-token reward of the first 256
+    train clips. A fidelity reward (``fidelity``, ``cider+fidelity``): the median non-zero
+    |dR| of the exchanges ``policy`` draws on the first 64 train clips (:func:`measured_delta`;
+    ``full``: their y_full, a :class:`avex.fidelity.FullCaptions`)."""
     if not cfg.exchanges or cfg.exchange_saturation is not None:
         return cfg.exchange_saturation or SATURATION_POINTS
     if calibration_file.is_file():
         return float(json.loads(calibration_file.read_text())["saturation"])
-    sample = clips[:256]
-    captions = caption_split(captioner, sample, keep_all, 1.0, num_beams=cfg.num_beams,
-                             max_new_tokens=cfg.max_new_tokens)
-    reward = float(100.0 * cider.score(captions, [c.refs_av for c in sample]).mean())
-    record = {"full_token_reward": reward, "clips": len(sample),
-              "saturation": saturation_for(reward)}
+    if cfg.reward == "cider":
+        sample = clips[:SATURATION_CLIPS["cider"]]
+        captions = caption_split(captioner, sample, keep_all, 1.0, num_beams=cfg.num_beams,
+                                 max_new_tokens=cfg.max_new_tokens)
+        reward = float(100.0 * cider.score(captions, [c.refs_av for c in sample]).mean())
+        record = {"full_token_reward": reward, "clips": len(sample),
+                  "saturation": saturation_for(reward)}
+    else:
+        record = measured_delta(cfg, policy, captioner, cider, clips[:SATURATION_CLIPS["fidelity"]],
+                                full)
     if write:
         calibration_file.write_text(json.dumps(record, indent=1) + "\n")
     return record["saturation"]
+
+
+@torch.no_grad()
+def measured_delta(cfg: TrainConfig, policy, captioner, cider, clips, full) -> dict:
+    """w's saturation on ``cfg.reward``'s scale: the ``SATURATION_PERCENTILE``-th percentile of
+    the non-zero |dR| = |R(S) - R(S')| of the exchanges drawn, as training draws them, around
+    ``policy``'s anchors on ``clips`` (micro-batches of ``cfg.micro_batch_size``, each at the
+    next of ``train_retentions`` in turn, from seeds of their own). The paper's 5 points where
+    no exchange changed the reward."""
+    if policy is None or full is None:
+        raise ValueError(f"measuring w's saturation for reward {cfg.reward!r} needs the policy "
+                         "and y_full (policy=, full=)")
+    retentions = training_retentions(cfg)
+    deltas = []
+    for i, start in enumerate(range(0, len(clips), cfg.micro_batch_size)):
+        chunk = clips[start:start + cfg.micro_batch_size]
+        batch = captioner.embed(chunk)
+        seed = zlib.crc32(f"saturation:{cfg.seed}:{i}".encode())
+        drawn = sample_sets(cfg, policy, batch, seed, retentions[i % len(retentions)])
+        rewards = set_rewards(cfg, captioner, cider, batch, chunk, drawn.sets,
+                              full.targets(chunk)).reward
+        slots = drawn.exchanges
+        delta = rewards[:, slots.owner] - rewards[:, cfg.anchors:]
+        deltas.append(delta[slots.valid].abs().double().cpu())
+    deltas = torch.cat(deltas) if deltas else torch.zeros(0, dtype=torch.float64)
+    informative = deltas[deltas > 0]
+    saturation = float(torch.quantile(informative, SATURATION_PERCENTILE / 100)) \
+        if informative.numel() else SATURATION_POINTS
+    return {"reward": cfg.reward, "fidelity_form": cfg.fidelity_form, "clips": len(clips),
+            "exchanges": int(deltas.numel()), "nonzero": int(informative.numel()),
+            "percentile": SATURATION_PERCENTILE, "saturation": saturation}

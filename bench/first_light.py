@@ -14,7 +14,7 @@
   Baseline: boolean indexing + ``pad_sequence``. Ceiling: ``copy_`` of as many bytes.
 - P9: one optimiser step of the default recipe (RLOO over 8 anchors, batch 32 in micro-batches
   of 16) on the embedded benchmark with its shipped captioner, at two retentions: the step's
-  median time, and the share of it spent captioning the keep-sets (``generate_captions``:
+  median time, and the share of it spent captioning the keep-sets (``generate_tokens``:
   compaction, prefill and greedy decoding) and scoring them (CIDEr-D on the host).
 
 Every case is timed as the median of ``--rounds`` rounds (20 by default) after warm-up, with
@@ -279,7 +279,7 @@ def part_p9(rows: Rows, steps: int, preset: str, cache_dir: str | None, batch: i
     clips = [split[i] for i in range(len(split))]
     cider = CiderD(corpus_references=[c.refs_av for c in clips], tokenize=True)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr)
-    generation = Stopwatch(captioner, "generate_captions")
+    generation = Stopwatch(captioner, "generate_tokens")
     scoring = Stopwatch(cider, "score")
     print(f"[P9] assets ready in {time.perf_counter() - t0:.1f} s: {data_path.name}, "
           f"{len(clips)} training clips, captioner {captioner_path.name}", flush=True)

@@ -93,6 +93,9 @@ def test_writer_rejects_bad_input(tmp_path):
                                              r"non-empty strings, got \[''\]"):
             writer.add("x", "train", torch.zeros(3, 4), torch.zeros(2, 4),
                        **{**ok, "refs_av": [""]})
+        with pytest.raises(ValueError, match="refs_av for clip 'x' must be a list of non-empty"):
+            writer.add("x", "train", torch.zeros(3, 4), torch.zeros(2, 4),
+                       **{**ok, "refs_av": "a dog"})
         with pytest.raises(ValueError, match="exactly one of prompt_suffix_ids"):
             writer.add("x", "train", torch.zeros(3, 4), torch.zeros(2, 4), refs_av=["a"],
                        prompt_prefix_ids=[1])

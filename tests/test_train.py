@@ -97,8 +97,16 @@ def test_exchange_run_logs_its_diagnostics_and_calibration(cache_dir, tmp_path):
     assert any(r["total"] == pytest.approx(0.5) for r in (m["grad_ratio"] for m in micro))
     assert any(set(m["grad_ratio"]) > {"total", "unscaled"} for m in micro)  # every 2nd step
     summary = json.loads((run / "exchange_diagnostics.json").read_text())
-    assert set(summary) == {"vv", "aa", "va", "av", "total"}
+    assert set(summary) == {"vv", "aa", "va", "av", "total", "anchors"}
     assert summary["total"]["all"]["micro_batches"] == len(micro)
+    # the RL groups' ties (issue #33), logged under the cider reward too: CIDEr is the reward,
+    # so no second CIDEr statistic and no agreement (there is no dense term)
+    ties = [m for r in rl for m in r["reward_diagnostics"]]
+    assert len(ties) == len(micro) and summary["anchors"]["all"]["micro_batches"] == len(ties)
+    for m in ties:
+        assert 0 <= m["tied"] <= 1 and m["groups"] == 4 and "cider_tied" not in m
+    for m in micro:
+        assert all(t["agree"] is None for t in m["types"].values())
     assert (run / "exchange_diagnostics.png").read_bytes()[:4] == b"\x89PNG"
 
 

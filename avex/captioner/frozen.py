@@ -14,7 +14,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -27,7 +27,7 @@ from ..modality import AUDIO, PAD, TEXT, VISUAL
 from ..paths import CAPTIONER_FILE, attention_dir, default_captioner_path
 from ..progress import progress_bar
 from ..ptb_tokenizer import tokenize
-from ..pruning import expand_av_keep, generate, prune_inputs
+from ..pruning import expand_av_keep, forward, generate, prune_inputs
 from .reference import verify_reference
 
 PROJECTOR_FILE = "avex_projector.safetensors"
@@ -97,6 +97,30 @@ class AVBatch:
         """Sequence positions of row ``row``'s AV tokens, video first then audio."""
         mod = self.modality[row]
         return torch.nonzero((mod == VISUAL) | (mod == AUDIO)).flatten()
+
+
+class TeacherForced(NamedTuple):
+    """A caption teacher-forced under keep-sets (:meth:`FrozenCaptioner.teacher_forced`):
+    B samples, S sets each, T = the longest target's steps.
+
+    ``token_log_prob`` [B, S, T]: log p(target token t | the set, the tokens before it), 0 past
+    a target's end; ``margin`` [B, S, T]: the target token's logit minus the best other
+    token's, +inf past a target's end; ``length`` [B]: each target's number of steps."""
+    token_log_prob: torch.Tensor
+    margin: torch.Tensor
+    length: torch.Tensor
+
+    @property
+    def mean_log_prob(self) -> torch.Tensor:
+        """[B, S]: the mean log-probability per target token."""
+        return self.token_log_prob.sum(-1) / self.length[:, None].to(self.token_log_prob.dtype)
+
+    @property
+    def reproduces(self) -> torch.Tensor:
+        """bool [B, S]: every margin > 0, i.e. greedy decoding under the set writes the target
+        exactly (a margin of exactly 0 is a tie, which the model's argmax may break either
+        way; it counts as not reproducing)."""
+        return (self.margin > 0).all(-1)
 
 
 def _left_pad(pieces: list, value, dtype=None) -> torch.Tensor:
@@ -387,13 +411,14 @@ class FrozenCaptioner:
         return expand_av_keep(keep, batch.modality)
 
     @torch.no_grad()
-    def generate_captions(self, inputs_embeds: torch.Tensor, modality: torch.Tensor,
-                          keep: torch.Tensor, *, max_new_tokens: int,
-                          num_beams: int = 1, position_ids=None) -> list[str]:
+    def generate_tokens(self, inputs_embeds: torch.Tensor, modality: torch.Tensor,
+                        keep: torch.Tensor, *, max_new_tokens: int, num_beams: int = 1,
+                        position_ids=None) -> list[list[int]]:
         """The one captioning path: prune to ``keep`` (bool [B, L] or [B, S, L] in the sequence
         layout), generate greedily (or with beams) at original positions (the model's own
-        ``position_ids`` where given: ``AVBatch.native_position_ids``), cut each caption at
-        EOS. Returns B * S captions, row b * S + s."""
+        ``position_ids`` where given: ``AVBatch.native_position_ids``). Returns B * S token id
+        lists, row b * S + s, each cut after its first EOS (kept: the caption ended there) or
+        at ``max_new_tokens``: the sequence :meth:`teacher_forced` scores."""
         if position_ids is None and self.model.config.model_type in NATIVE_POSITION_MODELS:
             raise ValueError(f"{type(self.model).__name__} needs its own position_ids "
                              "(AVBatch.native_position_ids); a count of tokens is wrong for it")
@@ -403,12 +428,39 @@ class FrozenCaptioner:
         tokens = generate(self.model, pruned, max_new_tokens=max_new_tokens,
                           num_beams=num_beams, do_sample=False, eos_token_id=self.eos_token_id,
                           pad_token_id=self.eos_token_id if pad is None else pad)
-        texts = []
+        rows = []
         for row in tokens.tolist():
             if self.eos_token_id in row:
-                row = row[:row.index(self.eos_token_id)]
-            texts.append(" ".join(self.tokenizer.decode(row, skip_special_tokens=True).split()))
-        return texts
+                row = row[:row.index(self.eos_token_id) + 1]
+            rows.append(row)
+        return rows
+
+    def decode(self, tokens: Sequence[int]) -> str:
+        """A caption's text from its token ids (:meth:`generate_tokens`): cut at EOS, special
+        tokens dropped, whitespace collapsed."""
+        tokens = list(tokens)
+        if self.eos_token_id in tokens:
+            tokens = tokens[:tokens.index(self.eos_token_id)]
+        return " ".join(self.tokenizer.decode(tokens, skip_special_tokens=True).split())
+
+    def generate_captions(self, inputs_embeds: torch.Tensor, modality: torch.Tensor,
+                          keep: torch.Tensor, *, max_new_tokens: int,
+                          num_beams: int = 1, position_ids=None) -> list[str]:
+        """:meth:`generate_tokens`, decoded (:meth:`decode`). Returns B * S captions, row
+        b * S + s."""
+        return [self.decode(row) for row in self.generate_tokens(
+            inputs_embeds, modality, keep, max_new_tokens=max_new_tokens, num_beams=num_beams,
+            position_ids=position_ids)]
+
+    def keep_set_tokens(self, inputs_embeds: torch.Tensor, modality: torch.Tensor,
+                        av_keep: torch.Tensor, *, num_beams: int = 1, max_new_tokens: int = 24,
+                        position_ids=None) -> list[list[list[int]]]:
+        """:meth:`caption_keep_sets` as token ids (:meth:`generate_tokens`): [B][S] lists."""
+        batch, sets = av_keep.shape[:2]
+        flat = self.generate_tokens(inputs_embeds, modality, expand_av_keep(av_keep, modality),
+                                    max_new_tokens=max_new_tokens, num_beams=num_beams,
+                                    position_ids=position_ids)
+        return [flat[b * sets:(b + 1) * sets] for b in range(batch)]
 
     def caption_keep_sets(self, inputs_embeds: torch.Tensor, modality: torch.Tensor,
                           av_keep: torch.Tensor, *, num_beams: int = 1,
@@ -418,11 +470,83 @@ class FrozenCaptioner:
         ``av_keep`` is bool [B, S, M] on the AV axis (e.g. ``Exchanges.sets()``); the S sets of
         a sample are compacted from its one copy of ``inputs_embeds``. Returns captions [B][S].
         """
+        return [[self.decode(row) for row in sets] for sets in self.keep_set_tokens(
+            inputs_embeds, modality, av_keep, num_beams=num_beams,
+            max_new_tokens=max_new_tokens, position_ids=position_ids)]
+
+    @torch.no_grad()
+    def teacher_forced(self, inputs_embeds: torch.Tensor, modality: torch.Tensor,
+                       av_keep: torch.Tensor, targets: Sequence[Sequence[int]], *,
+                       position_ids=None) -> "TeacherForced":
+        """How well each keep-set supports a given caption: the caption's tokens fed after the
+        kept prompt, ONE forward pass for every set of every sample.
+
+        ``av_keep`` is bool [B, S, M] on the AV axis, as :meth:`caption_keep_sets` takes it
+        (compacted by the same ``prune_inputs`` path, at original positions, the model's own
+        ``position_ids`` respected); ``targets`` holds B token id sequences, sample b's caption
+        (e.g. y_full: :meth:`generate_tokens` of the full tokens, its EOS included where the
+        caption ended), scored under each of the sample's S sets. Step t's token sits at the
+        position decoding would give it (the row's last original position + 1 + t).
+
+        Returns a :class:`TeacherForced`: per step the target token's log-probability and its
+        logit margin over the best other token. Greedy decoding under a set writes exactly the
+        target iff every margin is > 0 (0 is a tie)."""
+        _checks.tensor("av_keep", av_keep, ndim=3, boolean=True)
+        if isinstance(targets, torch.Tensor) or not isinstance(targets, (list, tuple)):
+            raise TypeError(f"targets must be a list of B token id sequences, got "
+                            f"{type(targets).__name__}")
         batch, sets = av_keep.shape[:2]
-        flat = self.generate_captions(inputs_embeds, modality, expand_av_keep(av_keep, modality),
-                                      max_new_tokens=max_new_tokens, num_beams=num_beams,
-                                      position_ids=position_ids)
-        return [flat[b * sets:(b + 1) * sets] for b in range(batch)]
+        if len(targets) != batch:
+            raise ValueError(f"targets has {len(targets)} sequences but av_keep has {batch} "
+                             "samples")
+        vocab = self.model.get_input_embeddings().num_embeddings
+        lengths = []
+        for b, target in enumerate(targets):
+            ids = list(target)
+            if not ids or any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab
+                              for t in ids):
+                raise ValueError(f"targets[{b}] must be a non-empty list of token ids in "
+                                 f"[0, {vocab}), got {ids!r}")
+            lengths.append(len(ids))
+        if position_ids is None and self.model.config.model_type in NATIVE_POSITION_MODELS:
+            raise ValueError(f"{type(self.model).__name__} needs its own position_ids "
+                             "(AVBatch.native_position_ids); a count of tokens is wrong for it")
+        steps = max(lengths)
+        device = inputs_embeds.device
+        pruned = prune_inputs(inputs_embeds, modality, keep=expand_av_keep(av_keep, modality),
+                              positions="original", position_ids=position_ids)
+        # a short target is padded with EOS after its end; those steps sit after every real
+        # token of the row (causal attention: nothing real reads them) and are masked below
+        padded = torch.full((batch, steps), self.eos_token_id, dtype=torch.long, device=device)
+        for b, target in enumerate(targets):
+            padded[b, :lengths[b]] = torch.as_tensor(list(target), dtype=torch.long)
+        length = torch.as_tensor(lengths, device=device)
+        valid = torch.arange(steps, device=device)[None, :] < length[:, None]      # [B, T]
+        rows = padded.repeat_interleave(sets, 0)                                    # [R, T]
+        offsets = torch.arange(steps, device=device)
+        positions = pruned.next_position[..., None] + offsets                     # [..., R, T]
+        extended = pruned._replace(
+            inputs_embeds=torch.cat([pruned.inputs_embeds,
+                                     self.embed_text(rows).to(pruned.inputs_embeds.dtype)], 1),
+            attention_mask=torch.cat([pruned.attention_mask, torch.ones_like(rows)], 1),
+            position_ids=torch.cat([pruned.position_ids, positions], -1),
+            # the sequence the forward stands for: the full prompt and the caption's steps
+            original_length=None if pruned.original_length is None
+            else pruned.original_length + steps)
+        keep_logits = ({"logits_to_keep": steps + 1} if "logits_to_keep" in
+                       inspect.signature(self.model.forward).parameters else {})
+        logits = forward(self.model, extended, use_cache=False, **keep_logits).logits
+        # the logits of the last prompt token predict step 0; step T - 1's own are unused
+        logits = logits[:, -(steps + 1):-1].float()                                 # [R, T, V]
+        log_prob = torch.log_softmax(logits, -1).gather(-1, rows[..., None])[..., 0]
+        chosen = logits.gather(-1, rows[..., None])[..., 0]
+        rival = logits.scatter(-1, rows[..., None], float("-inf")).amax(-1)
+        margin = chosen - rival
+        valid_rows = valid.repeat_interleave(sets, 0)
+        log_prob = torch.where(valid_rows, log_prob, torch.zeros_like(log_prob))
+        margin = torch.where(valid_rows, margin, torch.full_like(margin, float("inf")))
+        return TeacherForced(log_prob.view(batch, sets, steps), margin.view(batch, sets, steps),
+                             length)
 
     def caption(self, inputs, *, keep=None, max_new_tokens: int | None = None,
                 num_beams: int = 1, batch_size: int = 128, progress: bool = False) -> list:

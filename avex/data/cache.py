@@ -138,13 +138,13 @@ def _owned(value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return stored
 
 
-def _check_refs(name: str, refs, clip_id: str, *, required: bool) -> list[str]:
+def _check_refs(name: str, refs, clip_id: str) -> list[str]:
+    """A clip's references of one kind: a list of non-empty strings, possibly empty (a clip
+    without AV references is legal: a label-free cache trains with the fidelity reward)."""
     if not isinstance(refs, (list, tuple)) or not all(isinstance(r, str) and r.strip()
                                                       for r in refs):
         raise ValueError(f"{name} for clip {clip_id!r} must be a list of non-empty strings, "
                          f"got {refs!r}")
-    if required and not refs:
-        raise ValueError(f"{name} for clip {clip_id!r} must hold at least one reference")
     return list(refs)
 
 
@@ -323,9 +323,9 @@ class CacheWriter:
             "n_visual": int(visual.shape[0]),
             "n_audio": int(audio.shape[0]),
             # empty: a label-free clip (python -m avex.data export without captions)
-            "refs_av": _check_refs("refs_av", refs_av, clip_id, required=False),
-            "refs_v": _check_refs("refs_v", refs_v, clip_id, required=False),
-            "refs_a": _check_refs("refs_a", refs_a, clip_id, required=False),
+            "refs_av": _check_refs("refs_av", refs_av, clip_id),
+            "refs_v": _check_refs("refs_v", refs_v, clip_id),
+            "refs_a": _check_refs("refs_a", refs_a, clip_id),
         }
         if prompt_text is not None:
             row["prompt"] = {k: str(prompt_text[k]) for k in PROMPT_SIDES if k in prompt_text}
