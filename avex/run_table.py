@@ -47,11 +47,13 @@ def score_run(cfg: TrainConfig, run_dir: Path, policy, captioner, cache,
     scored = caption_and_score(captioner, {"eval": clips}, jobs, methods.__getitem__,
                                num_beams=cfg.num_beams, max_new_tokens=cfg.max_new_tokens,
                                progress=cfg.progress, desc="evaluation")
+    # the run's table keeps corpus scores only; per-clip scores are the experiments' (sweep)
     rows = [{"method": label("full") if key == "full" else key, "retention": retention,
-             **scored[("eval", key, retention)][1]}
+             **{k: v for k, v in scored[("eval", key, retention)][1].items() if k != "per_clip"}}
             for key, retention in [("full", 1.0)] + jobs]
     table = results_table(rows, f"{cfg.eval_split} split, {len(clips)} clips")
-    judge = judge_record(cache.root, captioner.path) if captioner.path is not None else None
+    judge = judge_record(cache.root, captioner.path, cache_dir=cfg.cache_dir) \
+        if captioner.path is not None else None
     if judge is not None:
         table += "\n\n" + judge_line(judge)
     (Path(run_dir) / RESULTS_JSON).write_text(json.dumps({"rows": rows, "judge": judge},
