@@ -551,8 +551,9 @@ def _latency_markdown(lat: dict) -> list[str]:
     return lines
 
 
+# Attention-AV reads the full prefill's attention: a privileged reference (avex.registry)
 SHORT_NAMES = {"full": "Full", "avex": "AVEX", "fastv": "FastV-AV", "tome": "ToMe-AV",
-               "fastav": "FastAV", "attention": "Attention-AV"}
+               "fastav": "FastAV", "attention": "Attention-AV\n(privileged)"}
 COLOURS = {"full": "#888888", "avex": "#1f77b4", "fastv": "#ff7f0e", "tome": "#2ca02c",
            "fastav": "#d62728", "attention": "#9467bd"}
 
