@@ -118,7 +118,9 @@ class TrainConfig:
     evaluate: bool = True             # the results table at the end of training
     eval_retentions: list = field(default_factory=lambda: [0.4, 0.2])
     eval_split: str = "test"
-    max_eval_clips: int | None = None
+    # the table scores the split's first 200 clips, so `make train` stays within minutes now
+    # that the embedded test split holds 1000 (the same 200 as before); None: every clip
+    max_eval_clips: int | None = 200
     checkpoint_every: int = 20        # optimiser steps
     deterministic: bool = False
     progress: bool = True

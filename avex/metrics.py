@@ -18,6 +18,11 @@ Where Java or pycocoevalcap is missing (the GPU image has neither), the metrics 
 of failing: CIDEr comes from :class:`avex.reward.CiderD` over :mod:`avex.ptb_tokenizer`'s
 tokens (both proven equal to pycocoevalcap's in tests/test_reward.py), and BLEU-4 and METEOR
 are NaN, with the reason given once as a warning and by :func:`unavailable_metrics`.
+
+CIDEr is a mean over clips: with ``per_clip=True`` each set also carries every clip's CIDEr
+(``PER_CLIP``), whose mean is the corpus CIDEr on both paths. The document frequencies behind
+each clip's score are those of the whole scored corpus, so a resample of the per-clip scores
+(a bootstrap) keeps them fixed rather than re-scoring.
 """
 from __future__ import annotations
 
@@ -36,10 +41,12 @@ import warnings
 from avex import _checks, ptb_tokenizer
 from avex.reward import CiderD
 
-__all__ = ["caption_metrics", "caption_metrics_by_reference_type", "METRIC_NAMES",
+__all__ = ["caption_metrics", "caption_metrics_by_reference_type", "METRIC_NAMES", "PER_CLIP",
            "java_tools_missing", "unavailable_metrics"]
 
 METRIC_NAMES = ("BLEU-4", "METEOR", "CIDEr")
+#: the key of each clip's CIDEr (a tuple in clip order) when ``per_clip=True`` asks for it
+PER_CLIP = "CIDEr per clip"
 
 # PTBTokenizer writes one caption per line and reads its output back line by line; any of these
 # inside a caption would shift every later caption onto the wrong clip
@@ -103,7 +110,7 @@ def cider_source() -> str:
 _warned: set = set()
 
 
-def _without_java(candidates: list[str], checked: dict, missing: dict) -> dict:
+def _without_java(candidates: list[str], checked: dict, missing: dict, per_clip: bool) -> dict:
     """CIDEr from CiderD over the pure-Python PTB tokens (one tokenizer call per caption set,
     as pycocoevalcap makes); BLEU-4 and METEOR NaN."""
     reason = missing["BLEU-4"]
@@ -119,8 +126,11 @@ def _without_java(candidates: list[str], checked: dict, missing: dict) -> dict:
         for clip in refs:
             grouped.append(flat[start:start + len(clip)])
             start += len(clip)
-        cider = float(CiderD().score(tokens, grouped).mean())
-        out[name] = {"BLEU-4": math.nan, "METEOR": math.nan, "CIDEr": cider}
+        clip_scores = CiderD().score(tokens, grouped)
+        out[name] = {"BLEU-4": math.nan, "METEOR": math.nan,
+                     "CIDEr": float(clip_scores.mean())}
+        if per_clip:
+            out[name][PER_CLIP] = tuple(float(x) for x in clip_scores)
     return out
 
 
@@ -195,16 +205,22 @@ def _stderr_shown_only_on_error():
             os.close(saved)
 
 
-def _score(gts: dict, res: dict, meteor) -> dict[str, float]:
+def _score(gts: dict, res: dict, meteor, per_clip: bool) -> dict:
     from pycocoevalcap.bleu.bleu import Bleu
     from pycocoevalcap.cider.cider import Cider
+    # Cider lists its per-clip scores in the order of gts' keys: make that the clip order
+    gts = {i: gts[i] for i in range(len(res))}
     bleu, _ = Bleu(4).compute_score(gts, res, verbose=0)
     meteor_score, _ = meteor.compute_score(gts, res)
-    cider, _ = Cider().compute_score(gts, res)
-    return {"BLEU-4": float(bleu[3]), "METEOR": float(meteor_score), "CIDEr": float(cider)}
+    cider, clip_scores = Cider().compute_score(gts, res)
+    out = {"BLEU-4": float(bleu[3]), "METEOR": float(meteor_score), "CIDEr": float(cider)}
+    if per_clip:
+        out[PER_CLIP] = tuple(float(x) for x in clip_scores)
+    return out
 
 
-def caption_metrics_by_reference_type(candidates, reference_sets) -> dict[str, dict[str, float]]:
+def caption_metrics_by_reference_type(candidates, reference_sets, *,
+                                      per_clip: bool = False) -> dict[str, dict]:
     """BLEU-4, METEOR and CIDEr of ``candidates`` against each set of references.
 
     Args:
@@ -212,12 +228,16 @@ def caption_metrics_by_reference_type(candidates, reference_sets) -> dict[str, d
         reference_sets: name -> references, e.g. ``{"AV": av_refs, "V": v_refs, "A": a_refs}``;
             each references value holds one non-empty list of captions per clip, aligned with
             ``candidates``.
+        per_clip: also return each clip's CIDEr under :data:`PER_CLIP`.
 
     Returns:
         name -> ``{"BLEU-4": ..., "METEOR": ..., "CIDEr": ...}``, each set scored on its own
-        (its own CIDEr document frequencies), as C_av, C_v and C_a in the paper. BLEU-4 and
-        METEOR are NaN where :func:`unavailable_metrics` says why.
+        (its own CIDEr document frequencies, from that set's references of these clips), as
+        C_av, C_v and C_a in the paper. BLEU-4 and METEOR are NaN where
+        :func:`unavailable_metrics` says why. With ``per_clip``, ``PER_CLIP`` holds one CIDEr
+        per candidate, in order; their mean is ``"CIDEr"``.
     """
+    _checks.flag("per_clip", per_clip)
     candidates = _check_captions("candidates", candidates)
     if not candidates:
         raise ValueError("candidates is an empty list; the metrics need at least one caption")
@@ -234,11 +254,12 @@ def caption_metrics_by_reference_type(candidates, reference_sets) -> dict[str, d
         checked[name] = _check_references(f"reference_sets[{name!r}]", refs, len(candidates))
     missing = unavailable_metrics()
     if missing:
-        return _without_java(candidates, checked, missing)
+        return _without_java(candidates, checked, missing, per_clip)
 
     res = _tokenized([[c] for c in candidates])
     meteor = _shared_meteor()
-    return {name: _score(_tokenized(refs), res, meteor) for name, refs in checked.items()}
+    return {name: _score(_tokenized(refs), res, meteor, per_clip)
+            for name, refs in checked.items()}
 
 
 def caption_metrics(candidates, references) -> dict[str, float]:

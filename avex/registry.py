@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Method", "METHODS", "SELECTORS", "EVAL_METHODS", "label", "BENCHMARK_PRESETS",
-           "CAPTIONER_PRESETS", "SPLITS"]
+__all__ = ["Method", "METHODS", "SELECTORS", "EVAL_METHODS", "label", "privileged_notes",
+           "BENCHMARK_PRESETS", "CAPTIONER_PRESETS", "SPLITS"]
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,9 @@ class Method:
     needs: tuple = ()
     seeded: bool = False         # the selection depends on a seed (Random, trained policies)
     train: dict | None = None    # trained methods: TrainConfig fields that define the method
+    # a privileged reference, not an efficient method: what it reads that the others can't
+    # and what that costs (a table's note says it; "above every efficient method" excludes it)
+    privileged: str | None = None
 
 
 #: method name -> Method. "full" is the reference row every table starts with.
@@ -36,7 +39,13 @@ METHODS = {
     "fastv": Method("FastV-AV", ("llm",)),
     "tome": Method("ToMe-AV"),
     "fastav": Method("FastAV", ("llm",)),
-    "attention": Method("Attention-AV (balanced)", ("attention",)),
+    "attention": Method(
+        "Attention-AV (balanced; privileged reference)", ("attention",),
+        privileged="it reads the frozen captioner's full-token prefill attention at inference "
+                   "(a full prefill with eager attention before the pruned one: about 145% of "
+                   "the full prefill's FLOPs at real size, results/profiling-*.md), and it is "
+                   "the AVEX warmup's teacher. It is a reference, not an efficient method: "
+                   "\"above every efficient method\" excludes it"),
     # CaCoVID's set-level reward at the matched budget (issue #25): 8 sampled sets per clip,
     # as AVEX-Prune captions per step, with a group-normalised advantage
     "cacovid": Method("CaCoVID-AV", ("policy",), seeded=True,
@@ -53,6 +62,12 @@ EVAL_METHODS = tuple(name for name in SELECTORS if name != "avex")
 def label(name: str) -> str:
     """The printed name of method ``name``."""
     return METHODS[name].label
+
+
+def privileged_notes(names) -> list[str]:
+    """One sentence per privileged reference among ``names``, for the notes under a table."""
+    return [f"{METHODS[n].label}: {METHODS[n].privileged}." for n in dict.fromkeys(names)
+            if n in METHODS and METHODS[n].privileged]
 
 
 BENCHMARK_PRESETS = ("tiny", "default", "paper")

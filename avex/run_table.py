@@ -53,7 +53,8 @@ def score_run(cfg: TrainConfig, run_dir: Path, policy, captioner, cache,
     else:   # no references to score against: how faithfully each selection keeps y_full
         rows = fidelity_rows(cfg, captioner, cache, clips, methods, jobs)
         table = fidelity_table(rows, f"{cfg.eval_split} split, {len(clips)} clips")
-    judge = judge_record(cache.root, captioner.path) if captioner.path is not None else None
+    judge = judge_record(cache.root, captioner.path, cache_dir=cfg.cache_dir) \
+        if captioner.path is not None else None
     if judge is not None:
         table += "\n\n" + judge_line(judge)
     (Path(run_dir) / RESULTS_JSON).write_text(json.dumps({"rows": rows, "judge": judge},
@@ -64,12 +65,13 @@ def score_run(cfg: TrainConfig, run_dir: Path, policy, captioner, cache,
 
 
 def cider_rows(cfg: TrainConfig, captioner, clips, methods: dict, jobs) -> list[dict]:
-    """C_av, C_v, C_a, BLEU-4 and METEOR of full tokens and of every (method, retention)."""
+    """C_av, C_v, C_a, BLEU-4 and METEOR of full tokens and of every (method, retention): corpus
+    scores only (per-clip scores are the experiments', e.g. the sweep's)."""
     scored = caption_and_score(captioner, {"eval": clips}, jobs, methods.__getitem__,
                                num_beams=cfg.num_beams, max_new_tokens=cfg.max_new_tokens,
                                progress=cfg.progress, desc="evaluation")
     return [{"method": label("full") if key == "full" else key, "retention": retention,
-             **scored[("eval", key, retention)][1]}
+             **{k: v for k, v in scored[("eval", key, retention)][1].items() if k != "per_clip"}}
             for key, retention in [("full", 1.0)] + jobs]
 
 

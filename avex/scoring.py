@@ -2,7 +2,9 @@
 
 A *selector* (the interface of :mod:`avex.methods`) maps a micro-batch to a keep-set on the AV
 axis. C_av, C_v and C_a are pycocoevalcap's CIDEr (x 100) of the same captions against the AV,
-visual-only and audio-only references. Training's end-of-run table and every experiment of
+visual-only and audio-only references; each clip's own C_av, C_v and C_a come with them (their
+mean is the corpus number), so that paired intervals can be computed from a results file
+(:mod:`avex.evaluate.intervals`). Training's end-of-run table and every experiment of
 ``python -m avex.evaluate`` caption and score through these functions; the sweep and that
 table through one loop, :func:`caption_and_score`.
 """
@@ -13,7 +15,7 @@ from typing import Callable
 import torch
 
 from avex import _checks
-from avex.metrics import caption_metrics_by_reference_type
+from avex.metrics import PER_CLIP, caption_metrics_by_reference_type
 from avex.progress import progress_bar
 from avex.selection import AVLayout
 
@@ -57,10 +59,13 @@ def caption_split(captioner, clips, selector: Selector, retention: float, *,
     return captions
 
 
-def score_captions(captions: list[str], clips) -> dict[str, float]:
-    """{"C_av", "C_v", "C_a"} in CIDEr points, plus BLEU-4 and METEOR against the AV refs.
-    C_v / C_a are None when no clip has visual-only / audio-only references (a cache exported
-    from captions without them); a split where only some clips have them is refused."""
+def score_captions(captions: list[str], clips) -> dict:
+    """{"C_av", "C_v", "C_a"} in CIDEr points, plus BLEU-4 and METEOR against the AV refs, and
+    ``"per_clip"``: {"C_av", "C_v", "C_a"} -> each clip's CIDEr points in clip order (a list
+    whose mean is the corpus number; the document frequencies are those of ``clips``' own
+    references). C_v / C_a are None (and absent from ``per_clip``) when no clip has
+    visual-only / audio-only references (a cache exported from captions without them); a split
+    where only some clips have them is refused."""
     refs = {"AV": [c.refs_av for c in clips], "V": [c.refs_v for c in clips],
             "A": [c.refs_a for c in clips]}
     for kind in ("V", "A"):
@@ -72,12 +77,15 @@ def score_captions(captions: list[str], clips) -> dict[str, float]:
             raise ValueError(f"{have} of {len(clips)} clips have {kind}-only references but "
                              f"clip {missing!r} has none; C_{kind.lower()} needs them for every "
                              "clip or none")
-    metrics = caption_metrics_by_reference_type(captions, refs)
+    metrics = caption_metrics_by_reference_type(captions, refs, per_clip=True)
+    names = {"AV": "C_av", "V": "C_v", "A": "C_a"}
 
     def cider(kind):
         return 100 * metrics[kind]["CIDEr"] if kind in metrics else None
     return {"C_av": cider("AV"), "C_v": cider("V"), "C_a": cider("A"),
-            "BLEU-4": 100 * metrics["AV"]["BLEU-4"], "METEOR": 100 * metrics["AV"]["METEOR"]}
+            "BLEU-4": 100 * metrics["AV"]["BLEU-4"], "METEOR": 100 * metrics["AV"]["METEOR"],
+            "per_clip": {names[kind]: [100 * x for x in metrics[kind][PER_CLIP]]
+                         for kind in refs}}
 
 
 def caption_and_score(captioner, splits: dict, jobs, selector_for, *, batch_size: int = 64,

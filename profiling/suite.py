@@ -296,7 +296,9 @@ def profile(settings: ProfileSettings | None = None, **overrides) -> dict:
     bar = progress_bar(total=steps, desc="profiling", disable=not settings.progress)
 
     full_width = _policy_width(settings, config, 1.0)
-    results = dict(settings={k: v for k, v in asdict(settings).items() if k != "extra"},
+    # out_dir as "." (the folder this file is in): a results file holds no machine's path
+    recorded = {k: v for k, v in asdict(settings).items() if k != "extra"} | {"out_dir": "."}
+    results = dict(settings=recorded,
                    measured=_provenance(),
                    backbone_config=_describe(config),
                    flops=flops_table(settings, config, full_width, bar))
@@ -549,8 +551,9 @@ def _latency_markdown(lat: dict) -> list[str]:
     return lines
 
 
+# Attention-AV reads the full prefill's attention: a privileged reference (avex.registry)
 SHORT_NAMES = {"full": "Full", "avex": "AVEX", "fastv": "FastV-AV", "tome": "ToMe-AV",
-               "fastav": "FastAV", "attention": "Attention-AV"}
+               "fastav": "FastAV", "attention": "Attention-AV\n(privileged)"}
 COLOURS = {"full": "#888888", "avex": "#1f77b4", "fastv": "#ff7f0e", "tome": "#2ca02c",
            "fastav": "#d62728", "attention": "#9467bd"}
 

@@ -7,12 +7,15 @@
 Each ``SEED=FILE`` is the ablation.json that ``python -m avex.evaluate ablation --variants
 warmup,A,B,C,paper --seeds 0,1,2 --retentions 0.5,0.4,0.3,0.2,0.1`` wrote for that benchmark
 seed. Writes ``OUT.md`` (per benchmark: C_av mean ± std and per training seed for every arm,
-C_av / full tokens; the exchange term's diagnostics of arm B; the decision) and ``OUT.json``.
+C_av / full tokens, A − every other arm with its paired bootstrap 95% interval; the exchange
+term's diagnostics of arm B; the decision) and ``OUT.json``.
 
-The rule (the issue's): on the deciding benchmark, B must beat A by more than the combined
-std (std_A + std_B) at two or more retentions, and be no worse elsewhere (nowhere below A by
-more than the combined std); then the exchange term becomes the default, else it is retired
-from it.
+The rule (docs/evaluation.md, "Paired intervals"): arm X beats arm Y at a retention when the
+95% paired bootstrap interval of X − Y (clips and training seeds resampled together,
+``avex.evaluate.intervals``) lies above 0, and is worse when it lies below 0. On the deciding
+benchmark, B must beat A at two or more retentions and be worse nowhere; then the exchange term
+becomes the default, else it stays off. An ablation.json written before rows recorded per-clip
+scores gives no interval, and no decision, and the report says so.
 """
 from __future__ import annotations
 
@@ -26,7 +29,11 @@ from pathlib import Path
 import numpy as np
 
 from avex.evaluate.ablation import ABLATIONS
+from avex.evaluate.common import results_json
+from avex.evaluate.intervals import RULE, Interval, difference_table, differences
 from avex.exchange_diagnostics import summarize
+from avex.paths import portable_command
+from avex.registry import label as method_label
 from avex.tables import markdown_table
 
 ARMS = ("warmup", "rloo", "A", "B", "C", "paper")  # rows absent from a file are skipped
@@ -46,25 +53,50 @@ def fmt(values, digits=1):
 
 
 def decide(rows, retentions) -> dict:
-    """The issue's rule between A and B on one benchmark."""
+    """The rule between B and A on one benchmark: B beats A at a retention when the paired
+    95% interval of B − A lies above 0, is worse when it lies below 0. Without per-clip scores
+    there is no interval, and ``exchange_term_becomes_default`` is None (no decision)."""
+    intervals = differences(rows, "B", ["A"], retentions, "C_av", key="variant")
     per = {}
     for r in retentions:
-        a, b = cells(rows, "A", r), cells(rows, "B", r)
-        margin = float(np.mean(b) - np.mean(a))
-        combined = float(np.std(a) + np.std(b))
-        per[f"{r:g}"] = {"A": float(np.mean(a)), "B": float(np.mean(b)), "margin": margin,
-                         "combined_std": combined, "B_beats_A": margin > combined,
-                         "B_worse": margin < -combined}
+        value = intervals[("A", r)]
+        entry = {"A": float(np.mean(cells(rows, "A", r))),
+                 "B": float(np.mean(cells(rows, "B", r)))}
+        if isinstance(value, Interval):
+            entry.update(margin=value.difference, low=value.low, high=value.high,
+                         B_beats_A=value.above_zero, B_worse=value.below_zero)
+        else:
+            entry.update(margin=entry["B"] - entry["A"], none=value, B_beats_A=None,
+                         B_worse=None)
+        per[f"{r:g}"] = entry
+    if any(v["B_beats_A"] is None for v in per.values()):
+        return {"per_retention": per, "wins": None, "worse_at": None,
+                "exchange_term_becomes_default": None,
+                "why_none": next(v["none"] for v in per.values() if "none" in v)}
     wins = sum(v["B_beats_A"] for v in per.values())
     worse = [k for k, v in per.items() if v["B_worse"]]
     return {"per_retention": per, "wins": wins, "worse_at": worse,
             "exchange_term_becomes_default": wins >= 2 and not worse}
 
 
-def diagnostics(rows) -> dict:
+def arm_intervals(data) -> dict:
+    """(arm, retention) -> A − arm with its paired 95% interval (or why there is none), for
+    every other arm of the file and full tokens."""
+    arms = [a for a in ARMS if a != "A" and any(r["variant"] == a for r in data["rows"])]
+    return differences(data["rows"], "A", arms + ["full"], data["retentions"], "C_av",
+                       key="variant", full=data.get("full"))
+
+
+def run_path(run: str, source: Path) -> Path:
+    """A row's run: relative to the folder of the ablation.json that records it (absolute in
+    files written before results recorded no machine paths)."""
+    return Path(run) if Path(run).is_absolute() else source.parent / run
+
+
+def diagnostics(rows, source: Path) -> dict:
     """Arm B's exchange diagnostics, averaged over its runs (type -> key -> statistic)."""
     runs = sorted({r["run"] for r in rows if r["variant"] == "B"})
-    summaries = [summarize(Path(run) / "metrics.jsonl") for run in runs]
+    summaries = [summarize(run_path(run, source) / "metrics.jsonl") for run in runs]
     out = {}
     for name in ("vv", "aa", "va", "av", "total"):
         out[name] = {}
@@ -78,7 +110,7 @@ def diagnostics(rows) -> dict:
     return {"runs": runs, "means": out}
 
 
-def provenance(files) -> str:
+def provenance(files, benchmarks: dict) -> str:
     """Where and from what this report was written (each ablation.json says how it ran)."""
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
@@ -88,25 +120,47 @@ def provenance(files) -> str:
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
                 if line.startswith("model name")), platform.processor()) \
         if Path("/proc/cpuinfo").exists() else platform.processor()
+    counts = sorted({clip_count(data) for data in benchmarks.values()}, key=str)
     return (f"Written {datetime.date.today()} at commit {commit} on {cpu} from "
-            + ", ".join(f"`{f.partition('=')[2]}`" for f in files)
+            + ", ".join(f"`{portable_command([f.partition('=')[2]])}`" for f in files)
             + " (`python -m avex.evaluate ablation --variants warmup,A,B,C,paper --seeds 0,1,2 "
             "--retentions 0.5,0.4,0.3,0.2,0.1`, each with its benchmark's `--data` and shipped "
-            "`--captioner`; test split, 200 clips, greedy decoding, 24 new tokens).")
+            f"`--captioner`; test split, {' / '.join(map(str, counts))} clips, greedy decoding, "
+            "24 new tokens).")
 
 
-def main() -> None:
+def clip_count(data) -> int | str:
+    """The clips an ablation.json scored: recorded, else the length of its per-clip scores,
+    else unknown."""
+    if "clips" in data:
+        return data["clips"]
+    per_clip = (data["rows"][0].get("per_clip") or {}).get("C_av") if data["rows"] else None
+    return len(per_clip) if per_clip else "an unrecorded number of"
+
+
+def decision_line(verdict: dict) -> str:
+    """B against A at each retention, as the report prints it."""
+    def one(key, v):
+        if v["B_beats_A"] is None:
+            return f"{key}: {v['margin']:+.1f} ({v['none']})"
+        return f"{key}: {v['margin']:+.1f} [{v['low']:+.1f}, {v['high']:+.1f}]"
+    return ("B − A with its paired 95% interval: "
+            + "; ".join(one(k, v) for k, v in verdict["per_retention"].items()))
+
+
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("files", nargs="+", metavar="SEED=FILE")
     parser.add_argument("--deciding", type=int, required=True, help="the deciding benchmark seed")
     parser.add_argument("--out", required=True, help="output path without extension")
-    args = parser.parse_args()
-    benchmarks = {}
+    args = parser.parse_args(argv)
+    benchmarks, sources = {}, {}
     for item in args.files:
         seed, _, path = item.partition("=")
         if not seed.isdigit() or not Path(path).is_file():
             parser.error(f"each file must be SEED=PATH to an existing ablation.json, got {item!r}")
         benchmarks[int(seed)] = json.loads(Path(path).read_text())
+        sources[int(seed)] = Path(path)
     if args.deciding not in benchmarks:
         parser.error(f"--deciding must be one of the given benchmark seeds {sorted(benchmarks)}, "
                      f"got {args.deciding}")
@@ -127,9 +181,17 @@ def main() -> None:
                     fmt([x["C_av"] for x in rows if x["variant"] == arm and x["retention"] == r
                          and x["seed"] == train_seed]) for r in retentions)])
         verdict = decide(rows, retentions)
-        diag = diagnostics(rows)
-        report["benchmarks"][seed] = {"full": full, "judge": data.get("judge"),
-                                      "decision": verdict, "diagnostics": diag}
+        intervals = arm_intervals(data)
+        diag = diagnostics(rows, sources[seed])
+        report["benchmarks"][seed] = {
+            "full": full, "judge": data.get("judge"), "decision": verdict,
+            "intervals": [{"ours": "A", "arm": arm, "retention": r, "metric": "C_av",
+                           **(v.as_dict() if isinstance(v, Interval) else {"none": v})}
+                          for (arm, r), v in intervals.items()],
+            "diagnostics": diag}
+        arm_labels = {a: ABLATIONS[a][0] for a in dict.fromkeys(a for a, _ in intervals)
+                      if a != "full"}
+        arm_labels["full"] = method_label("full")
         judge = data.get("judge") or {}
         lines += [f"## Benchmark seed {seed}" + (" (deciding)" if seed == args.deciding else ""),
                   "", f"Full tokens: {full:.1f}. Judge: benchmark sha256 "
@@ -139,9 +201,10 @@ def main() -> None:
                   markdown_table(header, mean_lines), "", "C_av / full tokens:", "",
                   markdown_table(header, ratio_lines), "", "Per training seed (C_av):", "",
                   markdown_table(header, seed_lines), "",
-                  "B against A (margin = B - A; combined std = std_A + std_B): " + "; ".join(
-                      f"{k}: {v['margin']:+.1f} vs {v['combined_std']:.1f}"
-                      for k, v in verdict["per_retention"].items()), ""]
+                  "A − arm, C_av, with its paired bootstrap 95% interval (clips and training "
+                  "seeds resampled together):", "",
+                  difference_table(intervals, "A", arm_labels, retentions, others="arm"), "",
+                  decision_line(verdict), ""]
         diag_lines = []
         for name in ("vv", "aa", "va", "av"):
             for key in ("0.5", "0.4", "0.3", "0.2", "0.1"):
@@ -161,17 +224,25 @@ def main() -> None:
                   f"{total['grad_ratio']:.3f} (before normalisation, at lambda 1: "
                   f"{total['unscaled']:.2f}).", ""]
     decision = report["benchmarks"][args.deciding]["decision"]
-    lines += ["## Decision", "",
-              f"On the deciding benchmark (seed {args.deciding}) B beats A by more than the "
-              f"combined std at {decision['wins']} retention(s) and is worse by more than it at "
-              f"{', '.join(decision['worse_at']) or 'none'}: the exchange term "
-              + ("becomes the default." if decision["exchange_term_becomes_default"] else
-                 "is retired from the default (it stays behind --exchanges and --preset paper).")]
+    lines += ["## Decision", "", f"The rule: {RULE}. The exchange term becomes the default "
+              "when, on the deciding benchmark, B beats A at two or more retentions and is "
+              "worse nowhere.", ""]
+    if decision["exchange_term_becomes_default"] is None:
+        lines.append(f"No decision on the deciding benchmark (seed {args.deciding}): "
+                     f"{decision['why_none']} (re-score the runs with this version of "
+                     "`python -m avex.evaluate ablation`).")
+    else:
+        lines.append(
+            f"On the deciding benchmark (seed {args.deciding}) B beats A at "
+            f"{decision['wins']} retention(s) and is worse at "
+            f"{', '.join(decision['worse_at']) or 'none'}: the exchange term "
+            + ("becomes the default." if decision["exchange_term_becomes_default"] else
+               "stays off by default (behind --exchanges and --preset paper)."))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out + ".md").write_text("# Matched-budget comparison (issue #25)\n\n"
-                                      + provenance(args.files) + "\n\n"
+                                      + provenance(args.files, benchmarks) + "\n\n"
                                       + "\n".join(lines) + "\n")
-    Path(args.out + ".json").write_text(json.dumps(report, indent=1) + "\n")
+    Path(args.out + ".json").write_text(results_json(report))
     print("\n".join(lines[-3:]))
 
 

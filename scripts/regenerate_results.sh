@@ -11,6 +11,12 @@
 # RUNS (default runs/regen) holds the run directories; AVEX_CACHE (default RUNS/cache) the
 # benchmark and captioner, built on first use. Each stage logs to RUNS/<stage>.log with its wall
 # time and the load average, and copies its reports into results/.
+#
+# The comparison tables (sweep, benchmarks, matched-budget, ablation) score every test clip: 1000
+# on the embedded benchmark, with per-clip scores and paired 95% intervals. MAX_CLIPS=200
+# scores the first 200, which reproduces the figures of the 200-clip benchmark cell for cell.
+# A stage whose runs exist under RUNS reuses them (scoring only). The gates stay on the first 200
+# test clips, as committed; make train's table too (its own default).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
@@ -24,6 +30,8 @@ stages=("$@")
 [ ${#stages[@]} -gt 0 ] || stages=(train matched-budget sweep benchmarks motivation gates ablation profiling)
 cache=${AVEX_CACHE:-$HOME/.cache/avex}
 RETENTIONS=0.5,0.4,0.3,0.2,0.1
+clips=()   # every clip, unless MAX_CLIPS asks for the first N
+[ -z "${MAX_CLIPS:-}" ] || clips=(--max-clips "$MAX_CLIPS")
 
 judge_assets() {  # build benchmark seed $1 and install its shipped captioner (both idempotent)
     run_stage "build-seed$1" "$PY" -m avex.data build --seed "$1" --no-progress
@@ -40,7 +48,7 @@ sweep_benchmark() {  # seed, out name: every method, training seeds 0-2; the com
     local given=()
     [ -d "$RUNS/matched-budget/b$b/runs/seed0/A" ] && given=(--avex-run "$runs/A" --cacovid-run "$runs/C")
     run_stage "sweep-b$b" "$PY" -m avex.evaluate sweep --seeds 0,1,2 $(bench_flags "$b") \
-        "${given[@]}" --out "$RUNS/sweep-b$b" --no-progress
+        "${given[@]}" "${clips[@]}" --out "$RUNS/sweep-b$b" --no-progress
     for ext in md json png; do cp "$RUNS/sweep-b$b/sweep.$ext" "results/$2.$ext"; done
 }
 
@@ -65,7 +73,7 @@ for stage in "${stages[@]}"; do
                 judge_assets "$b"
                 run_stage "matched-budget-b$b" "$PY" -m avex.evaluate ablation --seeds 0,1,2 \
                     --variants warmup,A,B,C,paper --retentions "$RETENTIONS" $(bench_flags "$b") \
-                    --out "$RUNS/matched-budget/b$b" --no-progress
+                    "${clips[@]}" --out "$RUNS/matched-budget/b$b" --no-progress
                 files+=("$b=$RUNS/matched-budget/b$b/ablation.json")
             done
             run_stage matched-budget-report "$PY" scripts/matched_budget_report.py --deciding 3 \
@@ -83,13 +91,13 @@ for stage in "${stages[@]}"; do
             for ext in md json png; do
                 cp "$RUNS/motivation/motivation.$ext" "results/evaluation-motivation.$ext"; done ;;
         gates)
-            run_stage gates "$PY" -m avex.evaluate gates --out results/embedded-benchmark-gates.md \
-                --no-progress ;;
+            run_stage gates "$PY" -m avex.evaluate gates --max-clips 200 \
+                --out results/embedded-benchmark-gates.md --no-progress ;;
         ablation)   # Table 3 on benchmark 0, 3 training seeds
             judge_assets 0
             run_stage ablation "$PY" -m avex.evaluate ablation --seeds 0,1,2 \
                 --variants warmup,rloo,A,random,vv,aa,vv+aa,no-aa,no-vv,full,g4,g16,g32 \
-                $(bench_flags 0) --out "$RUNS/ablation" --no-progress
+                $(bench_flags 0) "${clips[@]}" --out "$RUNS/ablation" --no-progress
             for ext in md json; do cp "$RUNS/ablation/ablation.$ext" "results/evaluation-ablation.$ext"; done ;;
         profiling)
             for backbone in qwen2-7b llama3-8b; do

@@ -440,3 +440,34 @@ def test_a_clip_without_references_is_a_legal_row(tmp_path):
         writer.add("x", "train", torch.zeros(3, 4), torch.zeros(2, 4), refs_av=[],
                    prompt_prefix_ids=[1], prompt_suffix_ids=[2])
     assert FeatureCache(tmp_path / "c")[0].refs_av == []
+
+
+def clip_content(clip) -> tuple:
+    """Everything a clip is made of, for a byte-for-byte comparison."""
+    return (clip.clip_id, clip.visual.numpy().tobytes(), clip.audio.numpy().tobytes(),
+            clip.refs_av, clip.refs_v, clip.refs_a, clip.prompt_prefix_ids.tolist(),
+            clip.prompt_suffix_ids.tolist(), json.dumps(clip.info, sort_keys=True),
+            {k: v.numpy().tobytes() for k, v in clip.annotations.items()})
+
+
+def test_growing_the_scored_splits_keeps_their_first_clips_and_the_train_split(tmp_path):
+    """Clips are seeded by (seed, split, index): a benchmark built with more val and test clips
+    starts each split with the smaller build's clips, byte for byte, and has the same train
+    split (so a captioner trained on the smaller one's train split is valid for both). This is
+    what lets the default grow from 200 to 1000 scored clips without a new judge."""
+    small = FeatureCache(build_benchmark(tmp_path / "small", resolve_config("tiny"),
+                                         preset="tiny", progress=False))
+    large = FeatureCache(build_benchmark(tmp_path / "large", resolve_config(
+        "tiny", test=20, val=13), preset="tiny", progress=False))
+    for split in ("train", "val", "test", "transfer"):
+        before, after = small.split(split), large.split(split)
+        assert [clip_content(c) for c in before] == \
+            [clip_content(after[i]) for i in range(len(before))], split
+    assert (len(large.split("test")), len(large.split("val"))) == (20, 13)
+    assert len(large.split("train")) == len(small.split("train"))
+
+
+def test_the_scored_splits_hold_1000_clips():
+    for preset in ("default", "paper"):
+        cfg = resolve_config(preset)
+        assert (cfg.train, cfg.val, cfg.test, cfg.transfer) == (1661, 1000, 1000, 200)

@@ -2,6 +2,8 @@
 given runs with several seeds), Rel. as the paper defines it, the motivation figure, bad
 arguments."""
 import json
+import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -65,9 +67,17 @@ def test_sweep_writes_table_json_figure_and_examples(trained_sweep):
         in md
     for r in rows[1:]:
         assert r["C_av_full"] == pytest.approx(r["C_av"] / full["C_av"])
-    for label in (METHODS[m].label for m in SELECTORS):
-        assert f"| {label} | 40% |" in md and f"| {label} | 20% |" in md
-    assert md.count("| Full tokens |") == 1 + 2  # the table + two qualitative clips
+    labels = {r["method"]: r["label"] for r in rows}
+    assert labels == {"full": "Full tokens", **{m: METHODS[m].label for m in SELECTORS
+                                                if m != "avex"},
+                      "avex": "AVEX-Prune (RLOO over 8 anchors, no exchange term)"}
+    for method, label in labels.items():
+        if method != "full":
+            assert f"| {label} | 40% |" in md and f"| {label} | 20% |" in md
+    assert "privileged reference" in labels["attention"]
+    assert f"{METHODS['attention'].label}: it reads the frozen captioner's" in md  # the note
+    # the table, the differences table and two qualitative clips
+    assert md.count("| Full tokens |") == 1 + 1 + 2
     assert (out / "sweep.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert len(result["qualitative"]) == 2 and set(SELECTORS) <= set(result["qualitative"][0])
 
@@ -223,7 +233,7 @@ def test_matched_budget_arms_at_several_retentions_and_a_sweep_of_their_runs(
                                  "--cacovid-run", str(abl / "runs" / "seed{seed}" / "C"))])
     assert not (tmp_path / "sweep" / "runs").exists()   # nothing trained
     by_method = {r["method"]: r for r in sweep["rows"] if r["method"] != "full"}
-    assert by_method["avex"]["run"] == str(abl / "runs" / "seed0" / "A")
+    assert by_method["avex"]["run"] == "../abl/runs/seed0/A"   # relative to the sweep's out
     assert by_method["avex"]["C_av"] == pytest.approx(
         next(r["C_av"] for r in result["rows"] if (r["variant"], r["retention"]) == ("A", 0.2)))
 
@@ -252,3 +262,23 @@ def test_the_command_line_builds_the_settings_the_functions_take(cache_dir, tmp_
     base = settings.base_train_config()
     assert (base.epochs, base.anchors, base.lr, base.evaluate) == (0.5, 3, 0.001, False)
     assert (base.benchmark_preset, base.cache_dir) == ("tiny", str(cache_dir))
+
+
+@pytest.mark.slow
+def test_results_record_no_machine_path(trained_sweep, cache_dir, tmp_path):
+    """The sweep's and the ablation's files name their data and captioner relative to the cache
+    root, and their runs relative to the files' folder: no string is an absolute path, none
+    names the (temporary) folders this machine used."""
+    from test_results_files import assert_portable
+
+    out, _ = trained_sweep
+    machine = Path(os.path.commonpath([out, cache_dir, tmp_path]))
+    assert_portable(out, machine)
+    run = out / "runs" / "avex-seed0"
+    result = main(["ablation", *tiny(cache_dir, tmp_path / "abl", "--variants", "warmup,A",
+                                     "--run", f"warmup={run}", "--run", f"A={run}")])
+    assert not (tmp_path / "abl" / "runs").exists()   # both given: nothing trained
+    assert_portable(tmp_path / "abl", machine)
+    assert {r["run"] for r in result["rows"]} == {os.path.relpath(run, tmp_path / "abl")}
+    md = (tmp_path / "abl" / "ablation.md").read_text()
+    assert "| A − variant | 20% |" in md and "| Warmup only | " in md

@@ -38,6 +38,8 @@ def test_every_shipped_reference_verifies_against_its_manifest():
         assert json.loads((folder / CAPTIONER_FILE).read_text())["reference"] == name
         assert reference.committed_judge(record["benchmark"]) == {
             "benchmark_sha256": record["benchmark_sha256"],
+            "earlier_benchmark_sha256": [e["sha256"] for e in
+                                         record.get("earlier_benchmarks", [])],
             "captioner_sha256": record["captioner_sha256"]}
 
 
@@ -101,10 +103,10 @@ def test_a_different_judge_is_named_in_the_warnings(shipped_tiny, tiny_benchmark
     data = bytearray(weights.read_bytes())
     data[-1] ^= 1
     weights.write_bytes(bytes(data))
-    record = judge_record(tiny_benchmark, copy)
+    record = judge_record(tiny_benchmark, copy, cache_dir=tmp_path / "cache")
     assert record["matches_committed"] is False
     (problem,) = judge_warnings(record)
-    assert problem.startswith(f"the captioner at {copy} has sha256 ")
+    assert problem.startswith(f"the captioner at {shipped_tiny} has sha256 ")  # cache-relative
     assert "figures will not match docs/results.md" in problem
     assert "NOT the committed judge" in judge_line(record)
 
@@ -136,3 +138,63 @@ def test_captioner_install_command_copies_the_shipped_reference(shipped_tiny, tm
     assert installed.name == shipped_tiny
     assert captioner_sha256(installed) == reference.references()[shipped_tiny]["captioner_sha256"]
     assert "(verified)" in capsys.readouterr().out
+
+
+def test_the_benchmark_as_an_earlier_version_built_it_is_committed_too(
+        shipped_tiny, tiny_benchmark, tmp_path):
+    """A reference whose benchmark grew (more scored clips, the same train split) records the
+    benchmark as it was in earlier_benchmarks: results on either are the committed judge, and
+    installing the captioner beside either warns of nothing; a third benchmark still warns."""
+    grown = build_benchmark(tmp_path / "grown" / tiny_benchmark.name, PRESETS["tiny"].__class__(
+        **{**PRESETS["tiny"].__dict__, "test": 12}), progress=False)
+    data = json.loads(judge.MANIFEST.read_text())
+    record = data["captioners"][shipped_tiny]
+    record["earlier_benchmarks"] = [{"sha256": record["benchmark_sha256"],
+                                     "splits": {"test": 8}, "note": "before the test grew"}]
+    record["benchmark_sha256"] = benchmark_sha256(grown)
+    judge.MANIFEST.write_text(json.dumps(data))
+    installed = reference.install_reference(shipped_tiny, tmp_path / "cache" / shipped_tiny)
+    for bench, version in ((grown, "current"), (tiny_benchmark, "earlier")):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            reference.install_reference(shipped_tiny, tmp_path / "copy", benchmark_path=bench)
+        record = judge_record(bench, installed)
+        assert (record["matches_committed"], record["committed_benchmark"]) == (True, version)
+        assert judge_warnings(record) == []
+    assert "on the benchmark as an earlier version built it" in judge_line(record)
+    other = build_benchmark(tmp_path / "other" / tiny_benchmark.name, PRESETS["tiny"].__class__(
+        **{**PRESETS["tiny"].__dict__, "noise": 0.07}), progress=False)
+    record = judge_record(other, installed)
+    assert (record["matches_committed"], record["committed_benchmark"]) == (False, None)
+    (problem,) = judge_warnings(record)
+    assert f"(or the earlier {benchmark_sha256(tiny_benchmark)[:16]}...)" in problem
+
+
+def test_every_shipped_default_reference_knows_both_benchmark_builds():
+    """The default benchmarks grew to 1000 val and test clips (issue #33): each shipped record
+    holds the new build's hash and the 200-clip build's, which the committed results before it
+    were scored on (docs/results.md, "The judge")."""
+    before = {"embedded-default-seed0": "64ae795e829a2075", "embedded-default-seed1":
+              "8b2ce5ef7843a11f", "embedded-default-seed2": "83cc7bbd1f653ae4",
+              "embedded-default-seed3": "bdb77d5cbc3a2f03"}
+    for name, record in reference.references().items():
+        (earlier,) = record["earlier_benchmarks"]
+        assert earlier["sha256"].startswith(before[record["benchmark"]])
+        assert earlier["splits"] == {"train": 1661, "val": 200, "test": 200, "transfer": 200}
+        assert record["benchmark_sha256"] != earlier["sha256"]
+
+
+@pytest.mark.slow
+def test_a_fresh_default_benchmark_is_the_committed_one(tmp_path):
+    """What a fresh clone builds (the 1000-clip default, seed 0) has the recorded hash, and its
+    shipped captioner installs beside it without a warning."""
+    from avex.captioner.train import ensure_captioner
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        path = ensure_captioner("default", "default", cache_dir=tmp_path, progress=False)
+    bench = ensure_benchmark("default", cache_dir=tmp_path, progress=False)
+    record = judge_record(bench, path, cache_dir=tmp_path)
+    assert (record["matches_committed"], record["committed_benchmark"]) == (True, "current")
+    assert record["benchmark"]["path"] == "benchmarks/embedded-default-seed0"
+    assert record["captioner"]["path"] == "captioners/embedded-default-seed0-default"

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from avex import metrics
-from avex.metrics import METRIC_NAMES, caption_metrics, caption_metrics_by_reference_type
+from avex.metrics import (METRIC_NAMES, PER_CLIP, caption_metrics,
+                          caption_metrics_by_reference_type)
 from avex.ptb_tokenizer import tokenize_all
 from avex.reward import CiderD
 
@@ -102,6 +103,41 @@ def test_pycocoevalcap_cider_equals_the_reward(per_set):
         assert abs(reward.mean() - per_set[name]["CIDEr"]) < 1e-9
 
 
+@pytest.fixture(scope="module")
+def per_clip():
+    return caption_metrics_by_reference_type(CANDIDATES, {"AV": AV_REFS, "V": V_REFS},
+                                             per_clip=True)
+
+
+def test_per_clip_cider_averages_to_the_corpus_cider(per_set, per_clip):
+    """Each clip's CIDEr, in clip order: their mean is the reported CIDEr, and each equals the
+    reward's CIDEr-D of that caption (same document frequencies: the scored clips')."""
+    for name, refs in (("AV", AV_REFS), ("V", V_REFS)):
+        clips = per_clip[name][PER_CLIP]
+        assert len(clips) == len(CANDIDATES) and len(set(clips)) > 1
+        assert abs(np.mean(clips) - per_set[name]["CIDEr"]) < 1e-12
+        assert per_clip[name]["CIDEr"] == per_set[name]["CIDEr"]
+        flat = tokenize_all([r for clip in refs for r in clip])
+        sizes = np.cumsum([0] + [len(clip) for clip in refs])
+        reward = CiderD().score(tokenize_all(CANDIDATES),
+                                [flat[a:b] for a, b in zip(sizes[:-1], sizes[1:])])
+        np.testing.assert_allclose(clips, reward, rtol=0, atol=1e-9)
+
+
+def test_score_captions_gives_each_clips_scores():
+    from types import SimpleNamespace
+
+    from avex.scoring import score_captions
+
+    clips = [SimpleNamespace(clip_id=f"c{i}", refs_av=av, refs_v=v, refs_a=a)
+             for i, (av, v, a) in enumerate(zip(AV_REFS, V_REFS, A_REFS))]
+    scores = score_captions(CANDIDATES, clips)
+    assert set(scores["per_clip"]) == {"C_av", "C_v", "C_a"}
+    for key in ("C_av", "C_v", "C_a"):
+        assert len(scores["per_clip"][key]) == len(clips)
+        assert abs(np.mean(scores["per_clip"][key]) - scores[key]) < 1e-9   # x100, both
+
+
 @pytest.mark.parametrize("call,error,pattern", [
     (lambda: caption_metrics(["a"], [["a"], ["b"]]), ValueError,
      r"references has 2 entries but candidates has 1"),
@@ -119,6 +155,8 @@ def test_pycocoevalcap_cider_equals_the_reward(per_set):
      ValueError, r"reference_sets\['V'\] has 2 entries but candidates has 1"),
     (lambda: caption_metrics_by_reference_type(["a"], {1: [["a"]]}), TypeError,
      r"reference_sets keys must be str, got int"),
+    (lambda: caption_metrics_by_reference_type(["a"], {"AV": [["a"]]}, per_clip="yes"),
+     TypeError, r"per_clip must be True or False, got str: .yes."),
 ])
 def test_bad_input_is_rejected_before_java_starts(call, error, pattern):
     with pytest.raises(error, match=pattern):
@@ -154,6 +192,17 @@ def test_metrics_degrade_without_java_or_pycocoevalcap(without_java_tools, per_s
         assert math.isnan(scores["BLEU-4"]) and math.isnan(scores["METEOR"])
         # CIDEr from CiderD over the Python PTB tokens: pycocoevalcap's number (with Java)
         assert abs(scores["CIDEr"] - per_set[name]["CIDEr"]) < 1e-9
+
+
+def test_per_clip_cider_without_java_is_pycocoevalcaps(without_java_tools, per_clip):
+    """The fallback gives the same per-clip numbers, whose mean is its corpus CIDEr."""
+    with pytest.warns(UserWarning, match="BLEU-4 and METEOR are reported as NaN"):
+        degraded = caption_metrics_by_reference_type(
+            CANDIDATES, {"AV": AV_REFS, "V": V_REFS}, per_clip=True)
+    for name in ("AV", "V"):
+        clips = degraded[name][PER_CLIP]
+        assert abs(np.mean(clips) - degraded[name]["CIDEr"]) < 1e-12
+        np.testing.assert_allclose(clips, per_clip[name][PER_CLIP], rtol=0, atol=1e-9)
 
 
 def test_every_metric_is_available_here():

@@ -41,7 +41,8 @@ def final_weights(run_dir) -> dict:
 def test_tiny_end_to_end_run(cache_dir, tmp_path):
     results = main(tiny_args(cache_dir, tmp_path / "run", "--eval-retentions", "0.4"))
     methods = [(row["method"], row["retention"]) for row in results["rows"]]
-    assert methods == [("Full tokens", 1.0), ("Random", 0.4), ("Attention-AV (balanced)", 0.4),
+    assert methods == [("Full tokens", 1.0), ("Random", 0.4),
+                       ("Attention-AV (balanced; privileged reference)", 0.4),
                        ("CaCoVID-AV", 0.4), ("warmup only", 0.4),
                        ("AVEX, L_RL (RLOO) (this run)", 0.4)]
     assert results["rows"][0]["C_av"] > 0  # the captioner says something sensible

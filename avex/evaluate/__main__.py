@@ -6,7 +6,8 @@ Subcommands (``sweep`` is the default):
                 retention (50/40/30/20/10%): C_av, C_v, C_a on the test split, CIDEr on the
                 transfer split, and Rel. (the paper's Table 2) against the full-token numbers of
                 the same run; a Markdown table, a JSON file, a PNG like the paper's Fig. 3 and
-                qualitative captions at 40%. ``--seeds 0,1,2`` reports mean ± std.
+                qualitative captions at 40%. ``--seeds 0,1,2`` reports mean ± std, and
+                AVEX-Prune − each method comes with its paired bootstrap 95% interval.
 ``motivation``  the paper's Fig. 1: (a) counterfactual CIDEr gain against attention rank with the
                 rank correlation, (b) joint gain of a visual + an audio group against the sum of
                 their separate gains. A PNG and its numbers.
@@ -36,7 +37,7 @@ from avex.config import TrainConfig
 from avex.config import build_parser as build_train_parser
 from avex.config import resolve_config
 from avex.data.embedded import default_benchmark_path
-from avex.paths import default_captioner_path
+from avex.paths import default_captioner_path, portable_command
 from avex.registry import BENCHMARK_PRESETS, CAPTIONER_PRESETS, SELECTORS
 
 from .ablation import ABLATIONS, AblationSettings, run_ablation
@@ -145,6 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
     gates.add_argument("--captioner-preset", default="default")
     gates.add_argument("--cache-dir", default=None)
     gates.add_argument("--seeds", type=int, default=3, help="random-pruning seeds")
+    gates.add_argument("--max-clips", type=int, default=None,
+                       help="the first N clips of the test and transfer splits (default: all; "
+                            "the committed gates: 200)")
     gates.add_argument("--counterfactual-clips", type=int, default=100)
     gates.add_argument("--base-sets", type=int, default=3)
     gates.add_argument("--device", default=None)
@@ -162,7 +166,8 @@ def run_gates_command(args, argv) -> int:
         bench.name, args.captioner_preset, args.cache_dir)
     report = run_gates(bench, captioner, seeds=args.seeds,
                        counterfactual_clips=args.counterfactual_clips, base_sets=args.base_sets,
-                       device=args.device, progress=args.progress)
+                       device=args.device, max_clips=args.max_clips, cache_dir=args.cache_dir,
+                       progress=args.progress)
     shown, skip = [], False  # the command as typed, minus the (long) timing note
     for arg in argv[1:]:
         if skip:
@@ -170,8 +175,8 @@ def run_gates_command(args, argv) -> int:
         elif arg == "--timing-note":
             skip = True
         elif not arg.startswith("--timing-note="):
-            shown.append(shlex.quote(arg))
-    command = "python -m avex.evaluate gates " + " ".join(shown)
+            shown.append(arg)
+    command = "python -m avex.evaluate gates " + portable_command(shown, args.cache_dir)
     out = write_report(report, args.out, command.strip(), args.timing_note)
     share = report["gate_random_lowest_share"]
     print(f"full C_av {report['full']['C_av']:.1f}; random at the lowest retention keeps "
@@ -234,6 +239,7 @@ def check_gates_args(args) -> None:
     _checks.output_file("out", args.out)
     for name, low in (("seeds", 1), ("counterfactual_clips", 1), ("base_sets", 1)):
         _checks.int_at_least(name, getattr(args, name), low)
+    _checks.optional_int_at_least("max_clips", args.max_clips, 1)
     _checks.int_at_least("seed", args.seed, 0)
     if args.benchmark is not None and not (Path(args.benchmark) / "meta.json").is_file():
         raise FileNotFoundError(f"--benchmark: no feature cache at {args.benchmark!r}"

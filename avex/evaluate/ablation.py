@@ -1,7 +1,9 @@
-"""The paper's Table 3 at one retention: training-signal variants and the group size g."""
+"""The paper's Table 3 at one retention: training-signal variants and the group size g; at
+several retentions, the matched-budget comparison of issue #25. Every row records each clip's
+scores, and where arm A (the default recipe) is scored, the tables show A − each other variant
+with its paired bootstrap 95% interval (:mod:`avex.evaluate.intervals`)."""
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -10,13 +12,18 @@ from avex import _checks
 from avex.checkpoint import read_run_config
 from avex.judge import judge_line, judge_record
 from avex.methods import load_policy, make_selector
+from avex.paths import relative_path
 from avex.progress import progress_bar
+from avex.registry import label as method_label
 from avex.scoring import caption_split, keep_all, score_captions
 from avex.tables import markdown_table
 from avex.train import train_variant
 
-from .common import (ExperimentSettings, begin, check_names, check_retentions, check_seeds,
-                     check_split, fmt, given_run, load_assets, split_clips)
+from .common import (PATHS_NOTE, ExperimentSettings, begin, check_names, check_retentions,
+                     check_seeds, check_split, fmt, given_run, load_assets, results_json,
+                     split_clips)
+from .intervals import (LEVEL, REPLICATES, SEED, Interval, compact_per_clip, difference_table,
+                        differences)
 
 #: The exchange term as Table 3's rows were measured (before issue #25's calibration): L_RL +
 #: 0.1 L_ex unnormalised, RLOO over 4 anchors, every type around the first anchor, g fixed, w
@@ -137,28 +144,62 @@ def run_ablation(settings: AblationSettings) -> dict:
         for retention in retentions:
             captions = caption_split(captioner, clips, make_selector("avex", policy=policy),
                                      retention, **decode)
-            rows.append({"variant": name, "label": label, "marks": marks, "run": str(run_dir),
-                         "seed": cfg.get("seed"), "g": cfg.get("g"),
-                         "exchange_types": cfg.get("exchange_types"), "retention": retention,
-                         **score_captions(captions, clips)})
-    full = None
-    if len(retentions) > 1:  # the C_av / full tokens table
-        full = score_captions(caption_split(captioner, clips, keep_all, 1.0, **decode), clips)
+            rows.append({"variant": name, "label": label, "marks": marks,
+                         "run": relative_path(run_dir, out), "seed": cfg.get("seed"),
+                         "g": cfg.get("g"), "exchange_types": cfg.get("exchange_types"),
+                         "retention": retention, **scored(captions, clips)})
+    # full tokens: the C_av / full table, and the reference row of the intervals
+    full = scored(caption_split(captioner, clips, keep_all, 1.0, **decode), clips)
+    intervals = arm_differences(rows, full, retentions)
     seconds = time.perf_counter() - started
-    judge = judge_record(cache.root, captioner.path)
+    judge = judge_record(cache.root, captioner.path, cache_dir=settings.cache_dir)
     if len(retentions) == 1:
         table = ablation_table(rows, settings.retention, settings.split, len(clips), seconds)
     else:
         table = comparison_table(rows, full, retentions, settings.split, len(clips), seconds)
-    table = f"{table}\n\n{judge_line(judge)}"
+    table = "\n".join([table, "", *differences_markdown(intervals, rows, retentions),
+                       judge_line(judge)])
     (out / "ablation.md").write_text(table + "\n")
-    (out / "ablation.json").write_text(json.dumps({"rows": rows, "retention": settings.retention,
-                                                   "retentions": retentions, "full": full,
-                                                   "seeds": list(settings.seeds), "judge": judge,
-                                                   "seconds": round(seconds, 1)}, indent=1)
-                                       + "\n")
+    (out / "ablation.json").write_text(results_json({
+        "rows": rows, "retention": settings.retention, "retentions": retentions, "full": full,
+        "seeds": list(settings.seeds), "split": settings.split, "clips": len(clips),
+        "judge": judge, "paths": PATHS_NOTE,
+        "intervals": [{"ours": "A", "variant": other, "retention": retention, "metric": "C_av",
+                       **(v.as_dict() if isinstance(v, Interval) else {"none": v})}
+                      for (other, retention), v in intervals.items()],
+        "bootstrap": {"level": LEVEL, "replicates": REPLICATES, "seed": SEED},
+        "seconds": round(seconds, 1)}))
     print(table)
     return {"rows": rows, "full": full, "table": table, "out": str(out)}
+
+
+def scored(captions, clips) -> dict:
+    """:func:`~avex.scoring.score_captions` with the per-clip scores rounded for the file."""
+    score = score_captions(captions, clips)
+    return {**score, "per_clip": compact_per_clip(score["per_clip"])}
+
+
+def arm_differences(rows, full: dict, retentions) -> dict:
+    """(variant, retention) -> A − variant in C_av with its paired 95% interval (or why there
+    is none), for every other variant and full tokens; {} without an arm A row."""
+    variants = list(dict.fromkeys(r["variant"] for r in rows))
+    if "A" not in variants:
+        return {}
+    return differences(rows, "A", [v for v in variants if v != "A"] + ["full"], retentions,
+                       "C_av", key="variant", full=full)
+
+
+def differences_markdown(intervals: dict, rows, retentions) -> list[str]:
+    """The section under the table: A − each variant, 95% interval."""
+    if not intervals:
+        return []
+    labels = {v: ABLATIONS[v][0] for v in dict.fromkeys(r["variant"] for r in rows) if v != "A"}
+    labels["full"] = method_label("full")
+    return [f"A − variant, C_av, with the paired bootstrap {LEVEL:.0%} interval ({REPLICATES} "
+            "replicates resampling clips and training seeds together; docs/evaluation.md, "
+            "\"Paired intervals\"). Above 0: arm A is ahead at that retention; below 0: "
+            "behind; across 0: level.", "",
+            difference_table(intervals, "A", labels, retentions, others="variant"), ""]
 
 
 def ablation_table(rows, retention, split, clip_count, seconds) -> str:

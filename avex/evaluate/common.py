@@ -24,6 +24,10 @@ from avex.registry import BENCHMARK_PRESETS, CAPTIONER_PRESETS, SPLITS
 
 #: decoding when no run is given and no setting asks for one
 DECODING = {"num_beams": 1, "max_new_tokens": 24}
+#: what the paths a results file records are relative to (the file says so itself)
+PATHS_NOTE = {"data, captioner, judge": "relative to the avex cache root ($AVEX_CACHE, or "
+                                        "--cache-dir)",
+              "runs, run": "relative to the folder this file was written to"}
 
 
 @dataclass
@@ -199,7 +203,8 @@ def load_assets(settings: ExperimentSettings):
         captioner_preset=settings.captioner_preset, cache_dir=settings.cache_dir,
         progress=settings.progress)
     device = None if settings.device == "auto" else settings.device
-    for problem in judge_warnings(judge_record(data_path, captioner_path)):
+    for problem in judge_warnings(judge_record(data_path, captioner_path,
+                                               cache_dir=settings.cache_dir)):
         warnings.warn(f"the judge differs from the committed one: {problem}", stacklevel=2)
     return load_cache_and_captioner(data_path, captioner_path, device=device)
 
@@ -226,6 +231,25 @@ def split_clips(cache, split: str, max_clips):
     # a flipped bit in a shard passes the header checks: hash what is read (once per cache)
     print(f"{split}: {cache.verify_shards(clips.indices[:n])}")
     return [clips[i] for i in range(n)]
+
+
+def results_json(data) -> str:
+    """``data`` as a results file's JSON: indented one space a level, except that a list of
+    numbers (a row's per-clip scores) stays on one line, or each score would take a line."""
+    def number(x):
+        return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
+
+    def encode(value, depth: int) -> str:
+        inner = " " * (depth + 1)
+        if isinstance(value, dict) and value:
+            items = [f"{inner}{json.dumps(str(k))}: {encode(v, depth + 1)}"
+                     for k, v in value.items()]
+            return "{\n" + ",\n".join(items) + "\n" + " " * depth + "}"
+        if isinstance(value, (list, tuple)) and value and not all(map(number, value)):
+            items = [inner + encode(v, depth + 1) for v in value]
+            return "[\n" + ",\n".join(items) + "\n" + " " * depth + "]"
+        return json.dumps(value, default=float, separators=(",", ": "))
+    return encode(data, 0) + "\n"
 
 
 def fmt(values, digits=1):

@@ -29,10 +29,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from avex import _checks
 from avex.judge import judge_line, judge_record
 from avex.captioner import FrozenCaptioner
 from avex.data import FeatureCache
 from avex.metrics import caption_metrics_by_reference_type, cider_source
+from avex.paths import cache_relative
 from avex.progress import progress_bar
 from avex.reward import CiderD
 from avex.selection import balanced_attention_keep, num_kept, random_keep
@@ -230,25 +232,31 @@ def reference_stats(clips, scorer) -> dict:
 
 def run_gates(benchmark_path, captioner_path=None, *, seeds: int = 3,
               retentions=RETENTIONS, counterfactual_clips: int = 100, base_sets: int = 3,
-              base_retention: float = 0.2, group: int = 2, device=None,
-              progress: bool = True) -> dict:
+              base_retention: float = 0.2, group: int = 2, device=None, max_clips=None,
+              cache_dir=None, progress: bool = True) -> dict:
+    """The gates on the test (and transfer) split's first ``max_clips`` clips (all: None);
+    paths in the report are relative to the cache root ``cache_dir`` (default: the usual
+    one)."""
+    _checks.optional_int_at_least("max_clips", max_clips, 1)
     started = time.perf_counter()
     load_start = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
     cache = FeatureCache(benchmark_path)
     splits_present = {r["split"] for r in cache.rows}
-    read = cache.split("test").indices + (cache.split("transfer").indices
-                                          if "transfer" in splits_present else [])
-    print(f"benchmark: {cache.verify_shards(read)}")  # a flipped bit passes the header checks
+    test_rows = cache.split("test").indices[:max_clips]
+    transfer_rows = cache.split("transfer").indices[:max_clips] \
+        if "transfer" in splits_present else []
+    # a flipped bit passes the header checks: hash the shards the gates read
+    print(f"benchmark: {cache.verify_shards(test_rows + transfer_rows)}")
     captioner = FrozenCaptioner.load(captioner_path, device=device)
-    test = list(cache.split("test"))
-    transfer = list(cache.split("transfer")) if "transfer" in splits_present else []
+    test = [cache.split("test")[i] for i in range(len(test_rows))]
+    transfer = [cache.split("transfer")[i] for i in range(len(transfer_rows))]
     scorer = CiderD([c.refs_av for c in test])
-    report: dict = {"benchmark": str(Path(benchmark_path).resolve()),
-                    "captioner": str(captioner.path), "test_clips": len(test),
-                    "transfer_clips": len(transfer),
+    report: dict = {"benchmark": cache_relative(benchmark_path, cache_dir),
+                    "captioner": cache_relative(captioner.path, cache_dir),
+                    "test_clips": len(test), "transfer_clips": len(transfer),
                     "captioner_training": captioner.info.get("training", {}),
                     "benchmark_source": cache.meta.source,
-                    "judge": judge_record(benchmark_path, captioner.path)}
+                    "judge": judge_record(benchmark_path, captioner.path, cache_dir=cache_dir)}
 
     bar = progress_bar(total=2 + len(retentions) * (seeds + 1) + 2, desc="gates", unit="stage",
                        disable=not progress)

@@ -92,7 +92,7 @@ def run_motivation(settings: MotivationSettings) -> dict:
         if (gain_all >= gates.CRITICAL_GAIN).any() else None,
         "non_additivity": gates._summarise_additivity(pairs, settings.group),
         "pairs": pairs,
-        "judge": judge_record(cache.root, captioner.path),
+        "judge": judge_record(cache.root, captioner.path, cache_dir=settings.cache_dir),
     }
     motivation_figure(rank_all, gain_all, numbers, pairs, out / "motivation.png")
     numbers["seconds"] = round(time.perf_counter() - started, 1)

@@ -1,7 +1,8 @@
-"""The retention sweep: every method at every retention (the paper's Table 2 and Fig. 3)."""
+"""The retention sweep: every method at every retention (the paper's Table 2 and Fig. 3), and
+AVEX-Prune's difference from every other method with its paired bootstrap 95% interval
+(:mod:`avex.evaluate.intervals`), computed from the per-clip scores every row records."""
 from __future__ import annotations
 
-import json
 import sys
 import time
 from dataclasses import dataclass, field
@@ -14,14 +15,19 @@ from avex.checkpoint import read_run_config
 from avex.figures import save_figure
 from avex.judge import judge_line, judge_record
 from avex.methods import METHODS, SELECTORS, label, load_policy, make_selector
-from avex.methods.learned import run_progress
+from avex.methods.learned import recipe, run_progress
 from avex.metrics import cider_source
+from avex.paths import cache_relative, portable_command, relative_path
+from avex.registry import privileged_notes
 from avex.scoring import caption_and_score
 from avex.tables import markdown_table
 from avex.train import train_variant
 
-from .common import (ExperimentSettings, begin, check_names, check_retentions, check_seeds,
-                     check_split, fmt, given_run, load_assets, split_clips)
+from .common import (PATHS_NOTE, ExperimentSettings, begin, check_names, check_retentions,
+                     check_seeds, check_split, fmt, given_run, load_assets, results_json,
+                     split_clips)
+from .intervals import (LEVEL, REPLICATES, SEED, Interval, compact_per_clip, difference_table,
+                        differences)
 
 RETENTIONS = (0.5, 0.4, 0.3, 0.2, 0.1)
 
@@ -173,16 +179,23 @@ def sweep_table(agg: list[dict], has_transfer: bool) -> str:
     return markdown_table(header, rows)
 
 
-def sweep_figure(agg: list[dict], path: Path, bar_retention: float) -> Path:
+def sweep_figure(agg: list[dict], path: Path, bar_retention: float,
+                 intervals: dict | None = None) -> Path:
+    """Left: Rel. against retention; middle (with ``intervals``, from :func:`differences`):
+    AVEX-Prune − each method in C_av with its 95% interval; right: C_av, C_v, C_a at
+    ``bar_retention``."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.2))
+    fig, axes = plt.subplots(1, 3 if intervals else 2, figsize=(18 if intervals else 12, 4.2))
+    left, right = axes[0], axes[-1]
     methods = [m for m in dict.fromkeys(r["method"] for r in agg) if m != "full"]
     palette = plt.get_cmap("tab10").colors
     colour = {"full": "gray", **{m: palette[i % 10] for i, m in enumerate(SELECTORS)}}
     labels = {r["method"]: r["label"] for r in agg}
+    if intervals:
+        difference_panel(axes[1], intervals, labels, colour)
     for m in methods:
         pts = sorted((r["retention"], r.get("Rel", float("nan")), r.get("Rel_std", 0.0))
                      for r in agg if r["method"] == m)
@@ -210,6 +223,34 @@ def sweep_figure(agg: list[dict], path: Path, bar_retention: float) -> Path:
     return save_figure(fig, path)
 
 
+def difference_panel(axis, intervals: dict, labels: dict, colour: dict) -> None:
+    """AVEX-Prune − each method against retention, with the 95% interval as error bars; a
+    symmetric log scale keeps gaps of a few points readable beside gaps of hundreds."""
+    from matplotlib.ticker import ScalarFormatter
+
+    others = list(dict.fromkeys(other for other, _ in intervals))
+    for i, other in enumerate(others):
+        points = sorted((r, v) for (o, r), v in intervals.items()
+                        if o == other and isinstance(v, Interval))
+        if not points:
+            continue
+        offset = (i - (len(others) - 1) / 2) * 0.6   # side by side within a retention
+        xs = [100 * r + offset for r, _ in points]
+        ys = [v.difference for _, v in points]
+        err = [[v.difference - v.low for _, v in points], [v.high - v.difference
+                                                          for _, v in points]]
+        axis.errorbar(xs, ys, yerr=err, marker="o", linestyle="none", capsize=3,
+                      label=labels.get(other, other), color=colour.get(other, "black"))
+    axis.axhline(0, color="black", linewidth=1)
+    axis.set_yscale("symlog", linthresh=10)
+    axis.yaxis.set_major_formatter(ScalarFormatter())   # 10 and -100, not powers of ten
+    axis.set_xlabel("retention ratio (%)")
+    axis.set_ylabel("AVEX-Prune − method, C_av")
+    axis.set_title("Paired differences, 95% bootstrap intervals")
+    axis.invert_xaxis()
+    axis.legend(fontsize=7)
+
+
 def run_sweep(settings: SweepSettings) -> dict:
     """Caption every split under every (method, seed, retention) of ``settings``, score,
     aggregate and write ``sweep.md``, ``sweep.json`` and ``sweep.png`` under ``settings.out``
@@ -225,42 +266,55 @@ def run_sweep(settings: SweepSettings) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     splits = {"test": test, **({"transfer": transfer} if transfer else {})}
     policies = train_policies(settings, captioner, out)  # training has its own progress bars
-    checkpoints = scored_checkpoints(policies)
+    checkpoints = scored_checkpoints(policies, out)
     jobs = [(m, s, r) for s in settings.seeds for m in settings.methods
             for r in settings.retentions]
     captions, scores = caption_jobs(settings, captioner, splits, policies, jobs)
-    rows = score_rows(scores, policies, jobs, has_transfer=bool(transfer))
+    labels = method_labels(settings.methods, policies)
+    rows = score_rows(scores, policies, jobs, labels, out, has_transfer=bool(transfer))
     order = {m: i for i, m in enumerate(["full"] + list(settings.methods))}
     agg = sorted(aggregate(rows), key=lambda r: (-r["retention"], order[r["method"]]))
+    intervals = avex_differences(rows, settings)
     bar_retention = min(settings.retentions, key=lambda r: abs(r - 0.4))
     qualitative = qualitative_examples(test[:settings.qualitative], captions, settings.methods,
                                        settings.seeds[0], bar_retention)
     seconds = time.perf_counter() - started
+    cache_dir = settings.cache_dir
     result = {"rows": rows, "aggregate": agg, "qualitative": qualitative,
+              "intervals": interval_records(intervals),
               "settings": {"methods": list(settings.methods),
                            "retentions": list(settings.retentions),
                            "seeds": list(settings.seeds), "test_clips": len(test),
                            "transfer_clips": len(transfer), "num_beams": settings.num_beams,
                            "max_new_tokens": settings.max_new_tokens,
                            "decoding_source": settings.decoding_source,
-                           "checkpoints": checkpoints, "data": str(cache.root),
-                           "captioner": str(captioner.path),
-                           "judge": judge_record(cache.root, captioner.path),
-                           "runs": {m: {str(s): str(v[1]) for s, v in p.items()}
-                                    for m, p in policies.items()}},
+                           "checkpoints": checkpoints,
+                           "data": cache_relative(cache.root, cache_dir),
+                           "captioner": cache_relative(captioner.path, cache_dir),
+                           "judge": judge_record(cache.root, captioner.path,
+                                                 cache_dir=cache_dir),
+                           "runs": {m: {str(s): relative_path(v[1], out) for s, v in p.items()}
+                                    for m, p in policies.items()},
+                           "paths": PATHS_NOTE,
+                           "bootstrap": {"level": LEVEL, "replicates": REPLICATES,
+                                         "seed": SEED, "metric": "C_av",
+                                         "resampled": "clips and training seeds, paired"}},
               "seconds": round(seconds, 1), "command": "python -m avex.evaluate " +
-              " ".join(sys.argv[1:]) if sys.argv and Path(sys.argv[0]).parent.name == "evaluate"
-              else None}
+              portable_command(sys.argv[1:], cache_dir)
+              if sys.argv and Path(sys.argv[0]).parent.name == "evaluate" else None}
     table = sweep_table(agg, bool(transfer))
     header = (f"# Pruning comparison ({settings.split} split, {len(test)} clips"
               + (f"; transfer split, {len(transfer)} clips" if transfer else "") + ")")
     notes = [decoding_note(settings)] + [n for n in [rel_note(rows[0])] if n] + [
-        f"{label(m)}: {text}." for m, text in checkpoints.items()]
-    (out / "sweep.md").write_text(sweep_markdown(header, table, qualitative, settings.methods,
+        f"{labels[m]}: {text}." for m, text in checkpoints.items()] + \
+        privileged_notes(settings.methods)
+    differences_md = differences_markdown(intervals, labels, settings.retentions)
+    (out / "sweep.md").write_text(sweep_markdown(header, table, qualitative, labels,
                                                  bar_retention, seconds,
-                                                 result["settings"]["judge"], notes))
-    (out / "sweep.json").write_text(json.dumps(result, indent=1, default=float) + "\n")
-    sweep_figure(agg, out / "sweep.png", bar_retention)
+                                                 result["settings"]["judge"], notes,
+                                                 differences_md))
+    (out / "sweep.json").write_text(results_json(result))
+    sweep_figure(agg, out / "sweep.png", bar_retention, intervals)
     result["table"], result["out"] = table, str(out)
     print(table)
     print(f"wrote {out / 'sweep.md'}, {out / 'sweep.json'}, {out / 'sweep.png'} "
@@ -321,29 +375,87 @@ def caption_jobs(settings: SweepSettings, captioner, splits: dict, policies: dic
             captions[(split, method, seed, retention)] = caps
             # the transfer split gives one column: CIDEr against its AV references
             scores[(split, method, seed, retention)] = score if split == "test" else \
-                {"C_T": score["C_av"]}
+                {"C_T": score["C_av"], "per_clip": {"C_T": score["per_clip"]["C_av"]}}
     return captions, scores
 
 
-def score_rows(scores: dict, policies: dict, jobs: list, *, has_transfer: bool) -> list[dict]:
-    """One row per (method, seed, retention) with Rel. against the full-token row."""
-    full = dict(scores[("test", "full", None, 1.0)])
+def method_labels(methods, policies: dict) -> dict:
+    """Method name -> its printed label; AVEX-Prune's names the recipe its runs trained
+    (read from their config.json), e.g. "AVEX-Prune (RLOO over 8 anchors, no exchange
+    term)"."""
+    labels = {name: label(name) for name in ["full", *methods]}
+    if "avex" in policies:
+        recipes = dict.fromkeys(recipe(read_run_config(run_dir))
+                                for _, run_dir, _ in policies["avex"].values())
+        labels["avex"] = f"{label('avex')} ({'; '.join(recipes)})"
+    return labels
+
+
+def score_rows(scores: dict, policies: dict, jobs: list, labels: dict, out: Path, *,
+               has_transfer: bool) -> list[dict]:
+    """One row per (method, seed, retention) with Rel. against the full-token row, each clip's
+    scores (``per_clip``, rounded) and a trained method's run relative to ``out``."""
+    def scored(split, method, seed, retention):
+        score = dict(scores[(split, method, seed, retention)])
+        return score, score.pop("per_clip")
+
+    full, per_clip = scored("test", "full", None, 1.0)
     if has_transfer:
-        full.update(scores[("transfer", "full", None, 1.0)])
-    rows = [{"method": "full", "label": label("full"), "retention": 1.0, "seed": None,
-             **full, "C_av_full": 1.0, "Rel": None if rel_note(full) else 100.0}]
+        transfer, transfer_clips = scored("transfer", "full", None, 1.0)
+        full.update(transfer)
+        per_clip.update(transfer_clips)
+    rows = [{"method": "full", "label": labels["full"], "retention": 1.0, "seed": None,
+             **full, "C_av_full": 1.0, "Rel": None if rel_note(full) else 100.0,
+             "per_clip": compact_per_clip(per_clip)}]
     for method, seed, retention in jobs:
-        row = {"method": method, "label": label(method), "retention": retention,
-               "seed": seed, **scores[("test", method, seed, retention)]}
+        score, per_clip = scored("test", method, seed, retention)
+        row = {"method": method, "label": labels[method], "retention": retention,
+               "seed": seed, **score}
         if has_transfer:
-            row.update(scores[("transfer", method, seed, retention)])
+            transfer, transfer_clips = scored("transfer", method, seed, retention)
+            row.update(transfer)
+            per_clip.update(transfer_clips)
         if method in policies:
             _, run_dir, run_seed = policies[method][seed]
-            row["run"], row["seed"] = str(run_dir), run_seed
+            row["run"], row["seed"] = relative_path(run_dir, out), run_seed
         row["C_av_full"] = row["C_av"] / full["C_av"] if full["C_av"] else float("nan")
         row["Rel"] = relative_performance(row, full)
+        row["per_clip"] = compact_per_clip(per_clip)
         rows.append(row)
     return rows
+
+
+def avex_differences(rows: list[dict], settings: SweepSettings) -> dict:
+    """(method, retention) -> AVEX-Prune − method in C_av with its paired 95% interval (or
+    why there is none); {} when the sweep has no AVEX-Prune row."""
+    if "avex" not in settings.methods:
+        return {}
+    others = ["full"] + [m for m in settings.methods if m != "avex"]
+    return differences(rows, "avex", others, settings.retentions, "C_av")
+
+
+def interval_records(intervals: dict) -> list[dict]:
+    """The intervals as sweep.json lists them: one record per (method, retention)."""
+    return [{"ours": "avex", "method": other, "retention": retention, "metric": "C_av",
+             **(value.as_dict() if isinstance(value, Interval) else {"none": value})}
+            for (other, retention), value in intervals.items()]
+
+
+def differences_markdown(intervals: dict, labels: dict, retentions) -> list[str]:
+    """The section under the main table: AVEX-Prune − each method, 95% interval."""
+    if not intervals:
+        return []
+    others = {m: labels[m] for m in dict.fromkeys(o for o, _ in intervals)}
+    return [f"## {label('avex')} − method, 95% CI (C_av)", "",
+            f"The difference of the mean C_av (AVEX-Prune's minus the method's; mean over "
+            f"training seeds) and its paired bootstrap {LEVEL:.0%} interval: {REPLICATES} "
+            "replicates, each resampling the clips and the training seeds with replacement, "
+            "the same draw for both methods; a method without a seed is used as is for every "
+            "seed. The per-clip scores are resampled, not re-scored, so CIDEr's document "
+            "frequencies stay those of the whole scored split. An interval above 0: AVEX-Prune "
+            "is ahead at that retention; below 0: behind; across 0: level "
+            "(docs/evaluation.md, \"Paired intervals\").", "",
+            difference_table(intervals, label("avex"), others, retentions), ""]
 
 
 def qualitative_examples(clips, captions: dict, methods, seed: int, retention: float):
@@ -366,21 +478,24 @@ def decoding_note(settings: SweepSettings) -> str:
             + (f" ({where})" if where else "") + ".")
 
 
-def scored_checkpoints(policies: dict) -> dict:
-    """method -> which checkpoint was scored, for runs that did not finish training."""
+def scored_checkpoints(policies: dict, out_dir: Path) -> dict:
+    """method -> which checkpoint was scored, for runs that did not finish training (each run
+    named relative to ``out_dir``)."""
     out = {}
     for method, by_seed in policies.items():
         for _, run_dir, _ in by_seed.values():
             progress = run_progress(run_dir)
             if not progress["finished"]:
-                out[method] = (f"{run_dir} did not finish training; scored its latest "
+                out[method] = (f"{relative_path(run_dir, out_dir)} did not finish training; "
+                               f"scored its latest "
                                f"checkpoint, {progress['checkpoint']} ({progress['phase']} "
                                f"step {progress['step']}), under --allow-unfinished")
     return out
 
 
-def sweep_markdown(header: str, table: str, qualitative: list, methods, bar_retention: float,
-                   seconds: float, judge: dict, notes=()) -> str:
+def sweep_markdown(header: str, table: str, qualitative: list, labels: dict,
+                   bar_retention: float, seconds: float, judge: dict, notes=(),
+                   differences_md=()) -> str:
     md = [header, "",
           f"CIDEr points ({cider_source()}, x100). C_av / C_v / C_a: the same captions against the "
           "AV, visual-only and audio-only references. transfer C: CIDEr against the AV "
@@ -390,12 +505,15 @@ def sweep_markdown(header: str, table: str, qualitative: list, methods, bar_rete
           "the four, each over its full-token value in this run. Seeds: Random's seed; for a "
           "policy, the seed of its training run; FastV/ToMe/FastAV are deterministic. With "
           "several seeds: mean ± std.", "", judge_line(judge), "",
-          *[x for note in notes for x in (note, "")], table, "",
-          f"Figure: `sweep.png` (left: Rel. against retention; right: C_av, C_v, C_a at "
-          f"{bar_retention:.0%}). The sweep took {seconds:.0f} s.", "",
-          f"## Qualitative examples at {bar_retention:.0%} retention", ""]
+          *[x for note in notes for x in (note, "")], table, "", *differences_md,
+          f"Figure: `sweep.png` (left: Rel. against retention; "
+          + ("middle: AVEX-Prune − each method with its 95% interval; " if differences_md
+             else "")
+          + f"right: C_av, C_v, C_a at {bar_retention:.0%}). The sweep took {seconds:.0f} s.",
+          "", f"## Qualitative examples at {bar_retention:.0%} retention", ""]
+    methods = [m for m in labels if m != "full"]
     for q in qualitative:
         md += [f"**{q['clip_id']}** (a reference: \"{q['reference']}\")", "",
-               markdown_table(["method", "caption"], [[label("full"), q["full"]]] +
-                              [[label(m), q[m]] for m in methods]), ""]
+               markdown_table(["method", "caption"], [[labels["full"], q["full"]]] +
+                              [[labels[m], q[m]] for m in methods]), ""]
     return "\n".join(md) + "\n"

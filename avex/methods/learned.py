@@ -27,6 +27,25 @@ from avex.run_files import CHECKPOINTS_DIR, CONFIG_FILE, POLICY_RECORD_FILE, WAR
 from avex.selection import indices_to_keep
 
 
+#: the RL estimators' names in a recipe (TrainConfig.rl_estimator)
+_ESTIMATORS = {"rloo": "RLOO", "group": "group-normalised advantage",
+               "paper": "the paper's L_RL"}
+
+
+def recipe(cfg: dict) -> str:
+    """What a training run's settings (its config.json, as ``read_run_config`` gives them)
+    train, in words for a table's row: e.g. "RLOO over 8 anchors, no exchange term"."""
+    if cfg.get("warmup_only"):
+        return "warmup only"
+    estimator = cfg.get("rl_estimator", "rloo")
+    rl = (f"{_ESTIMATORS.get(estimator, estimator)} over {cfg.get('anchors')} anchors"
+          if cfg.get("rl", True) else "no L_RL")
+    if not cfg.get("exchanges"):
+        return f"{rl}, no exchange term"
+    selection = " (random groups)" if cfg.get("exchange_selection") == "random" else ""
+    return f"{rl} + exchange term{selection}, lambda_ex {cfg.get('lambda_ex'):g}"
+
+
 def policy_selector(policy):
     """Deterministic Top-K of ``policy``'s scores (the inference path)."""
     @torch.no_grad()

@@ -1,0 +1,222 @@
+"""Paired bootstrap intervals for the difference between two methods' scores.
+
+A table's C_av for a method is the mean over the scored clips of each clip's CIDEr, averaged
+over training seeds. The difference between method X and method Y at one retention is that
+mean for X minus that mean for Y. Its interval comes from a paired bootstrap that resamples
+clips and training seeds together. Each replicate draws N clips with replacement and S seeds
+with replacement. Both methods get the same clips and the same seed draw. A method without a
+seed (full tokens, FastV-AV, ToMe-AV, FastAV, Attention-AV, a policy given as one run) has one
+row of per-clip scores, and that row is used as is for every seed drawn. The interval is the
+percentile interval of the replicates' differences.
+
+The per-clip scores are resampled; they are not re-scored. So CIDEr's document frequencies stay
+those of the whole scored split: each clip's score was computed once, against the references of
+every clip scored with it (:func:`avex.scoring.score_captions`).
+
+Three training seeds are a small sample of seeds: the seed part of the interval is rough, and
+the clip part carries most of its width on 1000 clips.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from avex import _checks
+from avex.tables import markdown_table
+
+__all__ = ["Interval", "paired_interval", "seed_rows", "differences", "difference_table",
+           "compact_per_clip", "LEVEL", "REPLICATES", "SEED", "PER_CLIP_DIGITS", "RULE"]
+
+LEVEL = 0.95
+REPLICATES = 4000
+SEED = 0
+#: digits each per-clip CIDEr keeps in a results file (its mean moves by at most 0.005)
+PER_CLIP_DIGITS = 2
+#: the project's decision rule, stated once (docs/evaluation.md quotes it)
+RULE = ("X beats Y at a retention when the 95% paired bootstrap interval of X − Y lies above "
+        "0, and is worse when it lies below 0; otherwise the two are level there")
+#: rows of a block of replicates drawn at once (bounds memory at about 8 MB per 1000 clips)
+_BLOCK = 1000
+
+
+@dataclass(frozen=True)
+class Interval:
+    """``difference`` (mean of ours − mean of other, over clips and seeds) and its
+    ``level`` interval [``low``, ``high``] from ``replicates`` paired resamples of ``clips``
+    clips and ``seeds`` seeds."""
+
+    difference: float
+    low: float
+    high: float
+    level: float
+    clips: int
+    seeds: int
+    replicates: int
+
+    @property
+    def above_zero(self) -> bool:
+        return self.low > 0
+
+    @property
+    def below_zero(self) -> bool:
+        return self.high < 0
+
+    def text(self, digits: int = 1) -> str:
+        """``+2.4 [-1.1, +5.8]``."""
+        return (f"{self.difference:+.{digits}f} [{self.low:+.{digits}f}, "
+                f"{self.high:+.{digits}f}]")
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _seed_matrix(name: str, scores) -> np.ndarray:
+    """Per-clip scores as a float64 [seeds, clips] array: a 1-D input is one seed."""
+    try:
+        array = np.asarray(scores, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be per-clip scores, a list of numbers or a list of "
+                        f"equal-length lists (one per seed), got {type(scores).__name__}"
+                        ) from None
+    if array.ndim == 1:
+        array = array[None, :]
+    if array.ndim != 2:
+        raise ValueError(f"{name} must be [clips] or [seeds, clips], got shape "
+                         f"{tuple(array.shape)}")
+    if array.shape[0] == 0 or array.shape[1] == 0:
+        raise ValueError(f"{name} is empty (shape {tuple(array.shape)}); it needs at least one "
+                         "seed and one clip")
+    if not np.isfinite(array).all():
+        seed, clip = np.argwhere(~np.isfinite(array))[0]
+        raise ValueError(f"{name} must be finite, got {array[seed, clip]} at seed row {seed}, "
+                         f"clip {clip}")
+    return array
+
+
+def paired_interval(ours, other, *, level: float = LEVEL, replicates: int = REPLICATES,
+                    seed: int = SEED) -> Interval:
+    """The paired bootstrap interval of mean(``ours``) − mean(``other``).
+
+    Args:
+        ours, other: per-clip scores of the two methods on the same clips in the same order,
+            ``[clips]`` or ``[seeds, clips]``. Rows are paired by position (row s of each is
+            training seed s); a side with one row (a method without a seed) is used for every
+            seed of the other.
+        level: the interval's coverage, in (0, 1).
+        replicates: bootstrap replicates (at least 100).
+        seed: the resampling seed: the same inputs and seed give the same interval.
+    """
+    level = _checks.real("level", level, low=0, high=1, low_open=True, high_open=True)
+    _checks.int_at_least("replicates", replicates, 100)
+    _checks.int_at_least("seed", seed, 0)
+    ours, other = _seed_matrix("ours", ours), _seed_matrix("other", other)
+    if ours.shape[1] != other.shape[1]:
+        raise ValueError(f"other has {other.shape[1]} clips but ours has {ours.shape[1]}; "
+                         "both must be scored on the same clips, in the same order")
+    if ours.shape[0] > 1 and other.shape[0] > 1 and ours.shape[0] != other.shape[0]:
+        raise ValueError(f"other has {other.shape[0]} seed rows but ours has {ours.shape[0]}; "
+                         "pass one row per training seed of ours (paired by seed), or one row "
+                         "for a method without a seed")
+    diff = ours - other                      # [seeds, clips], broadcast over a seedless side
+    n_seeds, n_clips = diff.shape
+    rng = np.random.default_rng(seed)
+    stats = np.empty(replicates)
+    for start in range(0, replicates, _BLOCK):
+        count = min(_BLOCK, replicates - start)
+        # how often each clip / seed is drawn in each replicate (multinomial = N draws with
+        # replacement); the same draws serve both methods: that is the pairing
+        clip_draws = rng.multinomial(n_clips, np.full(n_clips, 1 / n_clips), size=count)
+        seed_draws = rng.multinomial(n_seeds, np.full(n_seeds, 1 / n_seeds), size=count)
+        per_seed = diff @ clip_draws.T / n_clips                 # [seeds, count]
+        stats[start:start + count] = (seed_draws * per_seed.T).sum(axis=1) / n_seeds
+    tail = (1 - level) / 2
+    low, high = np.quantile(stats, [tail, 1 - tail])
+    return Interval(difference=float(diff.mean()), low=float(low), high=float(high),
+                    level=level, clips=n_clips, seeds=n_seeds, replicates=replicates)
+
+
+# -- from the rows of a results file -------------------------------------------------------------
+
+def compact_per_clip(per_clip: dict) -> dict:
+    """Metric -> per-clip scores, rounded to :data:`PER_CLIP_DIGITS` for a results file."""
+    return {metric: [round(float(x), PER_CLIP_DIGITS) for x in values]
+            for metric, values in per_clip.items()}
+
+
+def seed_rows(rows, name: str, retention: float, metric: str = "C_av", *,
+              key: str = "method") -> dict | None:
+    """Seed -> per-clip ``metric`` scores of the rows whose ``key`` is ``name`` at
+    ``retention`` (the first row of a seed: a seedless method repeated for every seed of a
+    table counts once). None where a row records no per-clip scores (a file from before they
+    were recorded); {} where no row matches."""
+    out = {}
+    for row in rows:
+        if row.get(key) != name or not math.isclose(row["retention"], retention):
+            continue
+        scores = (row.get("per_clip") or {}).get(metric)
+        if scores is None:
+            return None
+        out.setdefault(row.get("seed"), scores)
+    return out
+
+
+def _paired(ours: dict, other: dict, ours_name: str, other_name: str):
+    """Two seed -> scores maps as paired [seeds, clips] inputs of :func:`paired_interval`."""
+    if len(ours) > 1 and len(other) > 1:
+        if set(ours) != set(other):
+            raise ValueError(f"{other_name} has training seeds {sorted(other, key=str)} but "
+                             f"{ours_name} has {sorted(ours, key=str)}; paired intervals need "
+                             "the same seeds")
+        seeds = sorted(ours, key=str)
+        return [ours[s] for s in seeds], [other[s] for s in seeds]
+    return list(ours.values()), list(other.values())
+
+
+def differences(rows, ours: str, others, retentions, metric: str = "C_av", *,
+                key: str = "method", full: dict | None = None, **bootstrap) -> dict:
+    """(other, retention) -> :class:`Interval` of ``ours`` − other, or a str saying why there
+    is none (no per-clip scores recorded, a row missing, seeds that do not pair).
+
+    ``rows``: a results file's rows (``key``, ``retention``, ``seed``, ``per_clip``);
+    ``full``: the full-token row for a table without one among ``rows`` (as "full", used at
+    every retention). ``bootstrap``: :func:`paired_interval`'s settings."""
+    full_scores = None if full is None else {None: (full.get("per_clip") or {}).get(metric)}
+    out = {}
+    for retention in retentions:
+        mine = seed_rows(rows, ours, retention, metric, key=key)
+        for other in others:
+            if other == "full" and full_scores is not None:
+                theirs = None if full_scores[None] is None else full_scores
+            else:
+                theirs = seed_rows(rows, other, 1.0 if other == "full" else retention, metric,
+                                   key=key)
+            if mine is None or theirs is None:
+                out[(other, retention)] = "no interval: per-clip scores not recorded"
+            elif not mine or not theirs:
+                missing = ours if not mine else other
+                out[(other, retention)] = f"no interval: no {missing} row at {retention:.0%}"
+            else:
+                try:
+                    out[(other, retention)] = paired_interval(
+                        *_paired(mine, theirs, ours, other), **bootstrap)
+                except ValueError as err:
+                    out[(other, retention)] = f"no interval: {err}"
+    return out
+
+
+def difference_table(intervals: dict, ours_label: str, labels: dict, retentions, *,
+                     others: str = "method") -> str:
+    """One line per other method (``labels``: name -> printed label, in order), one column per
+    retention: ``ours − other`` with its interval, or why there is none. ``others``: what the
+    lines are called in the header ("method", "arm", "variant")."""
+    lines = []
+    for name, label in labels.items():
+        cells = []
+        for retention in retentions:
+            value = intervals.get((name, retention), "n/a")
+            cells.append(value.text() if isinstance(value, Interval) else value)
+        lines.append([label, *cells])
+    return markdown_table([f"{ours_label} − {others}", *(f"{r:.0%}" for r in retentions)],
+                          lines)

@@ -1,0 +1,158 @@
+"""Paired bootstrap intervals (avex.evaluate.intervals): their contracts on arrays, on a results
+file's rows, and their coverage on synthetic data."""
+import numpy as np
+import pytest
+
+from avex.evaluate.intervals import (Interval, compact_per_clip, difference_table, differences,
+                                     paired_interval, seed_rows)
+
+
+def test_identical_inputs_give_zero_zero():
+    scores = np.random.default_rng(0).normal(400, 120, (3, 300))
+    interval = paired_interval(scores, scores)
+    assert (interval.difference, interval.low, interval.high) == (0.0, 0.0, 0.0)
+    assert (interval.clips, interval.seeds) == (300, 3)
+
+
+def test_a_constant_shift_gives_an_interval_around_it():
+    other = np.random.default_rng(1).normal(400, 120, 500)
+    interval = paired_interval(other + 7.5, other)
+    assert interval.difference == pytest.approx(7.5)
+    assert interval.low == pytest.approx(7.5) and interval.high == pytest.approx(7.5)
+    assert interval.above_zero and not interval.below_zero
+    flipped = paired_interval(other, other + 7.5)
+    assert flipped.below_zero and flipped.text() == "-7.5 [-7.5, -7.5]"
+
+
+def test_pairing_removes_the_clips_own_spread():
+    """Clips differ by hundreds of points, the two methods by 3 +- 5 per clip: the paired
+    interval is as narrow as the per-clip differences allow, far narrower than the clips'
+    spread would make an unpaired one (2 x 1.96 x 120 x sqrt(2 / 1000), about 21 points)."""
+    rng = np.random.default_rng(2)
+    other = rng.normal(400, 120, 1000)
+    ours = other + rng.normal(3, 5, 1000)
+    interval = paired_interval(ours, other)
+    assert interval.low < interval.difference < interval.high
+    assert abs(interval.difference - 3) < 1 and interval.high - interval.low < 1.5
+    assert interval.above_zero
+
+
+def test_seeds_are_resampled_with_the_clips():
+    """Two seeds, one level with the other method and one 10 points ahead on every clip: the
+    replicates' seed draws give 0, 5 or 10 (probabilities 1/4, 1/2, 1/4), so the 95% interval
+    is [0, 10]. Without resampling seeds it would be [5, 5]."""
+    other = np.random.default_rng(3).normal(400, 120, 200)
+    ours = np.stack([other, other + 10])
+    interval = paired_interval(ours, other)
+    assert interval.difference == pytest.approx(5)
+    assert interval.low == pytest.approx(0) and interval.high == pytest.approx(10)
+    assert interval.seeds == 2
+
+
+def test_a_method_without_a_seed_is_used_for_every_seed():
+    rng = np.random.default_rng(4)
+    ours, other = rng.normal(400, 100, (3, 100)), rng.normal(380, 100, 100)
+    interval = paired_interval(ours, other)
+    assert interval.difference == pytest.approx(ours.mean() - other.mean())
+    # the same seedless row given once per seed is the same comparison
+    again = paired_interval(ours, np.stack([other] * 3))
+    assert (again.low, again.high) == pytest.approx((interval.low, interval.high))
+    reverse = paired_interval(other, ours)
+    assert reverse.difference == pytest.approx(-interval.difference)
+
+
+def test_reproducible_from_its_seed():
+    rng = np.random.default_rng(5)
+    ours, other = rng.normal(400, 100, (3, 150)), rng.normal(395, 100, (3, 150))
+    assert paired_interval(ours, other, seed=11) == paired_interval(ours, other, seed=11)
+    assert paired_interval(ours, other, seed=11) != paired_interval(ours, other, seed=12)
+
+
+def test_coverage_on_synthetic_data():
+    """Per-clip differences drawn around a known mean: the 95% interval holds it in about 95%
+    of 200 draws (a binomial's 1.5% sd; the percentile bootstrap runs slightly narrow)."""
+    rng = np.random.default_rng(6)
+    true, held = 2.0, 0
+    for _ in range(200):
+        other = rng.normal(400, 120, 200)
+        ours = other + rng.normal(true, 15, 200)
+        interval = paired_interval(ours, other, replicates=1000, seed=int(rng.integers(1 << 30)))
+        held += interval.low <= true <= interval.high
+    assert 0.89 <= held / 200 <= 0.99
+
+
+@pytest.mark.parametrize("call,error,match", [
+    (lambda: paired_interval(np.zeros(200), np.zeros(199)), ValueError,
+     "other has 199 clips but ours has 200"),
+    (lambda: paired_interval(np.zeros((3, 10)), np.zeros((2, 10))), ValueError,
+     "other has 2 seed rows but ours has 3"),
+    (lambda: paired_interval(np.zeros((2, 2, 2)), np.zeros(2)), ValueError,
+     r"ours must be \[clips\] or \[seeds, clips\], got shape \(2, 2, 2\)"),
+    (lambda: paired_interval([], [1.0]), ValueError, r"ours is empty \(shape \(1, 0\)\)"),
+    (lambda: paired_interval([1.0, float("nan")], [1.0, 2.0]), ValueError,
+     "ours must be finite, got nan at seed row 0, clip 1"),
+    (lambda: paired_interval([1.0], ["a"]), TypeError, "other must be per-clip scores"),
+    (lambda: paired_interval([1.0], [1.0], level=1.0), ValueError,
+     r"level must be a finite number in \(0, 1\), got 1.0"),
+    (lambda: paired_interval([1.0], [1.0], replicates=10), ValueError,
+     "replicates must be >= 100, got 10"),
+    (lambda: paired_interval([1.0], [1.0], seed=-1), ValueError, "seed must be >= 0, got -1"),
+])
+def test_bad_input_is_refused_naming_the_argument(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+# -- from a results file's rows ------------------------------------------------------------------
+
+def sweep_rows(clips=60, seeds=(0, 1, 2)):
+    """Rows shaped as sweep.json's: full tokens once, a seedless method repeated per seed, a
+    trained one per training seed."""
+    rng = np.random.default_rng(7)
+    full = rng.normal(450, 100, clips)
+    tome = full - 30 + rng.normal(0, 10, clips)
+    rows = [{"method": "full", "retention": 1.0, "seed": None,
+             "per_clip": compact_per_clip({"C_av": full})}]
+    avex = {}
+    for seed in seeds:
+        avex[seed] = full - 5 + rng.normal(0, 10, clips)
+        rows.append({"method": "tome", "retention": 0.4, "seed": seed,
+                     "per_clip": compact_per_clip({"C_av": tome})})
+        rows.append({"method": "avex", "retention": 0.4, "seed": seed,
+                     "per_clip": compact_per_clip({"C_av": avex[seed]})})
+    return rows, full, tome, avex
+
+
+def test_rows_give_the_interval_of_their_per_clip_scores():
+    rows, full, tome, avex = sweep_rows()
+    got = differences(rows, "avex", ["full", "tome"], [0.4])
+    ours = np.round(np.stack([avex[s] for s in (0, 1, 2)]), 2)
+    assert got[("tome", 0.4)] == paired_interval(ours, np.round(tome, 2))
+    assert got[("full", 0.4)] == paired_interval(ours, np.round(full, 2))
+    assert got[("tome", 0.4)].above_zero and got[("full", 0.4)].below_zero
+    assert seed_rows(rows, "tome", 0.4).keys() == {0, 1, 2}
+    table = difference_table(got, "AVEX-Prune", {"full": "Full tokens", "tome": "ToMe-AV"},
+                             [0.4])
+    assert "| AVEX-Prune − method | 40% |" in table
+    assert f"| ToMe-AV | {got[('tome', 0.4)].text()} |" in table
+
+
+def test_rows_without_per_clip_scores_or_with_unpaired_seeds_say_why():
+    rows, *_ = sweep_rows()
+    old = [{k: v for k, v in r.items() if k != "per_clip"} for r in rows]
+    got = differences(old, "avex", ["tome"], [0.4])
+    assert got[("tome", 0.4)] == "no interval: per-clip scores not recorded"
+    unpaired = [dict(r, seed=r["seed"] + 5) if r["method"] == "tome" else r for r in rows]
+    reason = differences(unpaired, "avex", ["tome"], [0.4])[("tome", 0.4)]
+    assert reason.startswith("no interval: tome has training seeds [5, 6, 7] but avex has "
+                             "[0, 1, 2]")
+    assert differences(rows, "avex", ["tome"], [0.2])[("tome", 0.2)] == \
+        "no interval: no avex row at 20%"
+
+
+def test_compact_per_clip_rounds_and_keeps_the_mean():
+    values = np.random.default_rng(8).normal(400, 100, 1000)
+    stored = compact_per_clip({"C_av": values})["C_av"]
+    assert all(round(x, 2) == x for x in stored)
+    assert abs(np.mean(stored) - values.mean()) <= 0.005
+    assert isinstance(Interval(1, 0, 2, 0.95, 3, 1, 100).as_dict()["difference"], int)

@@ -1,0 +1,97 @@
+"""scripts/matched_budget_report.py: A − every arm with its paired interval, the decision on the
+intervals (not on a sum of standard deviations), and ablation.json files from before per-clip
+scores were recorded."""
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from avex.evaluate.intervals import compact_per_clip
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "matched_budget_report.py"
+RETENTIONS = [0.4, 0.2]
+DIAGNOSTICS = {"phase": "rl", "exchange_diagnostics": [{
+    "retention": 0.4, "exchange_scale": 1.0,
+    "types": {"vv": {"zero": 0.9, "disagree": 0.05, "positive": 0.05, "g_over_k": 0.125,
+                     "valid": 1.0}},
+    "grad_ratio": {"vv": 0.05, "total": 0.1, "unscaled": 2.0}}]}
+
+
+@pytest.fixture(scope="module")
+def report():
+    spec = importlib.util.spec_from_file_location("matched_budget_report", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def ablation_json(folder: Path, b_gain: float, *, per_clip: bool = True, clips: int = 80):
+    """An ablation.json of arms warmup, A, B, C over seeds 0-2: B = A + ``b_gain`` on every
+    clip (plus noise); B's runs (relative to the file) hold a metrics.jsonl."""
+    rng = np.random.default_rng(0)
+    base = rng.normal(450, 100, clips)
+    rows = []
+    for seed in (0, 1, 2):
+        for retention in RETENTIONS:
+            a = base - 100 * (0.5 - retention) + rng.normal(0, 5, clips)
+            arms = {"warmup": a - 10 + rng.normal(0, 5, clips), "A": a,
+                    "B": a + b_gain + rng.normal(0, 2, clips), "C": a + rng.normal(0, 5, clips)}
+            for arm, values in arms.items():
+                row = {"variant": arm, "seed": seed, "retention": retention,
+                       "run": f"runs/seed{seed}/{arm}", "C_av": float(np.mean(values))}
+                if per_clip:
+                    row["per_clip"] = compact_per_clip({"C_av": values})
+                rows.append(row)
+    for seed in (0, 1, 2):
+        run = folder / "runs" / f"seed{seed}" / "B"
+        run.mkdir(parents=True)
+        (run / "metrics.jsonl").write_text(json.dumps(DIAGNOSTICS) + "\n")
+    full = {"C_av": float(np.mean(base)),
+            **({"per_clip": compact_per_clip({"C_av": base})} if per_clip else {})}
+    path = folder / "ablation.json"
+    path.write_text(json.dumps({"rows": rows, "retentions": RETENTIONS, "full": full,
+                                "judge": {"benchmark": {"sha256": "ab" * 32},
+                                          "captioner": {"sha256": "cd" * 32}}}))
+    return path
+
+
+def test_b_beats_a_where_its_interval_lies_above_zero(report, tmp_path):
+    files = [f"0={ablation_json(tmp_path / 'b0', 6.0)}",
+             f"3={ablation_json(tmp_path / 'b3', 0.0)}"]
+    report.main([*files, "--deciding", "0", "--out", str(tmp_path / "out")])
+    md = (tmp_path / "out.md").read_text()
+    saved = json.loads((tmp_path / "out.json").read_text())
+    decision = saved["benchmarks"]["0"]["decision"]
+    assert decision["wins"] == 2 and decision["worse_at"] == []
+    assert decision["exchange_term_becomes_default"] is True
+    for value in decision["per_retention"].values():
+        assert value["low"] > 0 and value["B_beats_A"] is True
+    level = saved["benchmarks"]["3"]["decision"]
+    assert level["wins"] == 0 and level["exchange_term_becomes_default"] is False
+    assert "| A − arm | 40% | 20% |" in md
+    assert "| B: RLOO over 4 anchors + calibrated L_ex on 4 exchange sets | -5.9 [-6." in md
+    assert "X beats Y at a retention when the 95% paired bootstrap interval of X − Y lies " \
+           "above 0" in md
+    assert "B beats A at 2 retention(s) and is worse at none: the exchange term becomes the " \
+           "default." in md
+    assert "test split, 80 clips" in md
+    # the runs are read relative to the ablation.json that names them
+    assert saved["benchmarks"]["0"]["diagnostics"]["runs"] == [
+        "runs/seed0/B", "runs/seed1/B", "runs/seed2/B"]
+    intervals = saved["benchmarks"]["0"]["intervals"]
+    assert {(i["arm"], i["retention"]) for i in intervals} == \
+        {(arm, r) for arm in ("warmup", "B", "C", "full") for r in RETENTIONS}
+
+
+def test_files_without_per_clip_scores_give_no_interval_and_no_decision(report, tmp_path):
+    old = ablation_json(tmp_path / "b3", 6.0, per_clip=False)
+    report.main([f"3={old}", "--deciding", "3", "--out", str(tmp_path / "out")])
+    md = (tmp_path / "out.md").read_text()
+    assert "no interval: per-clip scores not recorded" in md
+    assert "No decision on the deciding benchmark (seed 3): no interval: per-clip scores not " \
+           "recorded" in md
+    decision = json.loads((tmp_path / "out.json").read_text())["benchmarks"]["3"]["decision"]
+    assert decision["exchange_term_becomes_default"] is None
+    assert "an unrecorded number of clips" in md
