@@ -63,6 +63,16 @@ ABLATIONS = {
           {"exchanges": False, "rl_estimator": "group", "anchors": 8}),
     "paper": ("the paper's objective (normalised), 4 anchors x 1 exchange", "✓ ✓ ✓ ✓",
               PAPER_OBJECTIVE),
+    # issue #36's arms: the same budgets under the fidelity reward (mean log p(y_full | S));
+    # C-fid is the control that tells the method's gain from the reward's
+    "A-fid": ("A with the fidelity reward", "✗ ✗ ✗ ✗",
+              {"exchanges": False, "anchors": 8, "reward": "fidelity"}),
+    "B-fid": ("B with the fidelity reward", "✓ ✓ ✓ ✓",
+              {"exchanges": True, "anchors": 4, "exchange_anchors": "each",
+               "reward": "fidelity"}),
+    "C-fid": ("C: CaCoVID-AV with the fidelity reward (control)", "✗ ✗ ✗ ✗",
+              {"exchanges": False, "rl_estimator": "group", "anchors": 8,
+               "reward": "fidelity"}),
 }
 
 
