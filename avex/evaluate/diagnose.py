@@ -28,6 +28,7 @@ rows of one retention can be compared clip by clip (paired intervals against the
 """
 from __future__ import annotations
 
+import json
 import sys
 import time
 import zlib
@@ -320,7 +321,6 @@ def tie_shares(metrics_path) -> dict:
 
 def tie_series(metrics_path) -> dict:
     """Retention -> (steps, tied share) per RL micro-batch, for the figure."""
-    import json
     series: dict = {}
     for line in Path(metrics_path).read_text().splitlines():
         record = json.loads(line) if line.strip() else {}
