@@ -349,7 +349,7 @@ def ties_figure(series: dict, shares: dict, path: Path) -> Path:
         smooth = np.convolve(values, np.ones(window) / window, mode="valid")
         left.plot(steps[window - 1:], 100 * smooth, label=f"{float(key):.0%}")
     left.set_xlabel("RL step")
-    left.set_ylabel("groups whose 8 anchors tie (%)")
+    left.set_ylabel("groups whose anchors all tie (%)")
     left.set_title("Ties in training (running mean of 10 micro-batches)", fontsize=9)
     left.set_ylim(0, 100)
     left.legend(fontsize=8, title="retention")
@@ -510,6 +510,9 @@ def run_diagnose(settings: DiagnoseSettings) -> dict:
             "policy_slots_correct": float(np.mean([parse_caption(c) == s for c, s in
                                                    zip(policy_row["captions"], truth)]))}
     ties_dir = Path(settings.ties_run) if settings.ties_run is not None else run_dir
+    # another run's ties describe this policy's training only if it trained the same weights
+    ties_weights = weights if settings.ties_run is None else \
+        run_policy_weights(ties_dir, "latest", name="ties_run")[0]
     ties = tie_shares(ties_dir / METRICS_FILE)
     series = tie_series(ties_dir / METRICS_FILE)
     figure = out / f"{settings.name}-ties.png"
@@ -521,6 +524,7 @@ def run_diagnose(settings: DiagnoseSettings) -> dict:
         "settings": {"run": relative_path(run_dir, out), "recipe": recipe(config),
                      "policy_sha256": file_sha256(weights),
                      "ties_run": relative_path(ties_dir, out),
+                     "ties_run_policy_sha256": file_sha256(ties_weights),
                      "retentions": list(settings.retentions), "split": settings.split,
                      "clips": len(clips), "samples": settings.samples, "tau": tau,
                      "seed": settings.seed, "num_beams": settings.num_beams,
@@ -631,8 +635,13 @@ def report_markdown(result: dict) -> str:
     lines += ["## Ties in training", ""]
     ties = result["ties"]
     if ties:
+        same = s["ties_run_policy_sha256"] == s["policy_sha256"]
+        whose = "" if s["ties_run"] == s["run"] else (
+            " (a run whose final policy weights are the diagnosed policy's, byte for byte)"
+            if same else f" (a run whose final policy weights differ from the diagnosed "
+            f"policy's: sha256 `{s['ties_run_policy_sha256'][:16]}`)")
         lines += [f"The share of RL groups (a clip's anchors) whose rewards all tied, from "
-                  f"`{s['ties_run']}/metrics.jsonl` (`reward_diagnostics`); figure: "
+                  f"`{s['ties_run']}/metrics.jsonl`{whose} (`reward_diagnostics`); figure: "
                   f"`{result['ties_figure']}`.", ""]
         keys = sorted((k for k in ties if k != "all"), key=float, reverse=True) + ["all"]
         lines += [markdown_table(["retention", "tied groups", "micro-batches"],
