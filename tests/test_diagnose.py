@@ -3,6 +3,7 @@ role-oracle sets, exact reproductions, best-of-N by y_full's likelihood, the rep
 benchmark, bad arguments."""
 import copy
 import json
+import re
 
 import numpy as np
 import pytest
@@ -243,6 +244,14 @@ def test_the_report_counts_what_its_captions_show(diagnosed):
             assert sum(v["clips"] for v in attribute.values()) == len(full)
             assert sum(v["carried"] for v in attribute.values()) == \
                 pytest.approx(rows["policy"]["loss"], abs=1e-6)
+    # every table row has as many cells as its header (a "|" inside a cell is escaped)
+    table = []
+    for line in (out / "b.md").read_text().splitlines() + [""]:
+        if line.startswith("|"):
+            table.append(len(re.findall(r"(?<!\\)\|", line)))
+        elif table:
+            assert len(set(table)) == 1, table
+            table = []
     # ties: read from the run's metrics.jsonl, one entry per retention trained at
     logged = [m for line in (run / "metrics.jsonl").read_text().splitlines()
               for m in (json.loads(line).get("reward_diagnostics") or [])]

@@ -74,7 +74,7 @@ ROWS = {"policy": "policy Top-K (deployed)",
         "one-per-role": "role oracle: one coloured subject token, each event's onset, music "
                         "(+ policy fill)",
         "sample-mean": "policy samples: the mean sample",
-        "best-fidelity": "best of N by log p(y_full | S) (reference-free)",
+        "best-fidelity": "best of N by log p(y_full \\| S) (reference-free)",
         "best-cider": "best of N by CIDEr (oracle: reads the references)"}
 
 
