@@ -14,6 +14,9 @@ Subcommands (``sweep`` is the default):
 ``ablation``    the paper's Table 3 at 20% retention: training-signal variants and group size g;
                 it trains the variants it needs (``avex.train.train``) or reuses given runs.
 ``gates``       the embedded benchmark's measured gates (Markdown + JSON report).
+``diagnose``    where a trained policy's lost C_av goes (issue #33): exact reproductions, the
+                loss by clip and by kind of caption difference, role-oracle sets, a
+                reference-free best-of-N, and the ties in training.
 
 Rel. = 100 x 1/4 (C_av / C_av_full + C_v / C_v_full + C_a / C_a_full + C_T / C_T_full), C_T being
 CIDEr (AV references) on the transfer split, which stands in for the paper's MSRVTT column; the
@@ -42,6 +45,8 @@ from avex.registry import BENCHMARK_PRESETS, CAPTIONER_PRESETS, SELECTORS
 
 from .ablation import ABLATIONS, AblationSettings, run_ablation
 from .common import DECODING, not_a_cache
+from .diagnose import RETENTIONS as DIAGNOSE_RETENTIONS
+from .diagnose import DiagnoseSettings, run_diagnose
 from .gates import run_gates, write_report
 from .motivation import MotivationSettings, run_motivation
 from .sweep import RETENTIONS, SweepSettings, run_sweep
@@ -136,6 +141,27 @@ def build_parser() -> argparse.ArgumentParser:
     mot.add_argument("--base-sets", type=int, default=3)
     mot.add_argument("--group", type=int, default=2)
     mot.add_argument("--seed", type=int, default=0)
+    diag = sub.add_parser("diagnose", help="where a trained policy's lost C_av goes "
+                          "(issue #33)")
+    _common(diag)
+    diag.add_argument("--run", required=True,
+                      help="the python -m avex.train run directory whose policy is diagnosed")
+    diag.add_argument("--retentions", type=_list("retentions", float, "numbers"),
+                      default=list(DIAGNOSE_RETENTIONS))
+    diag.add_argument("--split", default="test")
+    diag.add_argument("--samples", type=int, default=8,
+                      help="N: Gumbel-Top-K samples of the policy per clip for best-of-N")
+    diag.add_argument("--tau", type=float, default=None,
+                      help="the samples' temperature (default: the run's)")
+    diag.add_argument("--seed", type=int, default=0, help="the samples' noise seed")
+    diag.add_argument("--ties-run", default=None,
+                      help="the run whose metrics.jsonl gives the ties in training "
+                           "(default: --run)")
+    diag.add_argument("--name", default="diagnose",
+                      help="the report's file name stem under --out (NAME.md, NAME.json, "
+                           "NAME-ties.png)")
+    diag.add_argument("--allow-unfinished", action="store_true",
+                      help="diagnose the latest checkpoint of a run that did not finish")
     gates = sub.add_parser("gates", help="measure the embedded benchmark's gates")
     gates.add_argument("--benchmark", default=None, help="feature cache (default: the "
                        "embedded benchmark of --preset / --seed)")
@@ -225,6 +251,11 @@ def settings_of(args):
         return AblationSettings(**common, variants=args.variants, retention=args.retention,
                                 retentions=args.retentions, seeds=args.seeds, split=args.split,
                                 runs=runs)
+    if args.command == "diagnose":
+        return DiagnoseSettings(**common, run=args.run, retentions=args.retentions,
+                                split=args.split, samples=args.samples, tau=args.tau,
+                                seed=args.seed, ties_run=args.ties_run, name=args.name,
+                                allow_unfinished=args.allow_unfinished)
     return MotivationSettings(**common, split=args.split, clips=args.clips,
                               base_retention=args.base_retention, base_sets=args.base_sets,
                               group=args.group, seed=args.seed)
@@ -252,7 +283,8 @@ def parse_args(argv):
     """(flags, settings): every flag checked before any captioning (a bad one is a usage
     error, exit status 2); no settings for ``gates``, which takes its flags as they are."""
     argv = list(argv)
-    if not argv or argv[0] not in ("sweep", "motivation", "ablation", "gates", "-h", "--help"):
+    if not argv or argv[0] not in ("sweep", "motivation", "ablation", "gates", "diagnose", "-h",
+                                "--help"):
         argv = ["sweep"] + argv
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -270,7 +302,8 @@ def main(argv=None) -> dict:
     args, settings = parse_args(argv)
     if args.command == "gates":
         return {"exit_code": run_gates_command(args, argv)}
-    run = {"sweep": run_sweep, "ablation": run_ablation, "motivation": run_motivation}
+    run = {"sweep": run_sweep, "ablation": run_ablation, "motivation": run_motivation,
+           "diagnose": run_diagnose}
     return run[args.command](settings)
 
 
