@@ -103,6 +103,16 @@ class TrainConfig:
     lambda_target: float = 0.0        # weight of the warmup BCE kept on during RL (an anchor)
     lambda_best: float = 0.0          # weight of a BCE toward each clip's best-rewarded anchor
     warmup_from: str | None = None    # a run directory: start from its warmup policy, skip ours
+    # exchange search + distillation (issue #36 item 4; avex/exchange_search.py), instead of
+    # L_RL: per clip, a local search of exchanges from the policy's Top-K set, the pairwise
+    # exchange loss on every swap it scores, and a loss toward the set it ends on.
+    # 1 + search_candidates sets rewarded per clip per step, in search_rounds reward calls
+    exchange_search: bool = False
+    search_rounds: int = 2            # sequential rounds; each can accept one swap per clip
+    search_candidates: int = 7        # candidate sets per clip per step, split over the rounds
+    search_deep: float = 0.5          # share of G' drawn uniformly from below the next-best
+    distill_weight: float = 1.0       # weight of the distillation loss beside the pairwise one
+    distill_loss: str = "pl"          # "pl": each kept token's Gumbel key above every outsider's
     # the reward of a kept set: "cider" (100 x CIDEr-D of its caption against the AV
     # references), "fidelity" (100 x the mean teacher-forced log p of y_full, the captioner's
     # caption of the full tokens: no references, no generation) or "cider+fidelity" (CIDEr,
@@ -223,9 +233,31 @@ class TrainConfig:
                              "pass --no-normalize-exchange for L_ex alone")
         if not 0 <= self.g_fraction <= 1:
             raise ValueError(f"g_fraction must be in [0, 1], got {self.g_fraction}")
+        self._validate_search()
         _checks.choice("benchmark_preset", self.benchmark_preset, set(BENCHMARK_PRESETS))
         _checks.choice("captioner_preset", self.captioner_preset, set(CAPTIONER_PRESETS))
         return self
+
+    def _validate_search(self) -> None:
+        """The exchange search's settings (:mod:`avex.exchange_search`)."""
+        _checks.flag("exchange_search", self.exchange_search)
+        _checks.int_at_least("search_rounds", self.search_rounds, 1)
+        _checks.int_at_least("search_candidates", self.search_candidates, 1)
+        if self.search_candidates < self.search_rounds:
+            raise ValueError(f"search_candidates ({self.search_candidates}) must be at least "
+                             f"search_rounds ({self.search_rounds}): each round scores one "
+                             "candidate or more")
+        _checks.real("search_deep", self.search_deep, low=0, high=1)
+        _checks.real("distill_weight", self.distill_weight, low=0)
+        _checks.choice("distill_loss", self.distill_loss, {"pl", "bce"})
+        if self.exchange_search and self.exchanges:
+            raise ValueError("exchange_search and exchanges are two training arms; pass one of "
+                             "--exchange-search and --exchanges")
+        if self.exchange_search and not self.exchange_types:
+            raise ValueError("exchange_types is empty; the exchange search needs a type")
+        if self.exchange_search and self.lambda_best > 0:
+            raise ValueError(f"lambda_best = {self.lambda_best!r} imitates the best anchor, and "
+                             "exchange_search draws no anchors; drop lambda_best")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -300,6 +332,11 @@ def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
 #: settings that only shape the exchange term: asked for without it, they would do nothing
 EXCHANGE_SETTINGS = ("g", "g_fraction", "exchange_types", "exchange_selection", "lambda_ex",
                      "exchange_anchors", "exchange_saturation", "normalize_exchange")
+#: the exchange settings the exchange search reads too (its g, types and w's saturation)
+SEARCH_EXCHANGE_SETTINGS = ("g", "g_fraction", "exchange_types", "exchange_saturation")
+#: settings that only shape the exchange search
+SEARCH_SETTINGS = ("search_rounds", "search_candidates", "search_deep", "distill_weight",
+                   "distill_loss")
 
 
 def explicit_settings(args: argparse.Namespace, *, with_preset: bool = True) -> dict:
@@ -325,10 +362,15 @@ def resolve_config(args: argparse.Namespace) -> TrainConfig:
     cfg = TrainConfig(**{**PRESETS[args.preset], **asked}).validate()
     if not getattr(args, "resume", False):  # a resume checks its own run
         for name in EXCHANGE_SETTINGS if not cfg.exchanges else ():
-            if name in asked:
+            if name in asked and not (cfg.exchange_search and name in SEARCH_EXCHANGE_SETTINGS):
                 raise ValueError(f"{name} = {asked[name]!r} has no effect without the exchange "
                                  "term (off by default); add --exchanges (exchanges: true) or "
                                  f"drop {name}")
+        for name in SEARCH_SETTINGS if not cfg.exchange_search else ():
+            if name in asked:
+                raise ValueError(f"{name} = {asked[name]!r} has no effect without the exchange "
+                                 "search; add --exchange-search (exchange_search: true) or drop "
+                                 f"{name}")
         if "fidelity_form" in asked and cfg.reward == "cider":
             raise ValueError(f"fidelity_form = {asked['fidelity_form']!r} has no effect with "
                              "reward 'cider'; add --reward fidelity (or cider+fidelity) or drop "

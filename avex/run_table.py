@@ -106,6 +106,8 @@ def run_label(cfg: TrainConfig) -> str:
 def _recipe_label(cfg: TrainConfig) -> str:
     if cfg.warmup_only:
         return "warmup only"
+    if cfg.exchange_search:
+        return "AVEX, exchange search + distillation"
     if not cfg.exchanges:
         if cfg.rl_estimator == "rloo":
             return "AVEX, L_RL (RLOO)"

@@ -15,6 +15,7 @@ One RL step, per micro-batch (:func:`rl_loss`):
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import zlib
@@ -26,6 +27,7 @@ import torch.nn.functional as F
 
 from avex.config import TrainConfig
 from avex.exchange_diagnostics import anchor_statistics, exchange_statistics, grad_norm
+from avex.exchange_search import distill_loss, run_search, swap_delta_f
 from avex.fidelity import break_ties, fidelity_reward
 from avex.kernels import build_exchanges, gumbel_topk
 from avex.losses import (SATURATION_POINTS, anchored_policy_gradient_loss_unchecked,
@@ -34,7 +36,7 @@ from avex.losses import (SATURATION_POINTS, anchored_policy_gradient_loss_unchec
                          set_level_loss_unchecked)
 from avex.modality import AUDIO, VISUAL
 from avex.scoring import caption_split, keep_all
-from avex.selection import AVLayout, balanced_attention_keep, indices_to_keep
+from avex.selection import AVLayout, balanced_attention_keep, indices_to_keep, topk_keep
 
 
 # ----------------------------------------------------------------------------------------------
@@ -276,6 +278,10 @@ def rl_loss(cfg: TrainConfig, policy, captioner, cider, batch, clips, seed: int,
     With ``cfg.lambda_target`` > 0, the warmup's BCE on ``targets`` keeps the scores anchored
     (their scale and the attention ranking) while the reward terms move them."""
     retention = cfg.retention if retention is None else retention
+    if cfg.exchange_search:
+        return search_loss(cfg, policy, captioner, cider, batch, clips, seed, retention,
+                           targets, saturation=saturation, full_tokens=full_tokens,
+                           diagnose=diagnose)
     drawn = sample_sets(cfg, policy, batch, seed, retention)
     scores, layout, budget, log_prob, sets, exchanges = (
         drawn.scores, drawn.layout, drawn.budget, drawn.log_prob, drawn.sets, drawn.exchanges)
@@ -362,6 +368,70 @@ def rl_loss(cfg: TrainConfig, policy, captioner, cider, batch, clips, seed: int,
     return terms
 
 
+def search_loss(cfg: TrainConfig, policy, captioner, cider, batch, clips, seed: int,
+                retention: float, targets: list | None = None, *,
+                saturation: float = SATURATION_POINTS, full_tokens: list | None = None,
+                diagnose: bool = False) -> dict:
+    """The exchange-search arm's losses of one micro-batch (``cfg.exchange_search``;
+    :mod:`avex.exchange_search`): a search from the policy's Top-K set, every swap it scored
+    trained with the exchange term's pairwise loss (w's ``saturation``), plus
+    ``cfg.distill_weight`` x the loss toward the final set on the clips where the search beat
+    Top-K. Every set is rewarded by ``cfg.reward`` (:func:`set_rewards`); ``diagnose`` also
+    captions the first call's sets for CIDEr under a fidelity reward. The terms' ``search_*``
+    entries say what the search did (accepted swaps, gain, ties, passes)."""
+    layout = AVLayout.of(batch.modality)
+    scores = layout.gather(policy(batch.inputs_embeds, batch.modality))
+    budget = layout.budget(retention)
+    g = group_size(cfg, budget)
+    calls = []
+
+    def evaluate(sets):
+        got = set_rewards(cfg, captioner, cider, batch, clips, sets, full_tokens,
+                          with_cider=diagnose and not calls)
+        calls.append(sets.shape[1])
+        return got
+    found = run_search(scores, topk_keep(scores.detach(), budget), layout.modality, evaluate,
+                       reward=cfg.reward, types=cfg.exchange_types, g=g,
+                       candidates=cfg.search_candidates, rounds=cfg.search_rounds,
+                       deep=cfg.search_deep, seed=seed)
+    delta_f = swap_delta_f(scores, found.removed, found.inserted, found.valid)
+    pair = exchange_terms_unchecked(delta_f, found.delta_reward.to(delta_f), found.valid,
+                                    saturation=saturation).sum(dim=1).mean()
+    improved = found.accepted > 0
+    distill = (distill_loss(scores, found.final, tau=cfg.tau, form=cfg.distill_loss)
+               * improved).sum() / max(1, int(improved.sum()))
+    terms = {"loss": pair + cfg.distill_weight * distill, "exchange": pair.detach(),
+             "distill": distill.detach()}
+    if cfg.lambda_target > 0:
+        if targets is None:
+            raise ValueError("lambda_target > 0 needs the warmup targets of the batch")
+        anchor = target_loss(scores, layout, targets)
+        terms["loss"] = terms["loss"] + cfg.lambda_target * anchor
+        terms["target"] = anchor.detach()
+    valid = found.valid
+    tied = (found.delta_reward == 0) & valid
+    first = found.first_rewards
+    terms.update({
+        "reward": found.start_reward.mean(),            # the Top-K set's: what is deployed
+        "reward_spread": found.first.std(dim=1).mean(),
+        "search_reward": found.final_reward.mean(),
+        "search_gain": (found.final_reward - found.start_reward).mean(),
+        "search_accepted": found.accepted.float().mean(),
+        "search_improved": improved.float().mean(),
+        "search_tied": tied.sum() / valid.sum().clamp_min(1),
+        "search_valid": valid.float().mean(),
+        "search_passes": torch.tensor(float(sum(calls))),   # sets rewarded per clip
+        "search_calls": torch.tensor(float(len(calls))),
+        "retention": torch.tensor(float(retention))})
+    if cfg.reward == "cider+fidelity":
+        terms["cider_reward"] = first.cider[:, 0].mean()
+    terms["reward_diagnostics"] = anchor_statistics(
+        found.first, retention, int(budget.max()),
+        cider=None if first.cider is None or cfg.reward == "cider" else first.cider,
+        dense=None if first.fidelity is None else first.fidelity)
+    return terms
+
+
 def label_deltas(rewards: SetRewards, count: int, owner) -> dict:
     """CIDEr's and the dense term's dR of each exchange slot [B, E], where both were computed
     (``exchange_statistics``' ``cider_delta`` and ``dense_delta``); {} otherwise."""
@@ -411,7 +481,7 @@ def exchange_saturation(cfg: TrainConfig, calibration_file: Path, captioner, cid
     train clips. A fidelity reward (``fidelity``, ``cider+fidelity``): the median non-zero
     |dR| of the exchanges ``policy`` draws on the first 64 train clips (:func:`measured_delta`;
     ``full``: their y_full, a :class:`avex.fidelity.FullCaptions`)."""
-    if not cfg.exchanges or cfg.exchange_saturation is not None:
+    if not (cfg.exchanges or cfg.exchange_search) or cfg.exchange_saturation is not None:
         return cfg.exchange_saturation or SATURATION_POINTS
     if calibration_file.is_file():
         return float(json.loads(calibration_file.read_text())["saturation"])
@@ -440,6 +510,9 @@ def measured_delta(cfg: TrainConfig, policy, captioner, cider, clips, full) -> d
     if policy is None or full is None:
         raise ValueError(f"measuring w's saturation for reward {cfg.reward!r} needs the policy "
                          "and y_full (policy=, full=)")
+    if cfg.exchange_search:  # measured as the exchange term measures it, around 8 anchors
+        cfg = dataclasses.replace(cfg, exchange_search=False, exchanges=True, anchors=8,
+                                  exchange_anchors="each")
     retentions = training_retentions(cfg)
     deltas = []
     for i, start in enumerate(range(0, len(clips), cfg.micro_batch_size)):

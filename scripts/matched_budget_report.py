@@ -36,7 +36,8 @@ from avex.paths import portable_command
 from avex.registry import label as method_label
 from avex.tables import markdown_table
 
-ARMS = ("warmup", "rloo", "A", "B", "C", "paper", "A-fid", "B-fid", "C-fid")  # rows absent from a file are skipped
+# rows absent from a file are skipped
+ARMS = ("warmup", "rloo", "A", "B", "C", "paper", "S", "A-fid", "B-fid", "C-fid", "S-fid")
 STATS = ("zero", "disagree", "positive", "g_over_k", "grad_ratio")
 
 
