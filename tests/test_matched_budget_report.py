@@ -95,3 +95,34 @@ def test_files_without_per_clip_scores_give_no_interval_and_no_decision(report, 
     decision = json.loads((tmp_path / "out.json").read_text())["benchmarks"]["3"]["decision"]
     assert decision["exchange_term_becomes_default"] is None
     assert "an unrecorded number of clips" in md
+
+
+# --- scripts/arm_differences.py: X − Y for any two arms -----------------------------------------
+
+@pytest.fixture(scope="module")
+def arm_script():
+    path = SCRIPT.with_name("arm_differences.py")
+    spec = importlib.util.spec_from_file_location("arm_differences", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_arm_differences_give_each_pair_its_interval_and_verdict(arm_script, tmp_path):
+    """B = A + 6 on every clip: B − A is ahead at both retentions, A − B behind, C − A level."""
+    path = ablation_json(tmp_path, 6.0)
+    text = arm_script.main([str(path), "--pairs", "B:A,A:B,C:A"])
+    assert "- B against A: 40% ahead, 20% ahead" in text
+    assert "- A against B: 40% behind, 20% behind" in text
+    assert "- C against A: 40% level, 20% level" in text
+    assert "| B − arm | 40% | 20% |" in text
+
+
+def test_arm_differences_refuse_an_arm_the_file_lacks(arm_script, tmp_path, capsys):
+    path = ablation_json(tmp_path, 0.0)
+    with pytest.raises(SystemExit):
+        arm_script.main([str(path), "--pairs", "A-fid:A"])
+    assert "--pairs names 'A-fid', which the file has no rows of" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        arm_script.main([str(path), "--pairs", "A"])
+    assert "--pairs must be X:Y[,X:Y...], got 'A'" in capsys.readouterr().err
