@@ -79,16 +79,16 @@ def assemble_processor(cls, parts: dict, **settings):
     frames video processor. Without torchvision, transformers' check of the video processor's
     class fails looking the class name up (``VideoProcessorMixin`` is not exported then):
     that one check is made here instead, the others are transformers' own."""
-    from transformers.video_processing_utils import VideoProcessorMixin
+    from avex.data.video import VideoProcessorBase
 
     processor = cls.__new__(cls)
 
     def check(name, argument):
         if name == "video_processor":
-            if not isinstance(argument, VideoProcessorMixin):
+            if not isinstance(argument, VideoProcessorBase):
                 raise TypeError(f"video_processor must be a video processor, got "
                                 f"{type(argument).__name__}")
-            return VideoProcessorMixin
+            return VideoProcessorBase
         return cls.check_argument_for_proper_class(processor, name, argument)
 
     processor.check_argument_for_proper_class = check

@@ -26,7 +26,10 @@ import math
 import numpy as np
 import torch
 from transformers import BatchFeature
-from transformers.video_processing_utils import VideoProcessorMixin
+try:
+    from transformers.video_processing_utils import VideoProcessorMixin as VideoProcessorBase
+except ImportError:  # transformers before the mixin (the GPU image's 5.17): the base class
+    from transformers.video_processing_utils import BaseVideoProcessor as VideoProcessorBase
 from transformers.video_utils import VideoMetadata
 
 __all__ = ["FramesVideoProcessor", "QwenVLFramesProcessor", "LlavaOnevisionFramesProcessor",
@@ -50,7 +53,7 @@ def _resize(frames: torch.Tensor, height: int, width: int, mode: str) -> torch.T
     return out if native else out.round_().to(torch.uint8)
 
 
-class FramesVideoProcessor(VideoProcessorMixin):
+class FramesVideoProcessor(VideoProcessorBase):
     """What every frames processor shares: its settings (a transformers video processor
     configuration) and the pixel normalisation. ``STANDS_FOR`` is the transformers class it
     replaces; :meth:`to_dict` saves under that name, so a machine with torchvision loads the
@@ -257,7 +260,7 @@ def frames_video_processor(style: str, path=None, config: dict | None = None):
         config = {}
         if path is not None:
             try:
-                config, _ = VideoProcessorMixin.get_video_processor_dict(str(path),
+                config, _ = VideoProcessorBase.get_video_processor_dict(str(path),
                                                                          local_files_only=True)
             except OSError:
                 config = {}   # no saved configuration: the class defaults, as transformers'
