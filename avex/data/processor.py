@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 
 from avex.adapters import adapter_for
-from avex.data.video import frames_video_processor
+from avex.data.video import VideoProcessorBase, frames_video_processor
 
 __all__ = ["load_processor", "assemble_processor", "with_frames_video_processor"]
 
@@ -79,8 +79,6 @@ def assemble_processor(cls, parts: dict, **settings):
     frames video processor. Without torchvision, transformers' check of the video processor's
     class fails looking the class name up (``VideoProcessorMixin`` is not exported then):
     that one check is made here instead, the others are transformers' own."""
-    from avex.data.video import VideoProcessorBase
-
     processor = cls.__new__(cls)
 
     def check(name, argument):
