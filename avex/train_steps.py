@@ -347,12 +347,7 @@ def rl_loss(cfg: TrainConfig, policy, captioner, cider, batch, clips, seed: int,
                                     [k for k, a in zip(keep, ahead.tolist()) if a])
             terms["loss"] = terms["loss"] + cfg.lambda_best * imitation
             terms["imitation"] = imitation.detach()
-    if cfg.lambda_target > 0:
-        if targets is None:
-            raise ValueError("lambda_target > 0 needs the warmup targets of the batch")
-        anchor = target_loss(scores, layout, targets)
-        terms["loss"] = terms["loss"] + cfg.lambda_target * anchor
-        terms["target"] = anchor.detach()
+    add_target_term(cfg, terms, scores, layout, targets)
     terms["reward"] = anchor_rewards[:, 0].mean()
     terms["reward_spread"] = anchor_rewards.std(dim=1).mean() if count > 1 else \
         torch.zeros(())
@@ -402,12 +397,7 @@ def search_loss(cfg: TrainConfig, policy, captioner, cider, batch, clips, seed: 
                * improved).sum() / max(1, int(improved.sum()))
     terms = {"loss": pair + cfg.distill_weight * distill, "exchange": pair.detach(),
              "distill": distill.detach()}
-    if cfg.lambda_target > 0:
-        if targets is None:
-            raise ValueError("lambda_target > 0 needs the warmup targets of the batch")
-        anchor = target_loss(scores, layout, targets)
-        terms["loss"] = terms["loss"] + cfg.lambda_target * anchor
-        terms["target"] = anchor.detach()
+    add_target_term(cfg, terms, scores, layout, targets)
     valid = found.valid
     tied = (found.delta_reward == 0) & valid
     first = found.first_rewards
@@ -532,3 +522,14 @@ def measured_delta(cfg: TrainConfig, policy, captioner, cider, clips, full) -> d
     return {"reward": cfg.reward, "fidelity_form": cfg.fidelity_form, "clips": len(clips),
             "exchanges": int(deltas.numel()), "nonzero": int(informative.numel()),
             "percentile": SATURATION_PERCENTILE, "saturation": saturation}
+
+
+def add_target_term(cfg, terms: dict, scores, layout, targets) -> None:
+    """Add ``lambda_target`` x the warmup-target loss to ``terms["loss"]`` (and log it as
+    ``terms["target"]``) where ``cfg.lambda_target > 0``; the targets must then be given."""
+    if cfg.lambda_target > 0:
+        if targets is None:
+            raise ValueError("lambda_target > 0 needs the warmup targets of the batch")
+        anchor = target_loss(scores, layout, targets)
+        terms["loss"] = terms["loss"] + cfg.lambda_target * anchor
+        terms["target"] = anchor.detach()
