@@ -4,7 +4,7 @@ non-square image with a video, a video), greedy decoding, the whole vocabulary's
 log-probabilities at every step.
 
 * The plugin at rho = 0.1, 0.4 (with chunked prefill: 16 tokens a step, items split across
-  steps) and 1.0 against ``avex.generate`` on ``adapt(...).prune(policy=, retention=,
+  steps, one step holding the end of prompt 1's image and the start of its video) and 1.0 against ``avex.generate`` on ``adapt(...).prune(policy=, retention=,
   per_item=True)``, the same keep-set (each item's K = round(rho N) tokens, scored alone with
   the prompt's text): the same pruned prompt lengths, greedy tokens equal, log-probabilities
   within float32 tolerance.

@@ -26,9 +26,9 @@ def test_position_channels_are_exact_in_every_dtype(dtype):
 
 def test_position_channels_refuse_what_they_cannot_carry():
     with pytest.raises(ValueError, match=r"positions must lie in \[0, 16777216\).* got 0..16777216"):
-        positions.encode(torch.tensor([[0, 0, 0, 2 ** 24]]), torch.float32)
-    with pytest.raises(ValueError, match=r"must be int64 \[N, 4\]"):
-        positions.encode(torch.zeros(2, 3, dtype=torch.long), torch.float32)
+        positions.encode(torch.tensor([[0, 0, 2 ** 24]]), torch.float32)
+    with pytest.raises(ValueError, match=r"must be int64 \[N, 3\]"):
+        positions.encode(torch.zeros(2, 4, dtype=torch.long), torch.float32)
 
 
 def test_item_positions_are_the_models_own():
@@ -54,6 +54,84 @@ def test_item_positions_are_the_models_own():
         assert torch.equal(ours[:, :3].T + start[:, None], native[:, row, at])
         if token == 191:  # the text after the image, from its vision_end marker on
             assert torch.equal(native[:, row, at[-1] + 1], start + ours[0, 3])
+
+
+VISION_START, IMAGE, VIDEO, VISION_END, WORD = 1, 2, 3, 4, 9
+
+
+def _pruned_prompt(gen, items, words):
+    """A prompt of ``words[i]`` text tokens before item i (and ``words[-1]`` after the last),
+    each item (placeholder, grid (t, h, w)) keeping a random subset of its tokens. Returns the
+    token ids, the provisional positions (placeholders counted on like text, as
+    ``get_mrope_input_positions`` lays them out), the final positions (each kept token at
+    the item's start + its (t, h, w); the text after an item at the start + the item's
+    largest position + 1) and each item's (first placeholder, kept (t, h, w))."""
+    ids, provisional, final, kept_items, at = [], [], [], [], 0
+    for (token, (t, h, w)), before in zip(items, words):
+        for _ in range(before + 1):  # the text, then the item's vision-start marker
+            ids.append(WORD)
+            provisional.append([at] * 3)
+            final.append([at] * 3)
+            at += 1
+        ids[-1] = VISION_START
+        grid = torch.stack(torch.meshgrid(torch.arange(t), torch.arange(h), torch.arange(w),
+                                          indexing="ij"), -1).reshape(-1, 3)
+        k = int(torch.randint(1, len(grid) + 1, (1,), generator=gen))
+        kept = grid[torch.randperm(len(grid), generator=gen)[:k].sort().values]
+        kept_items.append((len(ids), kept))
+        ids += [token] * k
+        provisional += [[at + i] * 3 for i in range(k)]
+        final += (kept + at).tolist()
+        at += int(grid.max()) + 1
+        ids.append(VISION_END)
+        provisional.append([at] * 3)
+        final.append([at] * 3)
+        at += 1
+    for _ in range(words[-1]):
+        ids.append(WORD)
+        provisional.append([at] * 3)
+        final.append([at] * 3)
+        at += 1
+    as_positions = lambda rows: torch.tensor(rows, dtype=torch.long).T.contiguous()
+    return torch.tensor(ids), as_positions(provisional), as_positions(final), kept_items
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_kept_tokens_are_placed_whatever_the_prefill_chunks(seed):
+    """vLLM hands recompute_mrope_positions each prefill chunk's part of every item it
+    reaches; after the last chunk every kept token sits at its own (t, h, w) and the text
+    where it was laid out, however the chunks fall (at an item's end, inside a marker, two
+    items in one chunk, an item over three chunks). vLLM's own rewrite for its video pruning
+    got 315 of 703 two-cut chunkings of a two-item prompt wrong."""
+    gen = torch.Generator().manual_seed(seed)
+    kinds = [(IMAGE, (1, 3, 5)), (VIDEO, (3, 2, 4)), (IMAGE, (1, 2, 2)), (VIDEO, (2, 3, 3))]
+    items = [kinds[int(i)] for i in torch.randint(0, 4, (1 + seed % 3,), generator=gen)]
+    words = torch.randint(0, 3, (len(items) + 1,), generator=gen).tolist()
+    ids, provisional, final, kept_items = _pruned_prompt(gen, items, words)
+    n = len(ids)
+    chunkings = [[0, n]] + [[0, c, n] for c in range(1, n)] + [
+        [0, *sorted(torch.randperm(n - 1, generator=gen)[:cuts].add(1).tolist()), n]
+        for cuts in (2, 3, 5) for _ in range(40)]
+    for bounds in chunkings:
+        placed = provisional
+        for lo, hi in zip(bounds, bounds[1:]):
+            parts = [kept[max(lo, first) - first:hi - first] for first, kept in kept_items
+                     if first < hi and first + len(kept) > lo]
+            placed = positions.place_kept(ids, parts, placed, lo, (IMAGE, VIDEO))
+        assert torch.equal(placed, final), bounds
+
+
+def test_place_kept_refuses_parts_the_prompt_has_no_room_for():
+    ids = torch.tensor([WORD, VISION_START, IMAGE, IMAGE, VISION_END, WORD])
+    start = torch.arange(6).expand(3, 6)
+    with pytest.raises(ValueError, match=r"2 media parts for a chunk from token 0, but the "
+                                         r"prompt has 1 media items"):
+        positions.place_kept(ids, [torch.zeros(1, 3, dtype=torch.long)] * 2, start, 0,
+                             (IMAGE, VIDEO))
+    with pytest.raises(ValueError, match=r"media item 0 holds tokens 2..3; its part of 2 from "
+                                         r"token 3 runs past it"):
+        positions.place_kept(ids, [torch.zeros(2, 3, dtype=torch.long)], start, 3,
+                             (IMAGE, VIDEO))
 
 
 def test_entry_point_is_registered():

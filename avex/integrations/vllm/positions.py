@@ -7,6 +7,13 @@ in the embedding dtype, where a plain integer is not exact (bfloat16 holds integ
 257 becomes 256). Here each integer is written as base-256 digits, each digit exact in every
 float dtype (bfloat16 and float16 included), so the positions come back bit for bit.
 
+Only the kept tokens' own (t, h, w) ride in the channels. Where the text after an item starts
+depends on the item's grid alone, not on which tokens are kept, so the text's positions are
+laid out up front and :func:`place_kept` only writes the kept tokens' positions into their
+placeholders, one prefill chunk at a time. (vLLM's own rewrite, written for its video pruning,
+shifts the text as well and mistakes the item a chunk is in when a chunk boundary falls at or
+near an item's end: with chunked prefill it put tokens at wrong positions.)
+
 Positions follow the model's own rule (vLLM's ``get_mrope_input_positions`` for Qwen2.5-VL,
 the original Qwen2.5-VL code): an item of grid (t, h, w) after merging has position
 (floor(i * t_factor), j, k) for its token (i, j, k), relative to the position after its
@@ -18,7 +25,7 @@ import torch
 
 DIGITS = 3          # base-256 digits per integer: positions below 2**24
 BASE = 256
-VALUES = 4          # t, h, w, and the offset of the text after the item
+VALUES = 3          # t, h, w
 CHANNELS = VALUES * DIGITS
 LIMIT = BASE ** DIGITS
 
@@ -44,7 +51,7 @@ def item_positions(grid_thw, merge: int, t_factor: float = 1.0) -> torch.Tensor:
 
 
 def encode(positions: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """int64 [N, 4] -> [N, CHANNELS] in ``dtype``: each value as DIGITS base-256 digits, least
+    """int64 [N, 3] -> [N, CHANNELS] in ``dtype``: each value as DIGITS base-256 digits, least
     significant first; exact in float32, float16 and bfloat16."""
     if positions.dtype != torch.int64 or positions.dim() != 2 or positions.shape[1] != VALUES:
         raise ValueError(f"positions must be int64 [N, {VALUES}], got {positions.dtype} "
@@ -57,9 +64,52 @@ def encode(positions: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def decode(channels: torch.Tensor) -> torch.Tensor:
-    """[N, CHANNELS] float -> int64 [N, 4], the inverse of :func:`encode`."""
+    """[N, CHANNELS] float -> int64 [N, 3], the inverse of :func:`encode`."""
     if channels.dim() != 2 or channels.shape[1] != CHANNELS:
         raise ValueError(f"channels must be [N, {CHANNELS}], got {list(channels.shape)}")
     digits = channels.float().round().long().reshape(-1, VALUES, DIGITS)
     scale = BASE ** torch.arange(DIGITS, device=channels.device)
     return (digits * scale).sum(-1)
+
+
+def media_runs(input_ids: torch.Tensor, media_ids) -> list[tuple[int, int]]:
+    """(start, end) of each run of one placeholder id, in prompt order: one run per media
+    item (a Qwen2.5-VL item's placeholders sit between its vision-start and -end markers)."""
+    ids = torch.as_tensor(input_ids).flatten().cpu()
+    key = torch.where(torch.isin(ids, torch.tensor(list(media_ids))), ids, -1)
+    change = torch.ones(ids.numel(), dtype=torch.bool)
+    change[1:] = key[1:] != key[:-1]
+    starts = change.nonzero().flatten().tolist()
+    ends = starts[1:] + [ids.numel()]
+    return [(s, e) for s, e in zip(starts, ends) if key[s] >= 0]
+
+
+def place_kept(input_ids, item_positions, mrope_positions, num_computed_tokens: int,
+               media_ids) -> torch.Tensor:
+    """The prompt's positions with the kept tokens of one prefill chunk in place.
+
+    ``input_ids``: the whole prompt; ``mrope_positions``: int64 [3, N], the prompt's current
+    positions (text final, placeholders provisional or already placed); ``item_positions``:
+    for each item the chunk reaches, in order, int64 [n, 3] (t, h, w) of the chunk's part of
+    that item relative to the item's start, the kept tokens in order (vLLM hands each
+    chunk the part of every item inside it: from ``num_computed_tokens`` for the first,
+    from its start for the others). An item starts one past the position of the token
+    before its placeholders (its vision-start marker). Returns a new [3, N] tensor."""
+    out = mrope_positions.clone()
+    if not len(item_positions):
+        return out
+    runs = media_runs(input_ids, media_ids)
+    first = next((k for k, (_, end) in enumerate(runs) if end > num_computed_tokens), None)
+    if first is None or first + len(item_positions) > len(runs):
+        raise ValueError(f"{len(item_positions)} media parts for a chunk from token "
+                         f"{num_computed_tokens}, but the prompt has {len(runs)} media items "
+                         f"ending at {[end for _, end in runs]}")
+    for k, where in enumerate(item_positions):
+        start, end = runs[first + k]
+        at = max(start, num_computed_tokens) if k == 0 else start
+        if at + where.shape[0] > end:
+            raise ValueError(f"media item {first + k} holds tokens {start}..{end - 1}; its part "
+                             f"of {where.shape[0]} from token {at} runs past it")
+        base = out[0, start - 1] + 1 if start > 0 else out.new_zeros(())
+        out[:, at:at + where.shape[0]] = where[:, :3].T.to(out) + base
+    return out

@@ -15,9 +15,10 @@ Three pieces of vLLM's multimodal-pruning interface, and what this file does wit
   (``avex.pruning.select_keep``, the selection ``prune_inputs(per_item=True)`` makes) and
   returns the kept rows, each with its original (t, h, w) position and the start of the text
   after its item appended as exact channels (:mod:`.positions`).
-* ``recompute_mrope_positions`` strips the channels and writes the positions (vLLM's rule for
-  Qwen2.5-VL: the text after an item starts at the item's largest position + 1), chunked
-  prefill included; ``get_mrope_input_positions`` lays out the text the same way up front.
+* ``get_mrope_input_positions`` lays out the text up front (vLLM's rule for Qwen2.5-VL: the
+  text after an item starts at the item's largest position + 1, which the keep-set doesn't
+  change); ``recompute_mrope_positions`` strips the channels and puts the kept tokens at
+  their own positions, one prefill chunk at a time (:func:`.positions.place_kept`).
 """
 from __future__ import annotations
 
@@ -38,7 +39,6 @@ from vllm.model_executor.models.qwen2_5_vl import (Qwen2_5_VLDummyInputsBuilder,
 from vllm.multimodal import MULTIMODAL_REGISTRY
 from vllm.multimodal.inputs import MultiModalBatchedField, MultiModalFieldElem
 from vllm.multimodal.processing import PromptReplacement
-from vllm.multimodal.video_prune.evs import recompute_mrope_positions
 
 from avex import _checks
 from avex.integrations.vllm import (ARCHITECTURE, RETENTION_KEY, check_engine, positions,
@@ -195,7 +195,8 @@ class AVEXQwen2_5_VLForConditionalGeneration(Qwen2_5_VLForConditionalGeneration)
         if int(num_kept(retention, embeds.shape[0])) < embeds.shape[0]:
             keep = self._keep(embeds, text_ids, retention)
             embeds, where = embeds[keep], where[keep.cpu()]
-        return torch.cat([embeds, positions.encode(where, embeds.dtype).to(embeds.device)], 1)
+        channels = positions.encode(where[:, :3], embeds.dtype).to(embeds.device)
+        return torch.cat([embeds, channels], 1)
 
     def _keep(self, embeds, text_ids, retention) -> torch.Tensor:
         """bool [N]: the item's K highest-scoring tokens, scored with the prompt's text as
@@ -236,18 +237,16 @@ class AVEXQwen2_5_VLForConditionalGeneration(Qwen2_5_VLForConditionalGeneration)
 
     def recompute_mrope_positions(self, input_ids, multimodal_embeddings, mrope_positions,
                                   num_computed_tokens):
-        device = (multimodal_embeddings[0].device if len(multimodal_embeddings)
-                  else mrope_positions.device)
-        input_ids = torch.as_tensor(input_ids, dtype=torch.long).to(device)
+        """vLLM calls this with each prefill chunk's media rows: strip the channels and put
+        the kept tokens at their own positions (:func:`.positions.place_kept`); the text's
+        positions, laid out by ``get_mrope_input_positions``, don't move."""
         width = positions.CHANNELS
         embeds = [mm[:, :-width] for mm in multimodal_embeddings]
-        item_positions = [positions.decode(mm[:, -width:]).T.contiguous()
-                          for mm in multimodal_embeddings]
-        new_positions, delta = recompute_mrope_positions(
-            input_ids, item_positions, mrope_positions, num_computed_tokens,
-            self.config.vision_start_token_id, self.config.image_token_id,
-            self.config.video_token_id)
-        return embeds, new_positions, delta
+        kept = [positions.decode(mm[:, -width:]) for mm in multimodal_embeddings]
+        new_positions = positions.place_kept(
+            input_ids, kept, mrope_positions, num_computed_tokens,
+            (self.config.image_token_id, self.config.video_token_id))
+        return embeds, new_positions, int(new_positions.max() + 1 - len(input_ids))
 
 
 @contextlib.contextmanager
