@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from avex.evaluate.intervals import (Interval, compact_per_clip, difference_table, differences,
-                                     paired_interval, seed_rows)
+                                     paired_interval, pooled_interval, seed_rows)
 
 
 def test_identical_inputs_give_zero_zero():
@@ -156,3 +156,33 @@ def test_compact_per_clip_rounds_and_keeps_the_mean():
     assert all(round(x, 2) == x for x in stored)
     assert abs(np.mean(stored) - values.mean()) <= 0.005
     assert isinstance(Interval(1, 0, 2, 0.95, 3, 1, 100).as_dict()["difference"], int)
+
+
+def test_one_stratum_pools_to_its_paired_interval():
+    rng = np.random.default_rng(5)
+    other = rng.normal(400, 120, (3, 400))
+    ours = other + rng.normal(2, 8, (3, 400))
+    assert pooled_interval([(ours, other)]) == paired_interval(ours, other)
+
+
+def test_strata_are_weighted_equally_and_resampled_on_their_own():
+    """+10 on a benchmark of 100 clips and 0 on one of 2000: the pooled difference is 5 (not
+    the clip-weighted 0.5), and the small benchmark's noise widens the interval."""
+    rng = np.random.default_rng(6)
+    small, large = rng.normal(400, 100, (3, 100)), rng.normal(400, 100, (3, 2000))
+    small_ours = small + 10 + rng.normal(0, 20, small.shape)
+    large_ours = large + rng.normal(0, 20, large.shape)
+    interval = pooled_interval([(small_ours, small), (large_ours, large)])
+    assert interval.difference == pytest.approx(
+        ((small_ours - small).mean() + (large_ours - large).mean()) / 2)
+    assert interval.low < interval.difference < interval.high
+    assert (interval.clips, interval.seeds) == (2100, 6)
+    alone = paired_interval(small_ours, small)
+    assert interval.high - interval.low == pytest.approx((alone.high - alone.low) / 2, rel=0.2)
+
+
+def test_pooling_refuses_unpaired_or_no_strata():
+    with pytest.raises(ValueError, match="strata is empty"):
+        pooled_interval([])
+    with pytest.raises(ValueError, match=r"strata\[1\]: other has 5 clips but ours has 4"):
+        pooled_interval([(np.zeros(4), np.zeros(4)), (np.zeros(4), np.zeros(5))])

@@ -26,7 +26,7 @@ import numpy as np
 from avex import _checks
 from avex.tables import markdown_table
 
-__all__ = ["Interval", "paired_interval", "seed_rows", "differences", "difference_table",
+__all__ = ["Interval", "paired_interval", "pooled_interval", "seed_rows", "differences", "difference_table",
            "compact_per_clip", "LEVEL", "REPLICATES", "SEED", "PER_CLIP_DIGITS", "RULE"]
 
 LEVEL = 0.95
@@ -112,6 +112,45 @@ def paired_interval(ours, other, *, level: float = LEVEL, replicates: int = REPL
     _checks.int_at_least("replicates", replicates, 100)
     _checks.int_at_least("seed", seed, 0)
     ours, other = _seed_matrix("ours", ours), _seed_matrix("other", other)
+    _check_pairable(ours, other)
+    diff = ours - other                      # [seeds, clips], broadcast over a seedless side
+    stats = _replicates(diff, replicates, np.random.default_rng(seed))
+    return _interval(float(diff.mean()), stats, level, *diff.shape)
+
+
+def pooled_interval(strata, *, level: float = LEVEL, replicates: int = REPLICATES,
+                    seed: int = SEED) -> Interval:
+    """The mean over strata (benchmarks) of each stratum's mean(ours) − mean(other), with a
+    stratified paired bootstrap: every replicate resamples each stratum's clips and training
+    seeds on its own (they are other clips and other training runs) and averages the strata's
+    replicate differences with equal weights.
+
+    ``strata``: a list of (ours, other) pairs, each as :func:`paired_interval` takes them.
+    ``clips`` and ``seeds`` of the result are the totals over strata."""
+    level = _checks.real("level", level, low=0, high=1, low_open=True, high_open=True)
+    _checks.int_at_least("replicates", replicates, 100)
+    _checks.int_at_least("seed", seed, 0)
+    strata = list(strata)
+    if not strata:
+        raise ValueError("strata is empty: pooling needs at least one (ours, other) pair")
+    rng = np.random.default_rng(seed)
+    diffs, stats = [], np.zeros(replicates)
+    for k, (ours, other) in enumerate(strata):
+        ours = _seed_matrix(f"strata[{k}] ours", ours)
+        other = _seed_matrix(f"strata[{k}] other", other)
+        try:
+            _check_pairable(ours, other)
+        except ValueError as err:
+            raise ValueError(f"strata[{k}]: {err}") from None
+        diffs.append(ours - other)
+        stats += _replicates(diffs[-1], replicates, rng)
+    stats /= len(strata)
+    difference = float(np.mean([d.mean() for d in diffs]))
+    return _interval(difference, stats, level, sum(d.shape[0] for d in diffs),
+                     sum(d.shape[1] for d in diffs))
+
+
+def _check_pairable(ours: np.ndarray, other: np.ndarray) -> None:
     if ours.shape[1] != other.shape[1]:
         raise ValueError(f"other has {other.shape[1]} clips but ours has {ours.shape[1]}; "
                          "both must be scored on the same clips, in the same order")
@@ -119,9 +158,11 @@ def paired_interval(ours, other, *, level: float = LEVEL, replicates: int = REPL
         raise ValueError(f"other has {other.shape[0]} seed rows but ours has {ours.shape[0]}; "
                          "pass one row per training seed of ours (paired by seed), or one row "
                          "for a method without a seed")
-    diff = ours - other                      # [seeds, clips], broadcast over a seedless side
+
+
+def _replicates(diff: np.ndarray, replicates: int, rng) -> np.ndarray:
+    """``replicates`` bootstrap means of ``diff`` [seeds, clips], clips and seeds resampled."""
     n_seeds, n_clips = diff.shape
-    rng = np.random.default_rng(seed)
     stats = np.empty(replicates)
     for start in range(0, replicates, _BLOCK):
         count = min(_BLOCK, replicates - start)
@@ -131,10 +172,15 @@ def paired_interval(ours, other, *, level: float = LEVEL, replicates: int = REPL
         seed_draws = rng.multinomial(n_seeds, np.full(n_seeds, 1 / n_seeds), size=count)
         per_seed = diff @ clip_draws.T / n_clips                 # [seeds, count]
         stats[start:start + count] = (seed_draws * per_seed.T).sum(axis=1) / n_seeds
+    return stats
+
+
+def _interval(difference: float, stats: np.ndarray, level: float, n_seeds: int,
+              n_clips: int) -> Interval:
     tail = (1 - level) / 2
     low, high = np.quantile(stats, [tail, 1 - tail])
-    return Interval(difference=float(diff.mean()), low=float(low), high=float(high),
-                    level=level, clips=n_clips, seeds=n_seeds, replicates=replicates)
+    return Interval(difference=difference, low=float(low), high=float(high), level=level,
+                    clips=n_clips, seeds=n_seeds, replicates=len(stats))
 
 
 # -- from the rows of a results file -------------------------------------------------------------
