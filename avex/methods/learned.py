@@ -47,10 +47,15 @@ def recipe(cfg: dict) -> str:
 
 
 def policy_selector(policy):
-    """Deterministic Top-K of ``policy``'s scores (the inference path)."""
+    """The inference path: deterministic Top-K of ``policy``'s scores, or its greedy set-aware
+    selection where the policy was trained with it (``policy.config.selection``)."""
     @torch.no_grad()
     def select(batch, layout, retention):
         budget = layout.budget(_checks.ratio("retention", retention))
+        if policy.set_aware:
+            scores, hidden = policy.score(batch.inputs_embeds, batch.modality, with_hidden=True)
+            idx, _ = policy.select(layout.gather(scores), layout.gather_vectors(hidden), budget)
+            return indices_to_keep(idx, layout.positions.shape[1])
         scores = layout.gather(policy.score(batch.inputs_embeds, batch.modality))
         idx, _ = gumbel_topk(scores, budget, sample=False)
         return indices_to_keep(idx, scores.shape[1])
@@ -158,7 +163,9 @@ def load_policy(path, captioner=None, *, model=None, checkpoint: str = "latest",
         # runs from before the positional input have no policy_positional setting
         policy = AVEXPolicy.from_llm(model, hidden_size=cfg.get("policy_hidden"),
                                      init_from_llm=False,
-                                     positional=cfg.get("policy_positional", False))
+                                     positional=cfg.get("policy_positional", False),
+                                     selection=cfg.get("selection", "topk"),
+                                     redundancy=cfg.get("redundancy", 0.0))
         trained_on = None
     else:
         raise FileNotFoundError(f"path: {path} has no {POLICY_RECORD_FILE} (a run from before "
