@@ -12,6 +12,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 import avex
 from avex.config import TrainConfig
+from avex.evaluate.__main__ import main as evaluate_main
 from avex.kernels import gumbel_topk
 from avex.kernels.gumbel_topk_ref import gumbel_noise, shifted_logits
 from avex.methods.learned import policy_selector
@@ -388,3 +389,16 @@ def test_bad_settings_are_refused(tmp_path):
     file.write_text(json.dumps(record))
     with pytest.raises(ValueError, match=r"bad policy record .*selection must be one of .*'best'"):
         avex.load_policy(tmp_path / "p", model=llm)
+
+
+def test_diagnose_refuses_a_set_aware_run(tmp_path, capsys):
+    """diagnose's oracles and samples rank tokens by score alone: a set-aware run is refused
+    before any work, naming the setting."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("")
+    (run / "config.json").write_text(json.dumps({"selection": "set-aware", "redundancy": 2.0}))
+    with pytest.raises(SystemExit):
+        evaluate_main(["diagnose", "--run", str(run), "--out", str(tmp_path / "out")])
+    assert "trained with selection 'set-aware'" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
