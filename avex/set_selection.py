@@ -80,9 +80,10 @@ def _unit(hidden: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _similarity_to(unit: torch.Tensor, pick: torch.Tensor) -> torch.Tensor:
-    """cos(h_i, h_pick) [B, M] for one pick per row (``pick`` int64 [B], any valid index)."""
+    """cos(h_i, h_pick) [B, M] for one pick per row (``pick`` int64 [B], any valid index):
+    one batched matrix-vector product, no [B, M, D] temporary."""
     chosen = unit.gather(1, pick[:, None, None].expand(-1, 1, unit.shape[-1]))  # [B, 1, D]
-    return (unit * chosen).sum(-1)
+    return torch.bmm(unit, chosen.transpose(1, 2)).squeeze(-1)
 
 
 def _shift_truncated(key: torch.Tensor, shift: torch.Tensor, top: torch.Tensor) -> torch.Tensor:
@@ -116,7 +117,10 @@ def _indices(scores, hidden, budget, beta, tau, seed, sample):
     if sample:
         base = base + gumbel_noise(seed, batch, width, scores.device).to(base.dtype)
     key = base.double().masked_fill(~valid, float("-inf"))
-    unit = _unit(hidden.detach(), torch.float64)
+    # similarities in the hidden states' own precision (float32 at serving): the penalty's
+    # rounding, ~1e-7 of BETA, is far below any gap the picks could turn on
+    unit = _unit(hidden.detach(), torch.float64 if hidden.dtype == torch.float64
+                 else torch.float32)
     redundant = torch.zeros(batch, width, dtype=torch.float64, device=scores.device)
     picks = torch.full((batch, kmax), -1, dtype=torch.int64, device=scores.device)
     rows = torch.arange(batch, device=scores.device)
@@ -128,15 +132,14 @@ def _indices(scores, hidden, budget, beta, tau, seed, sample):
         key[rows, pick] = float("-inf")
         if beta == 0 or t + 1 == kmax:
             continue
-        grown = torch.maximum(redundant, _similarity_to(unit, pick))
+        grown = torch.maximum(redundant, _similarity_to(unit, pick).double())
         shift = (beta / tau) * (grown - redundant)
         redundant = grown
+        if not sample:  # a key of -inf (picked, padding) stays -inf
+            key = key - shift
+            continue
         moved = (shift != 0) & (key > float("-inf")) & active[:, None]
-        if sample:
-            new_key = _shift_truncated(key, shift, top)
-        else:
-            new_key = key - shift
-        key = torch.where(moved, new_key, key)
+        key = torch.where(moved, _shift_truncated(key, shift, top), key)
     return picks
 
 
@@ -187,7 +190,8 @@ def _log_prob(scores, hidden, picked, budget, redundancy, tau):
         logits = torch.where(active[:, None], logits, torch.zeros_like(logits))
         term = logits.gather(1, pick[:, None]).squeeze(1) - torch.logsumexp(logits, 1)
         total = total + torch.where(active, term, torch.zeros_like(term))
-        remaining = remaining & ~(F.one_hot(pick, width).bool() & active[:, None])
+        remaining = remaining.scatter(1, pick[:, None], ~active[:, None] & remaining.gather(
+            1, pick[:, None]))
         redundant = torch.maximum(redundant, _similarity_to(unit, pick))
     return total.to(compute_dtype(scores.dtype))
 
