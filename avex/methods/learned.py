@@ -1,7 +1,9 @@
 """Learned selectors: AVEX-Prune (the trained policy) and CaCoVID-AV.
 
 Both score every AV token with an :class:`avex.policy.AVEXPolicy` and keep the deterministic
-Top-K (``gumbel_topk(..., sample=False)``) over the joint AV span, at original positions.
+Top-K (``gumbel_topk(..., sample=False)``) over the joint AV span, at original positions; a
+policy trained with set-aware selection (``config.selection``, :mod:`avex.set_selection`)
+keeps its greedy set-aware picks instead.
 
 CaCoVID-AV is CaCoVID's recipe (an RL policy trained with one set-level caption reward for
 the sampled keep-set) on audio + visual tokens: the same policy network, warmup and budget as
