@@ -4,10 +4,12 @@ log-probability scores; the log-probability's gradient; ragged rows; the duplica
 for; the setting in the policy, its artifact and the pruning API; bad settings refused."""
 import itertools
 import json
+import math
 
 import pytest
 import torch
 import torch.nn.functional as F
+from safetensors.torch import load_file
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 import avex
@@ -21,6 +23,7 @@ from avex.pruning import AUDIO, PAD, TEXT, VISUAL, prune_inputs, select_keep
 from avex.selection import AVLayout, indices_to_keep
 from avex.set_selection import (select_indices, set_aware_indices, set_aware_log_prob,
                                 set_aware_select)
+from avex.train import main as train_main
 
 
 def ragged_scores(seed, rows=6, width=17, dtype=torch.float32, dim=5):
@@ -402,3 +405,35 @@ def test_diagnose_refuses_a_set_aware_run(tmp_path, capsys):
         evaluate_main(["diagnose", "--run", str(run), "--out", str(tmp_path / "out")])
     assert "trained with selection 'set-aware'" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def tiny_run_args(cache_dir, run_dir, *extra):
+    return ["--benchmark-preset", "tiny", "--captioner-preset", "tiny",
+            "--cache-dir", str(cache_dir), "--run-dir", str(run_dir), "--batch-size", "8",
+            "--micro-batch-size", "4", "--epochs", "0.5", "--warmup-epochs", "0.5",
+            "--no-progress", "--no-evaluate", "--seed", "3", *extra]
+
+
+def test_a_set_aware_run_trains_and_saves_its_rule(tiny_cache_dir, tmp_path, capsys):
+    """python -m avex.train --selection set-aware: the anchors are set-aware draws (the
+    policy ends elsewhere than a Top-K run from the same seed and warmup), and the saved
+    policy serves with the same rule."""
+    train_main(tiny_run_args(tiny_cache_dir, tmp_path / "topk"))
+    train_main(tiny_run_args(tiny_cache_dir, tmp_path / "aware", "--warmup-from",
+                             str(tmp_path / "topk"), "--selection", "set-aware",
+                             "--redundancy", "2"))
+    policy = avex.load_policy(tmp_path / "aware")
+    assert policy.set_aware and policy.config.redundancy == 2.0
+    assert avex.AVEXPolicy.from_pretrained(tmp_path / "aware" / "policy").set_aware
+    assert not avex.load_policy(tmp_path / "topk").set_aware
+    rl = [json.loads(line) for line in (tmp_path / "aware" / "metrics.jsonl").open()]
+    assert all(math.isfinite(r["loss"]) for r in rl if r["phase"] == "rl")
+    weights = [load_file(str(tmp_path / name / "policy" / "model.safetensors"))
+               for name in ("topk", "aware")]
+    assert any(not torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        train_main(tiny_run_args(tiny_cache_dir, tmp_path / "bad", "--selection", "set-aware"))
+    assert exit_info.value.code == 2
+    assert "selection 'set-aware' with redundancy 0 is Top-K" in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()
