@@ -169,6 +169,9 @@ def run_ablation(settings: AblationSettings) -> dict:
             rows.append({"variant": name, "label": label, "marks": marks,
                          "run": relative_path(run_dir, out), "seed": cfg.get("seed"),
                          "g": cfg.get("g"), "exchange_types": cfg.get("exchange_types"),
+                         # what the run selects by (runs from before the setting: topk)
+                         "selection": cfg.get("selection", "topk"),
+                         "redundancy": cfg.get("redundancy", 0.0),
                          "retention": retention, **scored(captions, clips)})
     # full tokens: the C_av / full table, and the reference row of the intervals
     full = scored(caption_split(captioner, clips, keep_all, 1.0, **decode), clips)
