@@ -19,6 +19,7 @@ from avex.kernels import gumbel_topk
 from avex.kernels.gumbel_topk_ref import gumbel_noise, shifted_logits
 from avex.methods.learned import policy_selector
 from avex.policy import AVEXPolicy, PolicyConfig, TrainedOn
+from avex.profiling.methods import selection as profiled_selection
 from avex.pruning import AUDIO, PAD, TEXT, VISUAL, prune_inputs, select_keep
 from avex.selection import AVLayout, indices_to_keep
 from avex.set_selection import (select_indices, set_aware_indices, set_aware_log_prob,
@@ -437,3 +438,17 @@ def test_a_set_aware_run_trains_and_saves_its_rule(tiny_cache_dir, tmp_path, cap
     assert exit_info.value.code == 2
     assert "selection 'set-aware' with redundancy 0 is Top-K" in capsys.readouterr().err
     assert not (tmp_path / "bad").exists()
+
+
+def test_the_profiling_suite_selects_by_the_policys_rule(tmp_path):
+    """avex.profiling times AVEX's stages with the policy's own selection: a set-aware
+    policy's pruned inputs keep what select_keep keeps."""
+    llm = tiny_llm()
+    policy = saved_policy(llm, tmp_path / "p", selection="set-aware", redundancy=3.0)
+    embeds, modality = av_batch()
+    marks = []
+    pruned = profiled_selection("avex", llm, policy, embeds, modality, 0.3)(marks.append)
+    assert marks == ["policy"]
+    assert torch.equal(pruned.keep[:, 0],
+                       select_keep(embeds, modality, policy=policy, retention=0.3)
+                       | (modality == TEXT))
