@@ -43,8 +43,9 @@ EXCHANGE_SEARCH = {"exchanges": False, "exchange_search": True, "search_rounds":
 #: Set-aware selection (issue #36 item 5; avex/set_selection.py): arm A's training, but the
 #: anchors and the deployed set are K picks in turn, each token's logit lowered by
 #: redundancy x its largest cosine (in the policy's head input) to a token already picked.
-#: The redundancy is the one-seed val pilot's (results/set-aware-pilot.md).
-SET_AWARE = {"exchanges": False, "anchors": 8, "selection": "set-aware", "redundancy": 2.0}
+#: Redundancy 4: the better of the two the one-seed val pilot tried (2 and 4; fidelity
+#: reward, benchmark 0; results/set-aware-pilot.md).
+SET_AWARE = {"exchanges": False, "anchors": 8, "selection": "set-aware", "redundancy": 4.0}
 
 #: Table 3's rows and the matched-budget arms (issue #25): name -> (label, V-V, A-A, V-A, A-V
 #: marks, TrainConfig settings). "rloo" is L_RL alone over 4 anchors; the arms caption 8 sets
