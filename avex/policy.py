@@ -241,8 +241,8 @@ class AVEXPolicy(nn.Module):
     def score(self, inputs_embeds: torch.Tensor, modality: torch.Tensor, *,
               with_hidden: bool = False):
         """:meth:`forward`'s scores (and hidden states, ``with_hidden``), computed on what they
-        depend on only: each row's AV tokens
-        (the encoder's tokens) and its text (the cross-attention's keys) are gathered first,
+        depend on only: each row's AV tokens (the encoder's tokens) and its text (the
+        cross-attention's keys) are gathered first,
         packed to the left, so the network runs on [B, M] and [B, T] instead of [B, L]. The
         inference path (serving, evaluation, profiling); it equals :meth:`forward` to float
         rounding, with the same Top-K (tests/test_policy.py). Inputs of another layout than

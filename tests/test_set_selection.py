@@ -452,3 +452,20 @@ def test_the_profiling_suite_selects_by_the_policys_rule(tmp_path):
     assert torch.equal(pruned.keep[:, 0],
                        select_keep(embeds, modality, policy=policy, retention=0.3)
                        | (modality == TEXT))
+
+
+def test_served_hidden_states_equal_the_training_ones():
+    """score(with_hidden=True), the serving path, gives forward's hidden states (what training
+    draws with) at every AV position, zeros elsewhere, so both select alike."""
+    torch.manual_seed(5)
+    policy = AVEXPolicy(PolicyConfig(input_size=32, hidden_size=16, num_heads=4,
+                                     selection="set-aware", redundancy=2.0)).eval()
+    embeds, modality = av_batch(rows=3)
+    is_av = (modality == VISUAL) | (modality == AUDIO)
+    with torch.no_grad():
+        scores, hidden = policy(embeds, modality, with_hidden=True)
+    served_scores, served_hidden = policy.score(embeds, modality, with_hidden=True)
+    assert served_hidden.shape == hidden.shape == (*modality.shape, 16)
+    torch.testing.assert_close(served_hidden[is_av], hidden[is_av], rtol=0, atol=1e-5)
+    assert bool((served_hidden[~is_av] == 0).all())
+    torch.testing.assert_close(served_scores[is_av], scores[is_av], rtol=0, atol=1e-5)
