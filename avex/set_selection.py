@@ -104,6 +104,8 @@ def set_aware_indices(scores: torch.Tensor, hidden: torch.Tensor, budget: torch.
     greedy picks."""
     budget = _check(scores, hidden, budget, redundancy, tau)
     _checks.flag("sample", sample)
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 63:
+        raise ValueError(f"seed must be an int in [0, 2**63), got {seed!r}")
     return _indices(scores, hidden, budget, float(redundancy), tau, seed, sample)
 
 
@@ -158,8 +160,9 @@ def set_aware_log_prob(scores: torch.Tensor, hidden: torch.Tensor, indices: torc
                          f"picks in order), got {list(indices.shape)}")
     picked = indices[:, :kmax]
     used = torch.arange(kmax, device=scores.device) < budget[:, None]
-    taken = picked.clamp_min(0)
-    if bool((used & ((picked < 0) | (picked >= scores.shape[1]))).any()) or bool(
+    outside = (picked < 0) | (picked >= scores.shape[1])
+    taken = picked.masked_fill(outside, 0)
+    if bool((used & outside).any()) or bool(
             (used & (scores.gather(1, taken) == float("-inf"))).any()):
         raise ValueError("indices must hold, in each row's first budget[b] places, positions of "
                          "tokens with a score > -inf")

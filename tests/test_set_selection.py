@@ -273,6 +273,12 @@ def test_bad_input_is_refused_naming_the_argument():
     twice[0, 1] = twice[0, 0]
     with pytest.raises(ValueError, match="indices row 0 picks a token twice"):
         set_aware_log_prob(scores, hidden, twice, torch.tensor([6, 1]), redundancy=1.0)
+    outside = picks.clone()
+    outside[1, 0] = 6
+    with pytest.raises(ValueError, match="indices must hold, in each row's first budget"):
+        set_aware_log_prob(scores, hidden, outside, torch.tensor([6, 1]), redundancy=1.0)
+    with pytest.raises(ValueError, match=r"seed must be an int in \[0, 2\*\*63\), got -1"):
+        set_aware_indices(scores, hidden, torch.tensor([6, 1]), redundancy=1.0, seed=-1)
     with pytest.raises(ValueError, match=r"indices must have shape \[2, >= 6\]"):
         set_aware_log_prob(scores, hidden, picks[:, :3], torch.tensor([6, 1]), redundancy=1.0)
 
