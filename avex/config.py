@@ -16,6 +16,7 @@ from pathlib import Path
 from avex import _checks
 from avex.registry import BENCHMARK_PRESETS, CAPTIONER_PRESETS, EVAL_METHODS, SPLITS
 from avex.run_files import warmup_policy_file
+from avex.set_selection import SELECTIONS
 
 EXCHANGE_TYPES = ("vv", "aa", "va", "av")
 #: what a kept set is rewarded by (docs/training.md, "Rewards"; avex.fidelity)
@@ -53,6 +54,12 @@ class TrainConfig:
     policy_hidden: int | None = None  # None: the captioner's width, first block from its LLM
     tau: float = 0.5                  # Gumbel temperature: anchors near the deployed Top-K
     policy_positional: bool = True    # within-modality position features (avex.policy)
+    # how the policy's scores become a kept set, in training and wherever the saved policy
+    # serves (issue #36 item 5; avex/set_selection.py): "topk", or "set-aware": K picks in
+    # turn, each token's logit lowered by redundancy x its largest cosine similarity (in the
+    # policy's head input) to a token already picked
+    selection: str = "topk"
+    redundancy: float = 0.0           # beta of "set-aware" (> 0); 0 with "topk"
     # the schedule
     retention: float = 0.2
     epochs: float = 3.0               # RL epochs, after the warmup
@@ -216,6 +223,7 @@ class TrainConfig:
         for r in self.train_retentions:
             _checks.ratio("train_retentions", r)
         _checks.flag("policy_positional", self.policy_positional)
+        self._validate_selection()
         _checks.text("warmup_from", self.warmup_from, optional=True)
         _checks.choice("rl_estimator", self.rl_estimator, {"paper", "rloo", "group"})
         _checks.int_at_least("anchors", self.anchors, 1)
@@ -237,6 +245,22 @@ class TrainConfig:
         _checks.choice("benchmark_preset", self.benchmark_preset, set(BENCHMARK_PRESETS))
         _checks.choice("captioner_preset", self.captioner_preset, set(CAPTIONER_PRESETS))
         return self
+
+    def _validate_selection(self) -> None:
+        """The selection rule's settings (:mod:`avex.set_selection`)."""
+        _checks.choice("selection", self.selection, SELECTIONS)
+        _checks.real("redundancy", self.redundancy, low=0)
+        if self.selection == "topk" and self.redundancy != 0:
+            raise ValueError(f"redundancy = {self.redundancy!r} has no effect with selection "
+                             "'topk'; add --selection set-aware or drop redundancy")
+        if self.selection == "set-aware" and self.redundancy == 0:
+            raise ValueError("selection 'set-aware' with redundancy 0 is Top-K; give "
+                             "--redundancy > 0 (docs/training.md, \"Set-aware selection\")")
+        if self.selection == "set-aware" and (self.exchanges or self.exchange_search):
+            arm = "exchanges" if self.exchanges else "exchange_search"
+            raise ValueError(f"selection 'set-aware' can't train with {arm}: the exchanges rank "
+                             "tokens by their scores alone; drop --selection set-aware or "
+                             f"--{arm.replace('_', '-')}")
 
     def _validate_search(self) -> None:
         """The exchange search's settings (:mod:`avex.exchange_search`)."""

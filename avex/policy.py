@@ -36,6 +36,7 @@ from avex import __version__, _checks
 from avex.backbones import BACKBONES, backbone_config
 from avex.checkpoint import load_weights
 from avex.modality import AUDIO, PAD, TEXT, VISUAL, check_code_values
+from avex.set_selection import SELECTIONS, select_indices
 
 
 @dataclass
@@ -50,6 +51,12 @@ class PolicyConfig:
     qkv_bias: bool = False
     norm_eps: float = 1e-6
     positional: bool = True               # add within-modality position features
+    # how the scores become a kept set (avex.set_selection): "topk" (the K best scores) or
+    # "set-aware" (K picks in turn, each discounting tokens like the ones picked by
+    # redundancy x their cosine in the head's input). Saved with the policy, so serving
+    # selects as training did; records from before the setting read as "topk".
+    selection: str = "topk"
+    redundancy: float = 0.0               # beta of "set-aware"; 0 with "topk"
 
     def __post_init__(self):
         _checks.int_at_least("input_size", self.input_size, 1)
@@ -60,6 +67,11 @@ class PolicyConfig:
         _checks.optional_int_at_least("intermediate_size", self.intermediate_size, 1)
         _checks.flag("qkv_bias", self.qkv_bias)
         _checks.positive_float("norm_eps", self.norm_eps)
+        _checks.choice("selection", self.selection, SELECTIONS)
+        self.redundancy = _checks.real("redundancy", self.redundancy, low=0)
+        if self.selection == "topk" and self.redundancy != 0:
+            raise ValueError(f"redundancy = {self.redundancy!r} has no effect with selection "
+                             "'topk'; use selection 'set-aware' or redundancy 0")
         self.num_kv_heads = self.num_kv_heads or self.num_heads
         self.intermediate_size = self.intermediate_size or 3 * self.hidden_size
         if self.hidden_size % self.num_heads:
@@ -164,13 +176,14 @@ class AVEXPolicy(nn.Module):
 
     @classmethod
     def from_llm(cls, llm, *, hidden_size: int | None = None, num_layers: int = 2,
-                 init_from_llm: bool = True, positional: bool = True) -> "AVEXPolicy":
+                 init_from_llm: bool = True, positional: bool = True,
+                 selection: str = "topk", redundancy: float = 0.0) -> "AVEXPolicy":
         """A policy for a Hugging Face causal LM.
 
         With ``hidden_size`` None or equal to the LLM's width, the blocks take the LLM's layer
         shapes and the first one copies the LLM's first decoder layer (``init_from_llm``).
         A smaller ``hidden_size`` gives a compact policy with input projections, randomly
-        initialised.
+        initialised. ``selection`` and ``redundancy``: :class:`PolicyConfig`'s.
         """
         c = llm.config.get_text_config()  # an audio-visual model's decoder settings
         width = hidden_size or c.hidden_size
@@ -184,28 +197,52 @@ class AVEXPolicy(nn.Module):
             qkv_bias=bool(getattr(c, "attention_bias", False)
                           or c.model_type.startswith("qwen2"))
             if matched else False,
-            norm_eps=getattr(c, "rms_norm_eps", 1e-6), positional=positional)
+            norm_eps=getattr(c, "rms_norm_eps", 1e-6), positional=positional,
+            selection=selection, redundancy=redundancy)
         policy = cls(cfg)
         if matched and init_from_llm:
             policy.encoder[0].load_state_dict(_first_decoder_layer(llm).state_dict(),
                                               strict=False)
         return policy
 
-    def forward(self, inputs_embeds: torch.Tensor, modality: torch.Tensor) -> torch.Tensor:
-        """Keep scores [B, L] (float32): finite at audio/visual positions, -inf elsewhere.
+    def forward(self, inputs_embeds: torch.Tensor, modality: torch.Tensor, *,
+                with_hidden: bool = False):
+        """Keep scores [B, L] (float32): finite at audio/visual positions, -inf elsewhere;
+        with ``with_hidden``, (scores, hidden [B, L, hidden_size]): each token's input to the
+        score head, what set-aware selection compares tokens by.
 
         Every position goes through the network (text and padding are scored, then
         discarded): the training path, kept as it was so that trained policies reproduce.
         Inference reads only what the scores depend on: :meth:`score`."""
         self._check_inputs(inputs_embeds, modality)
+        _checks.flag("with_hidden", with_hidden)
         is_av = (modality == VISUAL) | (modality == AUDIO)
-        scores = self._encode(inputs_embeds, modality, inputs_embeds, modality == TEXT)
-        return scores.masked_fill(~is_av, float("-inf"))
+        scores, hidden = self._encode(inputs_embeds, modality, inputs_embeds, modality == TEXT)
+        scores = scores.masked_fill(~is_av, float("-inf"))
+        return (scores, hidden) if with_hidden else scores
+
+    def select(self, scores: torch.Tensor, hidden: torch.Tensor | None, budget: torch.Tensor,
+               *, tau: float = 1.0, seed: int = 0, sample: bool = False,
+               log_prob: bool = False):
+        """The kept tokens of AV-axis ``scores`` [B, M] (and ``hidden`` [B, M, D], read by
+        set-aware selection) under this policy's ``config.selection``: (indices [B, Kmax] in
+        pick order, -1 past a row's ``budget``; log-probability [B] or None).
+        ``sample=False`` is the inference path (:func:`avex.set_selection.select_indices`)."""
+        return select_indices(self.config.selection, scores, hidden, budget,
+                              redundancy=self.config.redundancy, tau=tau, seed=seed,
+                              sample=sample, log_prob=log_prob)
+
+    @property
+    def set_aware(self) -> bool:
+        """Whether the kept set depends on the hidden states too (``selection`` 'set-aware')."""
+        return self.config.selection == "set-aware"
 
     @torch.no_grad()
-    def score(self, inputs_embeds: torch.Tensor, modality: torch.Tensor) -> torch.Tensor:
-        """:meth:`forward`'s scores, computed on what they depend on only: each row's AV tokens
-        (the encoder's tokens) and its text (the cross-attention's keys) are gathered first,
+    def score(self, inputs_embeds: torch.Tensor, modality: torch.Tensor, *,
+              with_hidden: bool = False):
+        """:meth:`forward`'s scores (and hidden states, ``with_hidden``), computed on what they
+        depend on only: each row's AV tokens (the encoder's tokens) and its text (the
+        cross-attention's keys) are gathered first,
         packed to the left, so the network runs on [B, M] and [B, T] instead of [B, L]. The
         inference path (serving, evaluation, profiling); it equals :meth:`forward` to float
         rounding, with the same Top-K (tests/test_policy.py). Inputs of another layout than
@@ -213,19 +250,24 @@ class AVEXPolicy(nn.Module):
         self.check_inputs(inputs_embeds, modality)
         is_av = (modality == VISUAL) | (modality == AUDIO)
         is_text = modality == TEXT
+        _checks.flag("with_hidden", with_hidden)
         if not bool(is_text.any(1).all()):  # forward lets a row without text read every position
-            return self.forward(inputs_embeds, modality)
+            return self.forward(inputs_embeds, modality, with_hidden=with_hidden)
         av_at, av_valid = _packed(is_av)
         text_at, text_valid = _packed(is_text)
         rows = torch.arange(modality.shape[0], device=modality.device)[:, None]
         av_codes = modality[rows, av_at].masked_fill(~av_valid, PAD)
-        av_scores = self._encode(inputs_embeds[rows, av_at], av_codes, inputs_embeds[rows, text_at],
-                                 text_valid)
+        av_scores, av_hidden = self._encode(inputs_embeds[rows, av_at], av_codes,
+                                            inputs_embeds[rows, text_at], text_valid)
         out = torch.full(modality.shape, float("-inf"), dtype=torch.float32,
                          device=modality.device)
         row, col = torch.nonzero(av_valid, as_tuple=True)
         out[row, av_at[row, col]] = av_scores[row, col]
-        return out
+        if not with_hidden:
+            return out
+        hidden = av_hidden.new_zeros(*modality.shape, av_hidden.shape[-1])
+        hidden[row, av_at[row, col]] = av_hidden[row, col]
+        return out, hidden
 
     def _check_inputs(self, inputs_embeds, modality) -> None:
         _checks.tensor("inputs_embeds", inputs_embeds, ndim=3, floating=True)
@@ -244,10 +286,11 @@ class AVEXPolicy(nn.Module):
                                  "move one to the other (policy.to(device))")
         check_code_values("modality", modality)
 
-    def _encode(self, tokens, codes, text, text_mask) -> torch.Tensor:
-        """float32 scores [B, N] of ``tokens`` [B, N, D] (modality ``codes`` [B, N]; only AV
-        tokens are encoded as keys, the others' scores are meaningless) conditioned on the
-        ``text`` [B, T, D] where ``text_mask`` [B, T]."""
+    def _encode(self, tokens, codes, text, text_mask):
+        """(float32 scores [B, N], hidden [B, N, hidden_size]: the score head's input) of
+        ``tokens`` [B, N, D] (modality ``codes`` [B, N]; only AV tokens are encoded as keys,
+        the others' outputs are meaningless) conditioned on the ``text`` [B, T, D] where
+        ``text_mask`` [B, T]."""
         is_av = (codes == VISUAL) | (codes == AUDIO)
         # rows without any key of a kind attend to everything: their outputs are discarded
         av_keys = is_av | ~is_av.any(dim=1, keepdim=True)
@@ -269,7 +312,7 @@ class AVEXPolicy(nn.Module):
                                       need_weights=False)
         z = self.cross_norm(z + attended)
         z = z + self.token_mlp(z)
-        return self.head(z).squeeze(-1).float()
+        return self.head(z).squeeze(-1).float(), z
 
     # -- what it was trained on -----------------------------------------------------------------
     def check_inputs(self, inputs_embeds: torch.Tensor, modality: torch.Tensor) -> None:

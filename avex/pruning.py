@@ -276,7 +276,8 @@ def select_keep(inputs_embeds: torch.Tensor, modality: torch.Tensor, *, scores=N
                 policy=None, retention=None, per_item: bool = False) -> torch.Tensor:
     """bool [B, L]: the audio-visual tokens :func:`prune_inputs` keeps with ``scores`` or a
     ``policy`` at ``retention`` (K = round(rho N) per row, or per item with ``per_item``;
-    ties toward the lower position). The selection alone, for a caller that compacts by
+    ties toward the lower position). A policy selects by its own rule (its
+    ``config.selection``: Top-K, or set-aware selection over its hidden states). The selection alone, for a caller that compacts by
     itself (``avex.integrations.vllm`` keeps the rows of one media item)."""
     if policy is not None:
         if not isinstance(policy, AVEXPolicy):
@@ -344,10 +345,13 @@ def item_index(modality: torch.Tensor) -> torch.Tensor:
 
 
 def _row_keep(inputs_embeds, modality, scores, policy, retention):
-    if policy is not None:
+    hidden = None
+    if policy is not None and policy.set_aware:
+        scores, hidden = policy.score(inputs_embeds, modality, with_hidden=True)
+    elif policy is not None:
         scores = policy.score(inputs_embeds, modality)
     is_av = (modality == VISUAL) | (modality == AUDIO)
-    return _top_k_keep(scores, retention, modality, is_av)
+    return _top_k_keep(scores, retention, modality, is_av, policy=policy, hidden=hidden)
 
 
 def _per_item_keep(inputs_embeds, modality, scores, policy, retention):
@@ -361,16 +365,22 @@ def _per_item_keep(inputs_embeds, modality, scores, policy, retention):
     own = items[row_of] == item_of[:, None]             # [R, L]: item r's positions
     is_av = (modality == VISUAL) | (modality == AUDIO)
     codes = torch.where(is_av[row_of] & ~own, PAD, modality[row_of])
-    if policy is not None:
+    hidden = None
+    if policy is not None and policy.set_aware:
+        scores, hidden = policy.score(inputs_embeds[row_of], codes, with_hidden=True)
+    elif policy is not None:
         scores = policy.score(inputs_embeds[row_of], codes)
     else:
         scores = scores[row_of] if len(row_of) else scores[:0]
-    chosen = _top_k_keep(scores, retention, codes, own, rows=row_of)
+    chosen = _top_k_keep(scores, retention, codes, own, rows=row_of, policy=policy,
+                         hidden=hidden)
     keep = torch.zeros(modality.shape, dtype=torch.long, device=modality.device)
     return keep.index_add_(0, row_of, chosen.long()) > 0
 
 
-def _top_k_keep(scores, retention, modality, is_av, rows=None):
+def _top_k_keep(scores, retention, modality, is_av, rows=None, policy=None, hidden=None):
+    """bool [B, L]: each row's K = round(rho N) AV tokens by ``policy``'s selection rule
+    (Top-K of ``scores`` without a policy; set-aware selection reads ``hidden`` [B, L, D])."""
     _checks.tensor("scores", scores, ndim=2, floating=True)
     _checks.same_device("scores", scores, "modality", modality)
     if scores.shape != modality.shape:
@@ -398,11 +408,15 @@ def _top_k_keep(scores, retention, modality, is_av, rows=None):
     av_scores = layout.gather(av_scores)
     keep = torch.zeros_like(is_av)
     rows = torch.nonzero(k > 0).flatten()
-    if rows.numel():
+    if not rows.numel():
+        return keep
+    if hidden is not None:
+        indices, _ = policy.select(av_scores[rows], layout.gather_vectors(hidden)[rows], k[rows])
+    else:
         indices, _ = gumbel_topk(av_scores[rows], k[rows], sample=False)
-        chosen = indices >= 0
-        positions = layout.positions[rows].gather(1, indices.clamp_min(0))
-        keep[rows[:, None].expand_as(indices)[chosen], positions[chosen]] = True
+    chosen = indices >= 0
+    positions = layout.positions[rows].gather(1, indices.clamp_min(0))
+    keep[rows[:, None].expand_as(indices)[chosen], positions[chosen]] = True
     return keep
 
 

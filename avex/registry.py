@@ -49,7 +49,8 @@ METHODS = {
     # CaCoVID's set-level reward at the matched budget (issue #25): 8 sampled sets per clip,
     # as AVEX-Prune captions per step, with a group-normalised advantage
     "cacovid": Method("CaCoVID-AV", ("policy",), seeded=True,
-                      train={"exchanges": False, "rl_estimator": "group", "anchors": 8}),
+                      train={"exchanges": False, "rl_estimator": "group", "anchors": 8,
+                             "selection": "topk", "redundancy": 0.0}),
     "avex": Method("AVEX-Prune", ("policy",), seeded=True, train={}),
 }
 #: the methods that select a subset (every one but "full")

@@ -102,6 +102,12 @@ class AVLayout:
         values = per_position.gather(1, self.positions.clamp_min(0))
         return values.masked_fill(self.modality == PAD, fill)
 
+    def gather_vectors(self, per_position: torch.Tensor) -> torch.Tensor:
+        """[B, L, D] vectors -> [B, M, D] on the AV axis, zeros past each row's AV tokens."""
+        index = self.positions.clamp_min(0)[..., None].expand(-1, -1, per_position.shape[-1])
+        values = per_position.gather(1, index)
+        return values.masked_fill((self.modality == PAD)[..., None], 0.0)
+
 
 def _check_budget(counts, budget):
     """counts [B] and budget [B]: integer tensors with 0 <= budget <= counts."""

@@ -64,7 +64,8 @@ def load_assets(cfg: TrainConfig, data_path, captioner_path, device):
     cache, captioner = load_cache_and_captioner(data_path, captioner_path, device=device)
     torch.manual_seed(cfg.seed)  # the policy's random init is part of the run's identity
     policy = AVEXPolicy.from_llm(captioner.model, hidden_size=cfg.policy_hidden,
-                                 positional=cfg.policy_positional).to(device)
+                                 positional=cfg.policy_positional, selection=cfg.selection,
+                                 redundancy=cfg.redundancy).to(device)
     return cache, captioner, policy
 
 

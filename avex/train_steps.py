@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from avex.config import TrainConfig
+from avex.distributed import unwrap
 from avex.exchange_diagnostics import anchor_statistics, exchange_statistics, grad_norm
 from avex.exchange_search import distill_loss, run_search, swap_delta_f
 from avex.fidelity import break_ties, fidelity_reward
@@ -199,14 +200,24 @@ class SampledSets(NamedTuple):
 
 
 def sample_sets(cfg: TrainConfig, policy, batch, seed: int, retention: float) -> SampledSets:
-    """``cfg.anchors`` Gumbel-Top-K sets per clip at ``retention`` and, with ``cfg.exchanges``,
-    the exchanges around them (:func:`anchor_exchanges`)."""
+    """``cfg.anchors`` sets per clip at ``retention``, drawn by the policy's selection rule
+    (Gumbel-Top-K, or set-aware picks with their step-wise log-probability) and, with
+    ``cfg.exchanges``, the exchanges around them (:func:`anchor_exchanges`)."""
     layout = AVLayout.of(batch.modality)
-    scores = layout.gather(policy(batch.inputs_embeds, batch.modality))
     budget = layout.budget(retention)
-    rows, width, count = scores.shape[0], scores.shape[1], cfg.anchors
-    indices, log_prob = gumbel_topk(scores.repeat_interleave(count, 0),
-                                    budget.repeat_interleave(count), tau=cfg.tau, seed=seed)
+    count = cfg.anchors
+    if unwrap(policy).set_aware:
+        scores, hidden = policy(batch.inputs_embeds, batch.modality, with_hidden=True)
+        scores, hidden = layout.gather(scores), layout.gather_vectors(hidden)
+        indices, log_prob = unwrap(policy).select(
+            scores.repeat_interleave(count, 0), hidden.repeat_interleave(count, 0),
+            budget.repeat_interleave(count), tau=cfg.tau, seed=seed, sample=True,
+            log_prob=True)
+    else:
+        scores = layout.gather(policy(batch.inputs_embeds, batch.modality))
+        indices, log_prob = gumbel_topk(scores.repeat_interleave(count, 0),
+                                        budget.repeat_interleave(count), tau=cfg.tau, seed=seed)
+    rows, width = scores.shape
     indices, log_prob = indices.view(rows, count, -1), log_prob.view(rows, count)
     sets = indices_to_keep(indices, width)                                    # [B, A, M]
     exchanges = None

@@ -30,7 +30,7 @@ from avex.modality import AUDIO, VISUAL
 from avex.pruning import expand_av_keep, prune_inputs
 from avex.registry import METHODS as REGISTRY
 from avex.registry import label
-from avex.selection import AVLayout
+from avex.selection import AVLayout, indices_to_keep
 
 #: the registry's baselines: untrained selectors whose selection has a cost of its own
 BASELINES = tuple(name for name, method in REGISTRY.items()
@@ -80,6 +80,27 @@ def baseline_selector(method: str, model, **options):
     return make_selector(method, llm=model, **options), model if method == "fastav" else None
 
 
+def _policy_selection(policy, inputs_embeds, modality, retention: float):
+    """AVEX's stages as serving runs them: the policy's scores (and hidden states, for a
+    set-aware policy), then its own selection rule and the compaction."""
+    layout = AVLayout.of(modality)
+
+    def select(mark=None):
+        if not policy.set_aware:
+            scores = policy.score(inputs_embeds, modality)   # what serving runs
+            if mark is not None:
+                mark("policy")
+            return prune_inputs(inputs_embeds, modality, scores=scores, retention=retention)
+        scores, hidden = policy.score(inputs_embeds, modality, with_hidden=True)
+        if mark is not None:
+            mark("policy")
+        picks, _ = policy.select(layout.gather(scores), layout.gather_vectors(hidden),
+                                 layout.budget(retention))
+        keep = indices_to_keep(picks, layout.positions.shape[1])
+        return prune_inputs(inputs_embeds, modality, keep=expand_av_keep(keep, modality))
+    return select
+
+
 def selection(method: str, model, policy, inputs_embeds, modality, retention: float):
     """A function ``(mark=None) -> PrunedInputs``: the method's scoring, selection and
     compaction of ``inputs_embeds`` [B, L, D] (``full``: compaction only; the baselines: batch
@@ -88,12 +109,7 @@ def selection(method: str, model, policy, inputs_embeds, modality, retention: fl
         keep = modality >= 0
         return lambda mark=None: prune_inputs(inputs_embeds, modality, keep=keep)
     if method == "avex":
-        def select(mark=None):
-            scores = policy.score(inputs_embeds, modality)   # what serving runs
-            if mark is not None:
-                mark("policy")
-            return prune_inputs(inputs_embeds, modality, scores=scores, retention=retention)
-        return select
+        return _policy_selection(policy, inputs_embeds, modality, retention)
     if method not in PROFILED:
         raise ValueError(f"methods: unknown method {method!r}; available: {list(PROFILED)}")
 

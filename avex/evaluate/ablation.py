@@ -40,6 +40,12 @@ PAPER_OBJECTIVE = {"exchanges": True, "rl_estimator": "paper", "lambda_ex": 1.0,
 #: sets per clip per step, in 2 reward calls (4 candidates, then 3).
 EXCHANGE_SEARCH = {"exchanges": False, "exchange_search": True, "search_rounds": 2,
                    "search_candidates": 7}
+#: Set-aware selection (issue #36 item 5; avex/set_selection.py): arm A's training, but the
+#: anchors and the deployed set are K picks in turn, each token's logit lowered by
+#: redundancy x its largest cosine (in the policy's head input) to a token already picked.
+#: Redundancy 4: the better of the two the one-seed val pilot tried (2 and 4; fidelity
+#: reward, benchmark 0; results/set-aware-pilot.md).
+SET_AWARE = {"exchanges": False, "anchors": 8, "selection": "set-aware", "redundancy": 4.0}
 
 #: Table 3's rows and the matched-budget arms (issue #25): name -> (label, V-V, A-A, V-A, A-V
 #: marks, TrainConfig settings). "rloo" is L_RL alone over 4 anchors; the arms caption 8 sets
@@ -70,10 +76,13 @@ ABLATIONS = {
     # issue #36 item 4: the Top-K set and 7 exchange candidates over 2 rounds = 8 sets a clip
     "S": ("S: exchange search + distillation, 8 rewarded sets per step", "✓ ✓ ✓ ✓",
           EXCHANGE_SEARCH),
+    # issue #36 item 5: arm A with set-aware selection, in training and at inference
+    "D": (f"D: A with set-aware selection (redundancy {SET_AWARE['redundancy']:g})",
+          "✗ ✗ ✗ ✗", SET_AWARE),
 }
 #: issue #36's matched-budget arms under the fidelity reward: each arm's settings above, with
 #: reward="fidelity" (the table still scores C_av, CIDEr against the references)
-for _arm in ("A", "B", "C", "S"):
+for _arm in ("A", "B", "C", "S", "D"):
     _label, _marks, _settings = ABLATIONS[_arm]
     ABLATIONS[f"{_arm}-fid"] = (f"{_label}, fidelity reward", _marks,
                                 {**_settings, "reward": "fidelity"})
@@ -161,6 +170,9 @@ def run_ablation(settings: AblationSettings) -> dict:
             rows.append({"variant": name, "label": label, "marks": marks,
                          "run": relative_path(run_dir, out), "seed": cfg.get("seed"),
                          "g": cfg.get("g"), "exchange_types": cfg.get("exchange_types"),
+                         # what the run selects by (runs from before the setting: topk)
+                         "selection": cfg.get("selection", "topk"),
+                         "redundancy": cfg.get("redundancy", 0.0),
                          "retention": retention, **scored(captions, clips)})
     # full tokens: the C_av / full table, and the reference row of the intervals
     full = scored(caption_split(captioner, clips, keep_all, 1.0, **decode), clips)

@@ -52,7 +52,7 @@ from avex.methods.learned import recipe, run_policy_weights
 from avex.metrics import PER_CLIP, caption_metrics_by_reference_type
 from avex.paths import portable_command, relative_path
 from avex.progress import progress_bar
-from avex.run_files import METRICS_FILE
+from avex.run_files import CONFIG_FILE, METRICS_FILE
 from avex.selection import AVLayout, indices_to_keep
 from avex.tables import markdown_table
 
@@ -121,6 +121,12 @@ class DiagnoseSettings(ExperimentSettings):
         if not (Path(ties) / METRICS_FILE).is_file():
             flag = "ties_run" if self.ties_run is not None else "run"
             raise FileNotFoundError(f"{flag}: no {METRICS_FILE} in {ties!r}")
+        selection = (read_run_config(self.run).get("selection", "topk")
+                     if (Path(self.run) / CONFIG_FILE).is_file() else "topk")
+        if selection != "topk":  # the oracles and the samples rank tokens by score alone
+            raise ValueError(f"run: diagnose reads a policy's scores as a Top-K ranking, but "
+                             f"{self.run} trained with selection {selection!r}; diagnose a "
+                             "Top-K policy")
         if self.data != "embedded":
             check_annotated(FeatureCache(self.data), "data")
 

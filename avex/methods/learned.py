@@ -1,7 +1,9 @@
 """Learned selectors: AVEX-Prune (the trained policy) and CaCoVID-AV.
 
 Both score every AV token with an :class:`avex.policy.AVEXPolicy` and keep the deterministic
-Top-K (``gumbel_topk(..., sample=False)``) over the joint AV span, at original positions.
+Top-K (``gumbel_topk(..., sample=False)``) over the joint AV span, at original positions; a
+policy trained with set-aware selection (``config.selection``, :mod:`avex.set_selection`)
+keeps its greedy set-aware picks instead.
 
 CaCoVID-AV is CaCoVID's recipe (an RL policy trained with one set-level caption reward for
 the sampled keep-set) on audio + visual tokens: the same policy network, warmup and budget as
@@ -47,10 +49,15 @@ def recipe(cfg: dict) -> str:
 
 
 def policy_selector(policy):
-    """Deterministic Top-K of ``policy``'s scores (the inference path)."""
+    """The inference path: deterministic Top-K of ``policy``'s scores, or its greedy set-aware
+    selection where the policy was trained with it (``policy.config.selection``)."""
     @torch.no_grad()
     def select(batch, layout, retention):
         budget = layout.budget(_checks.ratio("retention", retention))
+        if policy.set_aware:
+            scores, hidden = policy.score(batch.inputs_embeds, batch.modality, with_hidden=True)
+            idx, _ = policy.select(layout.gather(scores), layout.gather_vectors(hidden), budget)
+            return indices_to_keep(idx, layout.positions.shape[1])
         scores = layout.gather(policy.score(batch.inputs_embeds, batch.modality))
         idx, _ = gumbel_topk(scores, budget, sample=False)
         return indices_to_keep(idx, scores.shape[1])
@@ -158,7 +165,9 @@ def load_policy(path, captioner=None, *, model=None, checkpoint: str = "latest",
         # runs from before the positional input have no policy_positional setting
         policy = AVEXPolicy.from_llm(model, hidden_size=cfg.get("policy_hidden"),
                                      init_from_llm=False,
-                                     positional=cfg.get("policy_positional", False))
+                                     positional=cfg.get("policy_positional", False),
+                                     selection=cfg.get("selection", "topk"),
+                                     redundancy=cfg.get("redundancy", 0.0))
         trained_on = None
     else:
         raise FileNotFoundError(f"path: {path} has no {POLICY_RECORD_FILE} (a run from before "

@@ -199,7 +199,8 @@ class AVEXQwen2_5_VLForConditionalGeneration(Qwen2_5_VLForConditionalGeneration)
         return torch.cat([embeds, channels], 1)
 
     def _keep(self, embeds, text_ids, retention) -> torch.Tensor:
-        """bool [N]: the item's K highest-scoring tokens, scored with the prompt's text as
+        """bool [N]: the item's K tokens by the policy's selection rule (Top-K, or set-aware
+        where the saved policy says so), scored with the prompt's text as
         ``prune_inputs(per_item=True)`` scores one item of a row."""
         policy = self.avex_policy
         if policy.modality_embedding.weight.device != embeds.device:
