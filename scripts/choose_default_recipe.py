@@ -5,7 +5,8 @@ default recipe"), on the val splits of several benchmarks:
         [--candidates A,A-fid,B-fid] [--exchange-arms B-fid]
 
 Each file is an ``avex.evaluate ablation`` output scored on a val split (a test split is
-refused: the test split only reports). Every candidate is compared with A at every retention,
+refused: the test split only reports); several files of one benchmark (arms scored at other
+times, on the same judge and clips) are merged. Every candidate is compared with A at every retention,
 pooled over the files (:func:`avex.evaluate.intervals.pooled_interval`: each benchmark's
 clips and seeds resampled on their own, the benchmarks weighted equally). The rule, applied in
 this order:
@@ -36,19 +37,44 @@ CHOICE_RETENTIONS = (0.2, 0.1)
 
 
 def load_results(paths) -> list[dict]:
-    """The ablation.json files, each checked to be a val-split result with per-clip scores."""
-    results = []
+    """The ablation.json files, each checked to be a val-split result, one result per
+    benchmark: files of the same benchmark (arms scored at different times) are merged when
+    they share the judge (benchmark and captioner sha256), the clips and the retentions."""
+    by_benchmark: dict[str, dict] = {}
     for path in paths:
         data = json.loads(Path(path).read_text())
         if data.get("split") != "val":
             raise ValueError(f"{path} was scored on split {data.get('split')!r}; stage 1 "
                              "chooses on val splits only (the test split only reports)")
         data["source"] = str(path)
-        results.append(data)
+        name = data["judge"]["benchmark"]["name"]
+        if name not in by_benchmark:
+            by_benchmark[name] = data
+            continue
+        first = by_benchmark[name]
+        for key in ("judge", "clips", "retentions"):
+            if _judged(first, key) != _judged(data, key):
+                raise ValueError(f"{path} and {first['source']} both score {name} but differ "
+                                 f"in {key}: {_judged(data, key)} against {_judged(first, key)}")
+        twice = {r["variant"] for r in first["rows"]} & {r["variant"] for r in data["rows"]}
+        if twice:
+            raise ValueError(f"{path} and {first['source']} both score {sorted(twice)} on "
+                             f"{name}; give each arm of a benchmark once")
+        first["rows"] = first["rows"] + data["rows"]
+        first["source"] += f" + {path}"
+    results = list(by_benchmark.values())
     retentions = [tuple(r["retentions"]) for r in results]
     if len(set(retentions)) != 1:
         raise ValueError(f"the files scored different retentions: {retentions}")
     return results
+
+
+def _judged(data: dict, key: str):
+    """What two files of one benchmark must share: the judge's hashes, clips, retentions."""
+    if key == "judge":
+        judge = data.get("judge") or {}
+        return tuple((judge.get(part) or {}).get("sha256") for part in ("benchmark", "captioner"))
+    return data.get(key)
 
 
 def per_benchmark(result: dict, name: str, retention: float) -> list:

@@ -22,7 +22,7 @@ def chooser():
 
 
 def write_results(folder: Path, shifts: dict, *, benchmarks=2, split="val", clips=300,
-                  noise=15.0, first=0):
+                  noise=15.0, first=0, name="b"):
     """One ablation.json per benchmark (numbered from ``first``): arm X = A +
     shifts[X][retention] on every clip, plus ``noise`` points of noise per clip; 3 seeds."""
     rng = np.random.default_rng(1 + first)
@@ -38,10 +38,11 @@ def write_results(folder: Path, shifts: dict, *, benchmarks=2, split="val", clip
                     rows.append({"variant": name, "seed": seed, "retention": r,
                                  "C_av": float(scores.mean()),
                                  "per_clip": compact_per_clip({"C_av": scores})})
-        path = folder / f"b{b}.json"
+        path = folder / f"{name}{b}.json"
         path.write_text(json.dumps({
             "rows": rows, "retentions": RETENTIONS, "split": split, "clips": clips,
-            "judge": {"benchmark": {"name": f"embedded-default-seed{b}"}}}))
+            "judge": {"benchmark": {"name": f"embedded-default-seed{b}", "sha256": f"b{b}"},
+                      "captioner": {"sha256": f"c{b}"}}}))
         paths.append(path)
     return paths
 
@@ -105,3 +106,23 @@ def test_pooling_weights_benchmarks_equally(chooser, tmp_path):
     interval = chooser.pooled(results, "A-fid", "A", 0.2)
     assert interval.difference == pytest.approx(5.0, abs=0.3)
     assert interval.low < 5.0 < interval.high and interval.high - interval.low < 1.0
+
+
+def test_arms_scored_apart_on_one_benchmark_are_merged(chooser, tmp_path):
+    """D-fid scored later, in its own file, joins A and A-fid of the same benchmark; a file of
+    the same benchmark under another captioner, or an arm given twice, is refused."""
+    paths = write_results(tmp_path, {"A-fid": {0.1: 8.0}}, benchmarks=1)
+    later = write_results(tmp_path, {"D-fid": {0.1: 15.0}}, benchmarks=1, name="later")
+    data = json.loads(later[0].read_text())
+    data["rows"] = [row for row in data["rows"] if row["variant"] == "D-fid"]
+    later[0].write_text(json.dumps(data))
+    results = chooser.load_results(paths + later)
+    assert len(results) == 1
+    assert {row["variant"] for row in results[0]["rows"]} == {"A", "A-fid", "D-fid"}
+    assert chooser.choose(results, ["A", "A-fid", "D-fid"], set())["chosen"] == "D-fid"
+    with pytest.raises(ValueError, match=r"both score \['A', 'A-fid'\]"):
+        chooser.load_results(paths + paths)
+    data["judge"]["captioner"]["sha256"] = "another"
+    later[0].write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r"differ in judge"):
+        chooser.load_results(paths + later)
