@@ -13,6 +13,7 @@ from avex import teachers
 from avex.captioner import FrozenCaptioner
 from avex.config import TrainConfig
 from avex.data import FeatureCache
+from avex.evaluate.__main__ import main as evaluate
 from avex.evaluate.ablation import ABLATIONS
 from avex.modality import AUDIO, PAD, VISUAL
 from avex.selection import AVLayout, num_kept
@@ -226,10 +227,24 @@ def test_the_setting_is_recorded_kept_on_resume_and_checked(tiny, tmp_path, caps
     assert TrainConfig().warmup_teacher == "prompt-attention"
 
 
-def test_the_ablation_scores_each_teachers_warmup():
+def test_the_ablation_scores_each_teachers_own_warmup(tiny, tmp_path):
+    """warmup-capattn and warmup-fidgain train warmups of their own (not from the seed's
+    "warmup" run) and are scored at their warmup checkpoints, beside the default's."""
     for name, teacher in (("warmup", "prompt-attention"), ("warmup-capattn", "caption-attention"),
                           ("warmup-fidgain", "fidelity-gain")):
-        settings = ABLATIONS[name][2]
-        assert settings["warmup_only"] is True
-        assert settings.get("warmup_teacher", "prompt-attention") == teacher
-        TrainConfig(**settings).validate()
+        assert ABLATIONS[name][2]["warmup_only"] is True
+        assert ABLATIONS[name][2].get("warmup_teacher", "prompt-attention") == teacher
+    root, _, _ = tiny
+    out = tmp_path / "abl"
+    result = evaluate(["ablation", "--benchmark-preset", "tiny", "--captioner-preset", "tiny",
+                       "--cache-dir", str(root), "--out", str(out), "--no-progress",
+                       "--max-new-tokens", "12", "--variants", "warmup,warmup-capattn",
+                       "--retentions", "0.4,0.2", "--train-args",
+                       "--batch-size 8 --micro-batch-size 4 --warmup-epochs 0.5"])
+    assert [(r["variant"], r["retention"]) for r in result["rows"]] == \
+        [("warmup", 0.4), ("warmup", 0.2), ("warmup-capattn", 0.4), ("warmup-capattn", 0.2)]
+    config = json.loads((out / "runs" / "seed0" / "warmup-capattn" / "config.json").read_text())
+    assert (config["warmup_teacher"], config["warmup_from"], config["warmup_only"]) == \
+        ("caption-attention", None, True)
+    assert json.loads((out / "runs" / "seed0" / "warmup" / "config.json").read_text())[
+        "warmup_teacher"] == "prompt-attention"
