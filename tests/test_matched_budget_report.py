@@ -140,6 +140,10 @@ def test_arm_differences_take_missing_arms_from_another_file_of_the_same_judge(a
     (tmp_path / "old.json").write_text(json.dumps(only_b))
     assert arm_script.main([str(tmp_path / "new.json"), "--with", str(tmp_path / "old.json"),
                             "--pairs", "B:A,C:A"]) == expected
+    tagged = arm_script.main([str(tmp_path / "new.json"), "--with",
+                              f"{tmp_path / 'old.json'}@old", "--pairs", "B@old:A@old,B@old:A"])
+    assert "- B@old against A@old: 40% ahead, 20% ahead" in tagged
+    assert "- B@old against A: 40% ahead, 20% ahead" in tagged
     other_full = {**only_b, "full": {**only_b["full"], "per_clip": {"C_av": [0.0]}}}
     (tmp_path / "other.json").write_text(json.dumps(other_full))
     with pytest.raises(SystemExit):
