@@ -97,7 +97,8 @@ def main(argv=None) -> str:
                         help="another ablation.json whose arms the file lacks are added; "
                              "FILE@TAG adds all of its arms as ARM@TAG")
     args = parser.parse_args(argv)
-    others = [(Path(path), tag) for path, _, tag in (o.rpartition("@") if "@" in o else (o, "", "") for o in args.others)]
+    split = (o.rpartition("@") if "@" in o else (o, "", "") for o in args.others)
+    others = [(Path(path), tag) for path, _, tag in split]
     for path in (args.file, *(p for p, _ in others)):
         if not path.is_file():
             parser.error(f"file: no such file {str(path)!r}")
