@@ -58,11 +58,11 @@ def direct_fidelity(model, batch, b, av_keep, target) -> float:
     embeds, positions, _ = unpadded(batch, b, av_keep)
     target = torch.tensor(target)
     last = int((batch.modality[b] != PAD).sum()) - 1
+    embeds = torch.cat([embeds, model.get_input_embeddings()(target)])
+    positions = torch.cat([positions, last + 1 + torch.arange(len(target))])
     with torch.no_grad():
-        logits = model(inputs_embeds=torch.cat([embeds, model.get_input_embeddings()(target)])[None],
-                       position_ids=torch.cat([positions, last + 1 + torch.arange(len(target))])[None]
-                       ).logits[0].double()
-    steps = logits[len(embeds) - 1:-1]
+        logits = model(inputs_embeds=embeds[None], position_ids=positions[None]).logits[0].double()
+    steps = logits[len(embeds) - len(target) - 1:-1]
     return 100 * torch.log_softmax(steps, -1)[torch.arange(len(target)), target].mean().item()
 
 
