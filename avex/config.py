@@ -22,6 +22,8 @@ EXCHANGE_TYPES = ("vv", "aa", "va", "av")
 #: what a kept set is rewarded by (docs/training.md, "Rewards"; avex.fidelity)
 REWARDS = ("cider", "fidelity", "cider+fidelity")
 FIDELITY_FORMS = ("logp", "margin")
+#: what the warmup imitates (docs/training.md, "Warmup teachers"; avex.teachers.WARMUP_TEACHERS)
+WARMUP_TEACHERS = ("prompt-attention", "caption-attention", "fidelity-gain")
 
 PRESETS = {
     # Section 3.4 of the paper, for a real backbone (VideoLLaMA 2 / VILA features).
@@ -110,6 +112,11 @@ class TrainConfig:
     lambda_target: float = 0.0        # weight of the warmup BCE kept on during RL (an anchor)
     lambda_best: float = 0.0          # weight of a BCE toward each clip's best-rewarded anchor
     warmup_from: str | None = None    # a run directory: start from its warmup policy, skip ours
+    # the scores whose balanced keep-sets the warmup imitates (avex/teachers.py): the prompt's
+    # attention to the AV tokens in the full-token prefill ("prompt-attention"), y_full's
+    # teacher-forced attention to them ("caption-attention") or each token's counterfactual
+    # gain under the fidelity reward ("fidelity-gain"); issue #36 item 6
+    warmup_teacher: str = "prompt-attention"
     # exchange search + distillation (issue #36 item 4; avex/exchange_search.py), instead of
     # L_RL: per clip, a local search of exchanges from the policy's Top-K set, the pairwise
     # exchange loss on every swap it scores, and a loss toward the set it ends on.
@@ -190,6 +197,7 @@ class TrainConfig:
             raise ValueError(f"exchange_types has duplicates: {self.exchange_types}")
         _checks.choice("exchange_selection", self.exchange_selection, {"confidence", "random"})
         _checks.choice("reward", self.reward, REWARDS)
+        _checks.choice("warmup_teacher", self.warmup_teacher, WARMUP_TEACHERS)
         _checks.choice("fidelity_form", self.fidelity_form, FIDELITY_FORMS)
         _checks.int_at_least("num_beams", self.num_beams, 1)
         _checks.int_at_least("max_new_tokens", self.max_new_tokens, 1)
@@ -399,6 +407,9 @@ def resolve_config(args: argparse.Namespace) -> TrainConfig:
             raise ValueError(f"fidelity_form = {asked['fidelity_form']!r} has no effect with "
                              "reward 'cider'; add --reward fidelity (or cider+fidelity) or drop "
                              "fidelity_form")
+        if "warmup_teacher" in asked and cfg.warmup_from and cfg.lambda_target == 0:
+            raise ValueError(f"warmup_teacher = {asked['warmup_teacher']!r} has no effect with "
+                             "warmup_from (no warmup here, and lambda_target is 0); drop one")
         if "g" in asked and cfg.g_fraction > 0:
             raise ValueError(f"g = {asked['g']!r} has no effect while g_fraction is "
                              f"{cfg.g_fraction} (g = g_fraction x K); add --g-fraction 0 for a "

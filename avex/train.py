@@ -40,6 +40,7 @@ from avex.run_files import (CACOVID_DIR, EXCHANGE_CALIBRATION_FILE, SAVED_POLICY
 from avex.run_table import score_run
 from avex.selection import AVLayout
 from avex.stopping import ZERO_REWARD_STEPS, StopSignals, TrainingInterrupted, zero_reward_error
+from avex.teachers import teacher_scores
 from avex.train_steps import (batch_indices, cosine_with_warmup, draw_retention,
                               exchange_saturation, micro_batches, rl_loss, sample_seed,
                               training_retentions, warmup_loss, warmup_targets)
@@ -237,16 +238,19 @@ class Run:
         self.books.save(model, "rl", 0, rl_optimizer, rl_scheduler)
 
     def targets(self, captioner, clips) -> list[torch.Tensor]:
-        """The warmup targets of the train clips (:func:`warmup_targets`)."""
+        """The warmup targets of the train clips (:func:`warmup_targets`) from the scores of
+        ``warmup_teacher`` (:func:`avex.teachers.teacher_scores`)."""
         cfg = self.cfg
-        # full-token attention is computed once per (captioner, cache) and kept in the cache dir
+        # each teacher's scores are computed once per (captioner, cache[, decoding]) and kept in
+        # the cache dir
+        settings = dict(num_beams=cfg.num_beams, max_new_tokens=cfg.max_new_tokens,
+                        cache_dir=cfg.cache_dir)
         if self.procs.main:
-            captioner.cached_text_to_av_attention(self.cache, "train", cache_dir=cfg.cache_dir,
-                                                  progress=cfg.progress)
+            teacher_scores(cfg.warmup_teacher, captioner, self.cache, "train",
+                           progress=cfg.progress, **settings)
         self.procs.barrier()
-        attention = captioner.cached_text_to_av_attention(self.cache, "train",
-                                                          cache_dir=cfg.cache_dir)
-        return warmup_targets(attention, clips, training_retentions(cfg))
+        scores = teacher_scores(cfg.warmup_teacher, captioner, self.cache, "train", **settings)
+        return warmup_targets(scores, clips, training_retentions(cfg))
 
     def full_captions(self, captioner, split: str):
         """y_full of ``split`` under the run's decoding (:func:`avex.fidelity.full_captions`):

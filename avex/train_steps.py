@@ -85,12 +85,13 @@ def cosine_with_warmup(total_steps: int, warmup_fraction: float):
 # Warmup: fit the policy to a balanced attention-based selection
 # ----------------------------------------------------------------------------------------------
 
-def warmup_targets(attention: dict, clips, retentions) -> list[torch.Tensor]:
+def warmup_targets(scores: dict, clips, retentions) -> list[torch.Tensor]:
     """Per clip, float [M]: the share of ``retentions`` at which each AV token is in the
-    balanced attention keep-set (:func:`avex.selection.balanced_attention_keep`). One retention
-    gives the 0/1 set; several give a graded target whose order serves every one of them.
-    ``attention`` maps clip_id -> float [M] (``FrozenCaptioner.cached_text_to_av_attention``)."""
-    return [torch.stack([balanced_attention_keep(attention[clip.clip_id], clip.n_visual,
+    balanced keep-set of the teacher's scores (:func:`avex.selection.balanced_attention_keep`).
+    One retention gives the 0/1 set; several give a graded target whose order serves every one
+    of them. ``scores`` maps clip_id -> float [M] (:func:`avex.teachers.teacher_scores`: by
+    default ``FrozenCaptioner.cached_text_to_av_attention``)."""
+    return [torch.stack([balanced_attention_keep(scores[clip.clip_id], clip.n_visual,
                                                  clip.n_audio, r, av_modality=_av_order(clip)
                                                  ).float()
                          for r in retentions]).mean(0) for clip in clips]

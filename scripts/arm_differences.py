@@ -1,11 +1,17 @@
 """Paired differences between any two arms of an ablation.json (issue #36's comparisons).
 
     python scripts/arm_differences.py CMP/ablation.json --pairs A-fid:C-fid,A-fid:A,B-fid:A-fid
+    python scripts/arm_differences.py NEW/ablation.json --with OLD/ablation.json --pairs X:warmup
+    python scripts/arm_differences.py NEW/ablation.json --with OLD/ablation.json@old --pairs A:A@old
 
 The ablation's own table gives arm A − every other arm; this gives ``X − Y`` for each ``X:Y``
 in ``--pairs``, at every retention the file scored, with the paired bootstrap 95% interval
 (clips and training seeds resampled together, :mod:`avex.evaluate.intervals`) and the verdict
-of the project's decision rule (docs/evaluation.md, "Paired intervals"). Prints Markdown.
+of the project's decision rule (docs/evaluation.md, "Paired intervals"). ``--with`` adds the rows
+of arms the file lacks from another ablation.json of the same judge, split and clips (its
+full-token scores must be the file's, clip for clip), so an arm scored before need not be scored
+again; ``--with FILE@TAG`` adds every arm of FILE as ``ARM@TAG`` (an arm both files hold, trained
+two ways). Prints Markdown.
 """
 from __future__ import annotations
 
@@ -36,6 +42,30 @@ def verdict(value) -> str:
     return "level"
 
 
+def merge_rows(result: dict, other: dict, name: str, tag: str = "") -> dict:
+    """``result`` with the rows of every arm it lacks taken from ``other``, an ablation.json of
+    the same judge (benchmark and captioner SHA-256), split and clips whose full-token scores
+    are ``result``'s clip for clip; anything else is refused, naming what differs. With
+    ``tag``, every arm of ``other`` is added, renamed ``ARM@tag``."""
+    for key in ("split", "clips"):
+        if other.get(key) != result.get(key):
+            raise ValueError(f"--with {name}: its {key} is {other.get(key)!r}, the file's "
+                             f"{result.get(key)!r}")
+    for part in ("benchmark", "captioner"):
+        if other["judge"][part]["sha256"] != result["judge"][part]["sha256"]:
+            raise ValueError(f"--with {name}: another {part} (sha256 "
+                             f"{other['judge'][part]['sha256'][:12]}...) than the file's")
+    if other["full"]["per_clip"] != result["full"]["per_clip"]:
+        raise ValueError(f"--with {name}: its full-token scores differ from the file's, so its "
+                         "captioning is not the file's")
+    if tag:
+        return {**result, "rows": result["rows"] + [{**r, "variant": f"{r['variant']}@{tag}"}
+                                                    for r in other["rows"]]}
+    have = {r["variant"] for r in result["rows"]}
+    return {**result, "rows": result["rows"] + [r for r in other["rows"]
+                                                if r["variant"] not in have]}
+
+
 def arm_differences(result: dict, pairs) -> str:
     """One table per first arm of ``pairs``: X − each of its Y at every retention of
     ``result`` (an ablation.json's contents), then each cell's verdict under the rule."""
@@ -63,11 +93,20 @@ def main(argv=None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("file", type=Path, help="an ablation.json")
     parser.add_argument("--pairs", type=pairs_arg, required=True, help="X:Y[,X:Y...]")
+    parser.add_argument("--with", dest="others", action="append", default=[],
+                        help="another ablation.json whose arms the file lacks are added; "
+                             "FILE@TAG adds all of its arms as ARM@TAG")
     args = parser.parse_args(argv)
-    if not args.file.is_file():
-        parser.error(f"file: no such file {str(args.file)!r}")
+    split = (o.rpartition("@") if "@" in o else (o, "", "") for o in args.others)
+    others = [(Path(path), tag) for path, _, tag in split]
+    for path in (args.file, *(p for p, _ in others)):
+        if not path.is_file():
+            parser.error(f"file: no such file {str(path)!r}")
     try:
-        text = arm_differences(json.loads(args.file.read_text()), args.pairs)
+        result = json.loads(args.file.read_text())
+        for path, tag in others:
+            result = merge_rows(result, json.loads(path.read_text()), str(path), tag)
+        text = arm_differences(result, args.pairs)
     except ValueError as err:
         parser.error(str(err))
     print(text)

@@ -126,3 +126,27 @@ def test_arm_differences_refuse_an_arm_the_file_lacks(arm_script, tmp_path, caps
     with pytest.raises(SystemExit):
         arm_script.main([str(path), "--pairs", "A"])
     assert "--pairs must be X:Y[,X:Y...], got 'A'" in capsys.readouterr().err
+
+
+def test_arm_differences_take_missing_arms_from_another_file_of_the_same_judge(arm_script,
+                                                                              tmp_path, capsys):
+    """--with: B's rows read from a second file give what the whole file gives; a file whose
+    full-token scores differ (another captioning) is refused."""
+    whole = json.loads(ablation_json(tmp_path, 6.0).read_text())
+    expected = arm_script.main([str(tmp_path / "ablation.json"), "--pairs", "B:A,C:A"])
+    without_b = {**whole, "rows": [r for r in whole["rows"] if r["variant"] != "B"]}
+    only_b = {**whole, "rows": [r for r in whole["rows"] if r["variant"] in ("B", "A")]}
+    (tmp_path / "new.json").write_text(json.dumps(without_b))
+    (tmp_path / "old.json").write_text(json.dumps(only_b))
+    assert arm_script.main([str(tmp_path / "new.json"), "--with", str(tmp_path / "old.json"),
+                            "--pairs", "B:A,C:A"]) == expected
+    tagged = arm_script.main([str(tmp_path / "new.json"), "--with",
+                              f"{tmp_path / 'old.json'}@old", "--pairs", "B@old:A@old,B@old:A"])
+    assert "- B@old against A@old: 40% ahead, 20% ahead" in tagged
+    assert "- B@old against A: 40% ahead, 20% ahead" in tagged
+    other_full = {**only_b, "full": {**only_b["full"], "per_clip": {"C_av": [0.0]}}}
+    (tmp_path / "other.json").write_text(json.dumps(other_full))
+    with pytest.raises(SystemExit):
+        arm_script.main([str(tmp_path / "new.json"), "--with", str(tmp_path / "other.json"),
+                         "--pairs", "B:A"])
+    assert "its full-token scores differ from the file's" in capsys.readouterr().err

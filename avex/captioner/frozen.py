@@ -123,6 +123,19 @@ class TeacherForced(NamedTuple):
         return (self.margin > 0).all(-1)
 
 
+class TeacherForcedInputs(NamedTuple):
+    """:meth:`FrozenCaptioner.teacher_forced_inputs`: R = B * S rows, T = the longest target.
+
+    ``inputs``: the :class:`~avex.pruning.PrunedInputs` of every row, the target's T tokens
+    appended after the kept prompt; ``targets`` int64 [R, T] (EOS past a target's end);
+    ``valid`` bool [R, T] (a step within its target); ``length`` [B]; ``steps`` T."""
+    inputs: object
+    targets: torch.Tensor
+    valid: torch.Tensor
+    length: torch.Tensor
+    steps: int
+
+
 def _left_pad(pieces: list, value, dtype=None) -> torch.Tensor:
     length = max(p.shape[0] for p in pieces)
     out = []
@@ -474,23 +487,13 @@ class FrozenCaptioner:
             inputs_embeds, modality, av_keep, num_beams=num_beams,
             max_new_tokens=max_new_tokens, position_ids=position_ids)]
 
-    @torch.no_grad()
-    def teacher_forced(self, inputs_embeds: torch.Tensor, modality: torch.Tensor,
-                       av_keep: torch.Tensor, targets: Sequence[Sequence[int]], *,
-                       position_ids=None) -> "TeacherForced":
-        """How well each keep-set supports a given caption: the caption's tokens fed after the
-        kept prompt, ONE forward pass for every set of every sample.
-
-        ``av_keep`` is bool [B, S, M] on the AV axis, as :meth:`caption_keep_sets` takes it
-        (compacted by the same ``prune_inputs`` path, at original positions, the model's own
-        ``position_ids`` respected); ``targets`` holds B token id sequences, sample b's caption
-        (e.g. y_full: :meth:`generate_tokens` of the full tokens, its EOS included where the
-        caption ended), scored under each of the sample's S sets. Step t's token sits at the
-        position decoding would give it (the row's last original position + 1 + t).
-
-        Returns a :class:`TeacherForced`: per step the target token's log-probability and its
-        logit margin over the best other token. Greedy decoding under a set writes exactly the
-        target iff every margin is > 0 (0 is a tie)."""
+    def teacher_forced_inputs(self, inputs_embeds: torch.Tensor, modality: torch.Tensor,
+                              av_keep: torch.Tensor, targets: Sequence[Sequence[int]], *,
+                              position_ids=None) -> "TeacherForcedInputs":
+        """The inputs :meth:`teacher_forced` runs its one forward on (checked as it documents):
+        each keep-set's compacted prompt with its sample's target tokens appended at the
+        positions decoding would give them. Also what the caption-attention warmup teacher
+        (:mod:`avex.teachers`) reads its attention maps from."""
         _checks.tensor("av_keep", av_keep, ndim=3, boolean=True)
         if isinstance(targets, torch.Tensor) or not isinstance(targets, (list, tuple)):
             raise TypeError(f"targets must be a list of B token id sequences, got "
@@ -533,16 +536,40 @@ class FrozenCaptioner:
             # the sequence the forward stands for: the full prompt and the caption's steps
             original_length=None if pruned.original_length is None
             else pruned.original_length + steps)
+        return TeacherForcedInputs(extended, rows, valid.repeat_interleave(sets, 0), length,
+                                   steps)
+
+    @torch.no_grad()
+    def teacher_forced(self, inputs_embeds: torch.Tensor, modality: torch.Tensor,
+                       av_keep: torch.Tensor, targets: Sequence[Sequence[int]], *,
+                       position_ids=None) -> "TeacherForced":
+        """How well each keep-set supports a given caption: the caption's tokens fed after the
+        kept prompt, ONE forward pass for every set of every sample.
+
+        ``av_keep`` is bool [B, S, M] on the AV axis, as :meth:`caption_keep_sets` takes it
+        (compacted by the same ``prune_inputs`` path, at original positions, the model's own
+        ``position_ids`` respected); ``targets`` holds B token id sequences, sample b's caption
+        (e.g. y_full: :meth:`generate_tokens` of the full tokens, its EOS included where the
+        caption ended), scored under each of the sample's S sets. Step t's token sits at the
+        position decoding would give it (the row's last original position + 1 + t).
+
+        Returns a :class:`TeacherForced`: per step the target token's log-probability and its
+        logit margin over the best other token. Greedy decoding under a set writes exactly the
+        target iff every margin is > 0 (0 is a tie)."""
+        forced = self.teacher_forced_inputs(inputs_embeds, modality, av_keep, targets,
+                                            position_ids=position_ids)
+        batch, sets = av_keep.shape[:2]
+        steps, rows, length = forced.steps, forced.targets, forced.length
         keep_logits = ({"logits_to_keep": steps + 1} if "logits_to_keep" in
                        inspect.signature(self.model.forward).parameters else {})
-        logits = forward(self.model, extended, use_cache=False, **keep_logits).logits
+        logits = forward(self.model, forced.inputs, use_cache=False, **keep_logits).logits
         # the logits of the last prompt token predict step 0; step T - 1's own are unused
         logits = logits[:, -(steps + 1):-1].float()                                 # [R, T, V]
         log_prob = torch.log_softmax(logits, -1).gather(-1, rows[..., None])[..., 0]
         chosen = logits.gather(-1, rows[..., None])[..., 0]
         rival = logits.scatter(-1, rows[..., None], float("-inf")).amax(-1)
         margin = chosen - rival
-        valid_rows = valid.repeat_interleave(sets, 0)
+        valid_rows = forced.valid
         log_prob = torch.where(valid_rows, log_prob, torch.zeros_like(log_prob))
         margin = torch.where(valid_rows, margin, torch.full_like(margin, float("inf")))
         return TeacherForced(log_prob.view(batch, sets, steps), margin.view(batch, sets, steps),

@@ -80,6 +80,12 @@ ABLATIONS = {
     "D": (f"D: A with set-aware selection (redundancy {SET_AWARE['redundancy']:g})",
           "✗ ✗ ✗ ✗", SET_AWARE),
 }
+#: issue #36 item 6: the warmup alone, from each of the other warmup teachers (avex/teachers.py);
+#: each trains its own warmup and is scored at its warmup checkpoint, as "warmup" is
+ABLATIONS["warmup-capattn"] = ("Warmup only, caption-attention teacher", "✗ ✗ ✗ ✗",
+                               {"warmup_only": True, "warmup_teacher": "caption-attention"})
+ABLATIONS["warmup-fidgain"] = ("Warmup only, fidelity-gain teacher", "✗ ✗ ✗ ✗",
+                               {"warmup_only": True, "warmup_teacher": "fidelity-gain"})
 #: issue #36's matched-budget arms under the fidelity reward: each arm's settings above, with
 #: reward="fidelity" (the table still scores C_av, CIDEr against the references)
 for _arm in ("A", "B", "C", "S", "D"):
@@ -120,7 +126,13 @@ class AblationSettings(ExperimentSettings):
             if name not in ABLATIONS:
                 raise ValueError(f"--run must be VARIANT=DIR with VARIANT one of "
                                  f"{list(ABLATIONS)}, got {name!r}")
-            given_run(path, "warmup" if name == "warmup" else "latest", f"--run {name}")
+            given_run(path, "warmup" if own_warmup(name) else "latest", f"--run {name}")
+
+
+def own_warmup(name: str) -> bool:
+    """A warmup-only variant: it trains its own warmup (not from the seed's "warmup" run) and
+    is scored at its warmup checkpoint."""
+    return bool(ABLATIONS[name][2].get("warmup_only"))
 
 
 def run_ablation(settings: AblationSettings) -> dict:
@@ -159,10 +171,10 @@ def run_ablation(settings: AblationSettings) -> dict:
             run_dir = warmups[seed]
         elif run_dir is None:
             run_dir = train_variant(base, out / "runs" / f"seed{seed}" / name,
-                                    warmup_from=warmups[seed], seed=seed,
-                                    retention=settings.retention, **variant)
+                                    warmup_from=None if own_warmup(name) else warmups[seed],
+                                    seed=seed, retention=settings.retention, **variant)
         policy = load_policy(run_dir, captioner,
-                             checkpoint="warmup" if name == "warmup" else "latest")
+                             checkpoint="warmup" if own_warmup(name) else "latest")
         cfg = read_run_config(run_dir)
         for retention in retentions:
             captions = caption_split(captioner, clips, make_selector("avex", policy=policy),
