@@ -11,7 +11,7 @@ A cache is a directory::
                            "<clip_id>/merged_embeds" [L, D], "<clip_id>/merged_modality" [L] and
                            optionally "<clip_id>/merged_position_ids" [..., L]
 
-The README's "Feature-cache format" section is the user-facing specification; this module is its
+docs/benchmark.md's "Feature-cache format" section is the user-facing specification; this module is its
 reference writer (:class:`CacheWriter`) and reader (:class:`FeatureCache`). Reading memory-maps the
 shards and copies out one clip at a time; nothing is loaded whole.
 """
