@@ -11,9 +11,9 @@ A cache is a directory::
                            "<clip_id>/merged_embeds" [L, D], "<clip_id>/merged_modality" [L] and
                            optionally "<clip_id>/merged_position_ids" [..., L]
 
-docs/benchmark.md's "Feature-cache format" section is the user-facing specification; this module is its
-reference writer (:class:`CacheWriter`) and reader (:class:`FeatureCache`). Reading memory-maps the
-shards and copies out one clip at a time; nothing is loaded whole.
+docs/benchmark.md's "Feature-cache format" section is the user-facing specification; this
+module is its reference writer (:class:`CacheWriter`) and reader (:class:`FeatureCache`).
+Reading memory-maps the shards and copies out one clip at a time; nothing is loaded whole.
 """
 from __future__ import annotations
 
