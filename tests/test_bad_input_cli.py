@@ -1,7 +1,6 @@
 """Bad flags of every command line: each exits with status 2, a message naming the flag and the
 value, and no traceback, before any captioning, training or file writing. One case a line
 (tests/badinput.py). ``python -m avex.train``'s flags are in test_bad_input_config.py."""
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -12,13 +11,11 @@ from avex.evaluate.__main__ import main as evaluate_main
 from avex.policy import _count_main as policy_main
 from avex.profiling.__main__ import main as profiling_main
 from badinput import exits_with_usage_error, usage
+from file_module import load_file
 
 
 def _script(path: Path):
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file(path)
 
 
 summarize_main = _script(Path(__file__).resolve().parents[1] / "bench" / "summarize.py").main

@@ -2,7 +2,6 @@
 a line (tests/badinput.py): the export, the saved policy and what it is served with, the
 captioner's tokenizer, an unfinished or mismatched run given to evaluate, a run that learns
 nothing. Each names what is wrong before any work (or file) is done with it."""
-import importlib.util
 import json
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from avex.modality import AUDIO, PAD, TEXT, VISUAL
 from avex.policy import AVEXPolicy, PolicyConfig, TrainedOn, policy_record
 from avex.pruning import prune_inputs
 from badinput import case, exits_with_usage_error, raises, usage
+from file_module import load_file
 
 pytest.importorskip("av", reason="the export reads media with PyAV (the media extra)")
 pytest.importorskip("soundfile", reason="the export reads audio with soundfile (the media "
@@ -28,10 +28,7 @@ V, A, T = VISUAL, AUDIO, TEXT
 
 
 def example():
-    spec = importlib.util.spec_from_file_location("train_once_prune_anywhere", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file(EXAMPLE)
 
 
 def qwen2(hidden=32):

@@ -1,6 +1,5 @@
 """scripts/choose_default_recipe.py: stage 1 of issue #36's choice of the default recipe, on
 synthetic val results of several benchmarks whose arms differ by known shifts."""
-import importlib.util
 import json
 from pathlib import Path
 
@@ -8,6 +7,7 @@ import numpy as np
 import pytest
 
 from avex.evaluate.intervals import compact_per_clip
+from file_module import load_file
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "choose_default_recipe.py"
 RETENTIONS = [0.5, 0.3, 0.2, 0.1]
@@ -15,10 +15,7 @@ RETENTIONS = [0.5, 0.3, 0.2, 0.1]
 
 @pytest.fixture(scope="module")
 def chooser():
-    spec = importlib.util.spec_from_file_location("choose_default_recipe", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file(SCRIPT)
 
 
 def write_results(folder: Path, shifts: dict, *, benchmarks=2, split="val", clips=300,

@@ -3,7 +3,6 @@ the documented commands (media files -> python -m avex.data export, and the same
 two processes under torchrun -> python -m avex.train -> avex.load_policy ->
 adapt(...).prune(policy=) -> generate), and the keep-set it serves is the one python -m
 avex.evaluate scores for the same clip and retention."""
-import importlib.util
 import json
 import os
 import subprocess
@@ -16,6 +15,7 @@ import torch
 from avex.evaluate import sweep
 from avex.evaluate.__main__ import main as evaluate_main
 from avex.modality import AUDIO, VISUAL
+from file_module import load_file
 
 pytest.importorskip("av", reason="the example writes and reads media with PyAV (the media "
                                  "extra)")
@@ -26,10 +26,7 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_once_prune_a
 
 
 def load_example():
-    spec = importlib.util.spec_from_file_location("train_once_prune_anywhere", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file(EXAMPLE)
 
 
 def torchrun_export(workdir: Path, out: Path, processes: int = 2):

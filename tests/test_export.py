@@ -3,7 +3,6 @@ the lock, temporary folders), nothing silently wrong (the resume identity holds 
 the cache records its tokenizer and training checks it), Ctrl-C at a clip boundary, clips
 without references, and every family the adapters cover exported or refused with the reason.
 Media and models are the example's tiny ones (examples/train_once_prune_anywhere.py)."""
-import importlib.util
 import json
 import os
 import signal
@@ -16,6 +15,7 @@ import torch
 from avex.data import FeatureCache
 from avex.data.export import ExportError, ExportInterrupted, export_cache
 from avex.data.parts import ExportLock, partial_dir
+from file_module import load_file
 
 pytest.importorskip("av", reason="the export reads media with PyAV (the media extra)")
 pytest.importorskip("soundfile", reason="the export reads audio with soundfile (the media "
@@ -25,10 +25,7 @@ EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "train_once_prune_a
 
 
 def example():
-    spec = importlib.util.spec_from_file_location("train_once_prune_anywhere", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file(EXAMPLE)
 
 
 EX = example()

@@ -1,7 +1,6 @@
 """torchrun --nproc-per-node 2 -m avex.data export: a process killed mid-export (SIGKILL, no
 chance to clean up) stops the job, and the same command run again resumes from the clips every
 process had written, to the cache one process exports."""
-import importlib.util
 import json
 import os
 import signal
@@ -11,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from file_module import load_file
 
 pytest.importorskip("av", reason="the export reads media with PyAV (the media extra)")
 pytest.importorskip("soundfile", reason="the example writes WAV with soundfile")
@@ -20,10 +20,7 @@ REPO = EXAMPLE.parents[1]
 
 
 def load(path: Path, name: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file(path, name)
 
 
 def rank_pid(parent: int, rank: int) -> int | None:

@@ -1,7 +1,6 @@
 """scripts/matched_budget_report.py: A − every arm with its paired interval, the decision on the
 intervals (not on a sum of standard deviations), and ablation.json files from before per-clip
 scores were recorded."""
-import importlib.util
 import json
 from pathlib import Path
 
@@ -9,6 +8,7 @@ import numpy as np
 import pytest
 
 from avex.evaluate.intervals import compact_per_clip
+from file_module import load_file
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "matched_budget_report.py"
 RETENTIONS = [0.4, 0.2]
@@ -21,10 +21,7 @@ DIAGNOSTICS = {"phase": "rl", "exchange_diagnostics": [{
 
 @pytest.fixture(scope="module")
 def report():
-    spec = importlib.util.spec_from_file_location("matched_budget_report", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file(SCRIPT)
 
 
 def ablation_json(folder: Path, b_gain: float, *, per_clip: bool = True, clips: int = 80):
@@ -102,10 +99,7 @@ def test_files_without_per_clip_scores_give_no_interval_and_no_decision(report, 
 @pytest.fixture(scope="module")
 def arm_script():
     path = SCRIPT.with_name("arm_differences.py")
-    spec = importlib.util.spec_from_file_location("arm_differences", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file(path)
 
 
 def test_arm_differences_give_each_pair_its_interval_and_verdict(arm_script, tmp_path):
