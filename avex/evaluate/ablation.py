@@ -37,9 +37,11 @@ PAPER_OBJECTIVE = {"exchanges": True, "rl_estimator": "paper", "lambda_ex": 1.0,
                    "anchors": 4, "exchange_anchors": "each", "g_fraction": 0.125,
                    "exchange_saturation": None, "normalize_exchange": True}
 #: The exchange search arm at the matched budget (avex/exchange_search.py): 1 + 7 rewarded
-#: sets per clip per step, in 2 reward calls (4 candidates, then 3).
+#: sets per clip per step, in 2 reward calls (4 candidates, then 3). Distillation weight 0
+#: (the pairwise loss over every evaluated swap alone): the best of 1, 0.1 and 0 in the
+#: one-seed val pilot (results/exchange-search-pilot.md), the only one level with arm A at 20%.
 EXCHANGE_SEARCH = {"exchanges": False, "exchange_search": True, "search_rounds": 2,
-                   "search_candidates": 7}
+                   "search_candidates": 7, "distill_weight": 0.0}
 #: Set-aware selection (issue #36 item 5; avex/set_selection.py): arm A's training, but the
 #: anchors and the deployed set are K picks in turn, each token's logit lowered by
 #: redundancy x its largest cosine (in the policy's head input) to a token already picked.
@@ -74,8 +76,8 @@ ABLATIONS = {
     "paper": ("the paper's objective (normalised), 4 anchors x 1 exchange", "✓ ✓ ✓ ✓",
               PAPER_OBJECTIVE),
     # issue #36 item 4: the Top-K set and 7 exchange candidates over 2 rounds = 8 sets a clip
-    "S": ("S: exchange search + distillation, 8 rewarded sets per step", "✓ ✓ ✓ ✓",
-          EXCHANGE_SEARCH),
+    "S": ("S: exchange search, pairwise loss on every evaluated swap, 8 rewarded sets per step",
+          "✓ ✓ ✓ ✓", EXCHANGE_SEARCH),
     # issue #36 item 5: arm A with set-aware selection, in training and at inference
     "D": (f"D: A with set-aware selection (redundancy {SET_AWARE['redundancy']:g})",
           "✗ ✗ ✗ ✗", SET_AWARE),
