@@ -1,0 +1,200 @@
+"""Stage 2 of issue #36's choice of the default recipe (docs/evaluation.md, "Choosing the
+default recipe"), on the deciding benchmark's test split, once:
+
+    python scripts/decide_default_recipe.py --chosen D-fid --ablation B4/ablation.json \
+        --sweep B4-sweep/sweep.json
+
+``--ablation``: an ``avex.evaluate ablation`` output on the test split holding arm A, the
+controls C and C-fid and stage 1's choice, 3 training seeds each. ``--sweep``: an ``avex.evaluate
+sweep`` output on the same judge and clips holding the other methods (Random, FastV-AV, ToMe-AV,
+FastAV and the privileged Attention-AV). The rule:
+
+1. the chosen recipe becomes the default if it is worse than A at no retention (the paired 95%
+   interval of chosen − A, over clips and training seeds, lies below 0 nowhere); otherwise A
+   stays;
+2. the report gives the default − C and − C-fid with their intervals at every retention, and
+   reads issue #36's targets against the stronger of the two (the higher mean, per retention);
+3. "above every efficient method" compares means with every method of both files except
+   Attention-AV, a privileged reference.
+
+Prints Markdown; ``--json`` also writes the numbers.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from avex.evaluate.intervals import RULE, Interval, paired_interval, seed_rows
+from avex.registry import METHODS
+
+CONTROLS = ("C", "C-fid")
+#: issue #36's targets on the deciding benchmark: the default − the stronger CaCoVID-AV
+SIGNIFICANT_AT = (0.2, 0.1)            # the interval above 0
+LEVEL_AT = (0.5, 0.4, 0.3)             # the mean at least 0
+
+
+def load(path, kind: str) -> dict:
+    data = json.loads(Path(path).read_text())
+    split = data.get("split", (data.get("settings") or {}).get("split"))
+    if split != "test":
+        raise ValueError(f"{path} was scored on split {split!r}; stage 2 decides on the "
+                         "deciding benchmark's test split")
+    data["source"], data["kind"] = str(path), kind
+    return data
+
+
+def judge_of(data: dict) -> tuple:
+    judge = data.get("judge") or (data.get("settings") or {}).get("judge") or {}
+    return tuple((judge.get(part) or {}).get("sha256") for part in ("benchmark", "captioner"))
+
+
+def scores(data: dict, name: str, retention: float) -> list:
+    """[seeds, clips] per-clip C_av of ``name`` (a variant of an ablation, a method of a
+    sweep) at ``retention``."""
+    key = "variant" if data["kind"] == "ablation" else "method"
+    rows = seed_rows(data["rows"], name, retention, key=key)
+    if not rows:
+        raise ValueError(f"{data['source']} has no per-clip {name} row at {retention:.0%}")
+    return [rows[s] for s in sorted(rows, key=str)]
+
+
+def decide(ablation: dict, chosen: str, sweep: dict | None = None) -> dict:
+    """The rule of this module's docstring; every interval and mean it read."""
+    retentions = list(ablation["retentions"])
+    names = {row["variant"] for row in ablation["rows"]}
+    missing = [n for n in ("A", *CONTROLS, chosen) if n not in names]
+    if missing:
+        raise ValueError(f"{ablation['source']} lacks the arms {missing}")
+    if sweep is not None and judge_of(sweep) != judge_of(ablation):
+        raise ValueError(f"{sweep['source']} and {ablation['source']} were scored by different "
+                         f"judges: {judge_of(sweep)} against {judge_of(ablation)}")
+    vs_a = {r: paired_interval(scores(ablation, chosen, r), scores(ablation, "A", r))
+            for r in retentions}
+    worse = [r for r in retentions if vs_a[r].high < 0]
+    default = "A" if worse or chosen == "A" else chosen
+    means = {(n, r): float(np.mean(scores(ablation, n, r)))
+             for n in ("A", *CONTROLS, chosen) for r in retentions}
+    vs_controls = {(c, r): paired_interval(scores(ablation, default, r), scores(ablation, c, r))
+                   for c in CONTROLS for r in retentions}
+    stronger = {r: max(CONTROLS, key=lambda c: means[(c, r)]) for r in retentions}
+    others = {}
+    if sweep is not None:
+        for row in sweep["rows"]:
+            method = row["method"]
+            at = [r for r in retentions if math.isclose(r, row["retention"])]
+            if method in ("full", "avex", "cacovid") or not at:
+                continue
+            others.setdefault(method, {}).setdefault(at[0], []).append(row["C_av"])
+    efficient = {m: {r: float(np.mean(v)) for r, v in by_r.items()}
+                 for m, by_r in others.items() if not METHODS[m].privileged}
+    targets = {
+        "significant": {r: vs_controls[(stronger[r], r)].low > 0 for r in SIGNIFICANT_AT
+                        if r in retentions},
+        "level": {r: vs_controls[(stronger[r], r)].difference >= 0 for r in LEVEL_AT
+                  if r in retentions},
+        "every_efficient": {r: all(means[(default, r)] >= means[(c, r)] for c in CONTROLS)
+                            and all(means[(default, r)] >= m[r] for m in efficient.values()
+                                    if r in m) for r in retentions},
+    }
+    return {"retentions": retentions, "chosen": chosen, "default": default, "worse": worse,
+            "vs_a": vs_a, "means": means, "vs_controls": vs_controls, "stronger": stronger,
+            "others": {m: {r: float(np.mean(v)) for r, v in by_r.items()}
+                       for m, by_r in others.items()},
+            "targets": targets}
+
+
+def pct(values) -> str:
+    return ", ".join(f"{r:.0%}" for r in values) or "none"
+
+
+def report(ablation: dict, decision: dict, sweep: dict | None) -> str:
+    rs, chosen, default = decision["retentions"], decision["chosen"], decision["default"]
+    head = "| " + " | ".join(f"{r:.0%}" for r in rs) + " |"
+    rule = "|---|" + "---|" * len(rs)
+    full = (ablation.get("full") or {}).get("C_av")
+    lines = [f"Deciding benchmark `{ablation['judge']['benchmark']['name']}`, test split, "
+             f"{ablation['clips']} clips; judge: benchmark sha256 "
+             f"`{judge_of(ablation)[0][:16]}`, captioner sha256 `{judge_of(ablation)[1][:16]}`."
+             + (f" Full tokens: {full:.1f}." if isinstance(full, (int, float)) else ""), "",
+             "C_av (CIDEr points), mean over training seeds:", "", "| method " + head,
+             rule]
+    for name in ("A", *CONTROLS, chosen):
+        lines.append(f"| {name} | " + " | ".join(f"{decision['means'][(name, r)]:.1f}"
+                                                 for r in rs) + " |")
+    for method, by_r in decision["others"].items():
+        mark = " (privileged reference)" if METHODS[method].privileged else ""
+        lines.append(f"| {METHODS[method].label}{mark} | "
+                     + " | ".join(f"{by_r[r]:.1f}" if r in by_r else "–" for r in rs) + " |")
+    lines += ["", f"{chosen} − A, paired 95% interval (clips and training seeds resampled "
+              "together):", "", "| " + head, rule,
+              "| " + " | ".join(decision["vs_a"][r].text() for r in rs) + " |", ""]
+    if decision["worse"]:
+        lines.append(f"{chosen} is worse than A at {pct(decision['worse'])}: **A stays the "
+                     "default.**")
+    else:
+        lines.append(f"{chosen} is worse than A at no retention: **{default} becomes the "
+                     "default.**")
+    lines += ["", f"The default ({default}) − each CaCoVID-AV control:", "", "| control " + head,
+              rule]
+    for c in CONTROLS:
+        lines.append(f"| {c} | " + " | ".join(decision["vs_controls"][(c, r)].text()
+                                              for r in rs) + " |")
+    t = decision["targets"]
+    lines += ["", "Issue #36's targets on the deciding benchmark, against the stronger control "
+              "at each retention (" + ", ".join(f"{r:.0%}: {decision['stronger'][r]}"
+                                                 for r in rs) + "):", "",
+              f"- interval above 0 at {pct(SIGNIFICANT_AT)}: "
+              + ", ".join(f"{r:.0%} {'met' if ok else 'not met'}"
+                          for r, ok in t["significant"].items()),
+              f"- mean at least 0 at {pct(LEVEL_AT)}: "
+              + ", ".join(f"{r:.0%} {'met' if ok else 'not met'}" for r, ok in t["level"].items()),
+              "- mean at least every efficient method's (Attention-AV excluded) at every "
+              "retention: " + ", ".join(f"{r:.0%} {'met' if ok else 'not met'}"
+                                        for r, ok in t["every_efficient"].items())
+              + ("" if sweep is not None else " (no --sweep: against C and C-fid only)"),
+              "", f"The rule: {RULE}."]
+    return "\n".join(lines)
+
+
+def as_json(decision: dict) -> dict:
+    def interval(i: Interval) -> dict:
+        return i.as_dict()
+    return {"chosen": decision["chosen"], "default": decision["default"],
+            "retentions": decision["retentions"], "worse_than_a_at": decision["worse"],
+            "chosen_minus_a": {f"{r:g}": interval(i) for r, i in decision["vs_a"].items()},
+            "means": {f"{n}@{r:g}": m for (n, r), m in decision["means"].items()},
+            "default_minus_control": {f"{c}@{r:g}": interval(i)
+                                      for (c, r), i in decision["vs_controls"].items()},
+            "stronger_control": {f"{r:g}": c for r, c in decision["stronger"].items()},
+            "others": {m: {f"{r:g}": v for r, v in by_r.items()}
+                       for m, by_r in decision["others"].items()},
+            "targets": {k: {f"{r:g}": ok for r, ok in v.items()}
+                        for k, v in decision["targets"].items()}}
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--chosen", required=True, help="stage 1's choice (an ablation arm)")
+    parser.add_argument("--ablation", required=True,
+                        help="ablation.json of the deciding benchmark's test split")
+    parser.add_argument("--sweep", default=None,
+                        help="sweep.json of the same test split (the other methods)")
+    parser.add_argument("--json", default=None, help="also write the numbers here")
+    args = parser.parse_args(argv)
+    try:
+        ablation = load(args.ablation, "ablation")
+        sweep = None if args.sweep is None else load(args.sweep, "sweep")
+        decision = decide(ablation, args.chosen, sweep)
+    except (ValueError, OSError, KeyError) as err:
+        parser.error(str(err))
+    print(report(ablation, decision, sweep))
+    if args.json:
+        Path(args.json).write_text(json.dumps(as_json(decision), indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,103 @@
+"""scripts/decide_default_recipe.py: stage 2 of issue #36's choice of the default recipe, on
+synthetic test-split results of one deciding benchmark whose arms differ by known shifts."""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from avex.evaluate.intervals import compact_per_clip
+from file_module import load_file
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "decide_default_recipe.py"
+RETENTIONS = [0.5, 0.3, 0.2, 0.1]
+JUDGE = {"benchmark": {"name": "embedded-default-seed4", "sha256": "b4" * 32},
+         "captioner": {"sha256": "c4" * 32}}
+
+
+@pytest.fixture(scope="module")
+def decider():
+    return load_file(SCRIPT)
+
+
+def write(folder: Path, shifts: dict, *, others=None, split="test", clips=400, judge=JUDGE):
+    """ablation.json: arm X = A + shifts[X][retention] per clip (+ noise), 3 seeds; sweep.json:
+    ``others`` (method -> shift) as seedless rows."""
+    rng = np.random.default_rng(7)
+    base = rng.normal(450, 80, clips)
+    rows, sweep_rows = [], []
+    arms = {"A": {}, "C": {}, "C-fid": {}, **shifts}
+    for seed in (0, 1, 2):
+        for r in RETENTIONS:
+            a = base - 200 * (0.5 - r) + rng.normal(0, 3, clips)
+            for name, shift in arms.items():
+                scores = a + shift.get(r, 0.0) + rng.normal(0, 10, clips)
+                rows.append({"variant": name, "seed": seed, "retention": r,
+                             "C_av": float(scores.mean()),
+                             "per_clip": compact_per_clip({"C_av": scores})})
+            for method, shift in (others or {}).items():
+                sweep_rows.append({"method": method, "seed": seed, "retention": r,
+                                   "C_av": float((a + shift).mean())})
+    ablation = folder / "ablation.json"
+    ablation.write_text(json.dumps({"rows": rows, "retentions": RETENTIONS, "split": split,
+                                    "clips": clips, "judge": judge,
+                                    "full": {"C_av": float(base.mean())}}))
+    sweep = folder / "sweep.json"
+    sweep.write_text(json.dumps({"rows": sweep_rows,
+                                 "settings": {"split": split, "judge": judge}}))
+    return ablation, sweep
+
+
+def run(decider, ablation, sweep, chosen="D-fid"):
+    return decider.decide(decider.load(ablation, "ablation"), chosen,
+                          decider.load(sweep, "sweep"))
+
+
+def test_a_choice_worse_than_a_nowhere_becomes_the_default_and_targets_are_read(decider,
+                                                                               tmp_path):
+    ablation, sweep = write(tmp_path, {"D-fid": {0.5: 3.0, 0.3: 3.0, 0.2: 8.0, 0.1: 20.0},
+                                      "C-fid": {0.1: 5.0}},
+                            others={"random": -40.0, "attention": +30.0})
+    d = run(decider, ablation, sweep)
+    assert d["default"] == "D-fid" and d["worse"] == []
+    assert d["stronger"][0.1] == "C-fid"
+    assert d["vs_controls"][("C-fid", 0.1)].low > 0
+    assert d["targets"]["significant"] == {0.2: True, 0.1: True}
+    # Attention-AV is far ahead but privileged: it doesn't count against the default
+    assert all(d["targets"]["every_efficient"].values())
+    text = decider.report(decider.load(ablation, "ablation"), d, sweep)
+    assert "**D-fid becomes the default.**" in text and "privileged reference" in text
+
+
+def test_a_choice_worse_than_a_somewhere_leaves_a(decider, tmp_path):
+    ablation, sweep = write(tmp_path, {"D-fid": {0.5: -15.0, 0.1: 20.0}})
+    d = run(decider, ablation, sweep)
+    assert d["worse"] == [0.5] and d["default"] == "A"
+    # the controls are then read against A
+    assert abs(d["vs_controls"][("C", 0.1)].difference) < 3
+
+
+def test_an_efficient_method_ahead_fails_the_every_method_target(decider, tmp_path):
+    ablation, sweep = write(tmp_path, {"D-fid": {0.1: 20.0}}, others={"tome": +25.0})
+    d = run(decider, ablation, sweep)
+    assert d["default"] == "D-fid"
+    assert d["targets"]["every_efficient"][0.5] is False
+    assert d["targets"]["every_efficient"][0.1] is False   # 20 ahead of A is not 25
+
+
+def test_the_val_split_and_mismatched_judges_are_refused(decider, tmp_path):
+    ablation, sweep = write(tmp_path, {"D-fid": {}}, split="val")
+    with pytest.raises(ValueError, match="split 'val'"):
+        decider.load(ablation, "ablation")
+    ablation, _ = write(tmp_path, {"D-fid": {}})
+    other = {**JUDGE, "captioner": {"sha256": "ff" * 32}}
+    (tmp_path / "other").mkdir()
+    _, sweep = write(tmp_path / "other", {"D-fid": {}}, judge=other)
+    with pytest.raises(ValueError, match="different judges"):
+        run(decider, ablation, sweep)
+
+
+def test_a_missing_arm_is_named(decider, tmp_path):
+    ablation, sweep = write(tmp_path, {})
+    with pytest.raises(ValueError, match=r"lacks the arms \['D-fid'\]"):
+        run(decider, ablation, sweep)
