@@ -35,7 +35,9 @@ PRESETS = {
                   # the paper's g = 8 at K = 64 and w's 5 points at full tokens' 56.8, carried
                   # to any K and reward scale; L_ex's gradient normalised to lambda_ex x
                   # L_RL's (unnormalised, clipping left it ~0.2% of the update)
-                  g_fraction=0.125, exchange_saturation=None, normalize_exchange=True),
+                  g_fraction=0.125, exchange_saturation=None, normalize_exchange=True,
+                  # the paper's reward and selection, whatever the embedded recipe's defaults
+                  reward="cider", selection="topk", redundancy=0.0),
     # The embedded benchmark on a CPU: the dataclass defaults (docs/training.md, "The recipe").
     "embedded": {},
 }

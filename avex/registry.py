@@ -50,7 +50,7 @@ METHODS = {
     # as AVEX-Prune captions per step, with a group-normalised advantage
     "cacovid": Method("CaCoVID-AV", ("policy",), seeded=True,
                       train={"exchanges": False, "rl_estimator": "group", "anchors": 8,
-                             "selection": "topk", "redundancy": 0.0}),
+                             "reward": "cider", "selection": "topk", "redundancy": 0.0}),
     "avex": Method("AVEX-Prune", ("policy",), seeded=True, train={}),
 }
 #: the methods that select a subset (every one but "full")

@@ -7,13 +7,16 @@ import pytest
 import torch
 
 from avex.methods import SELECTORS, Selection, make_selector
+from avex.evaluate.ablation import ABLATIONS
 from avex.methods.fastav import attention_rollout
+from avex.methods.learned import recipe
 from avex.methods.tome import merge_modality
 from avex.captioner import FrozenCaptioner
 from avex.data import FeatureCache
 from avex.scoring import caption_split
 from avex.policy import AVEXPolicy
 from avex.pruning import TEXT, expand_av_keep
+from avex.registry import METHODS
 from avex.selection import AVLayout, split_budget, topk_keep
 
 
@@ -200,3 +203,27 @@ def test_attention_av_keeps_the_most_attended_tokens_of_each_modality(tiny):
                 k, w = kept[span], weights[span]
                 if k.any() and (~k).any():
                     assert w[k].min() >= w[~k].max()
+
+
+def test_a_runs_recipe_names_its_estimator_exchange_term_reward_and_selection():
+    assert recipe({"warmup_only": True}) == "warmup only"
+    # a run from before the reward and selection settings reads as CIDEr and Top-K
+    assert recipe({"anchors": 8}) == "RLOO over 8 anchors, no exchange term"
+    assert recipe({"anchors": 4, "exchanges": True, "lambda_ex": 0.1, "reward": "cider",
+                   "selection": "topk"}) == \
+        "RLOO over 4 anchors + exchange term, lambda_ex 0.1"
+    assert recipe({"anchors": 8, "reward": "fidelity", "selection": "set-aware",
+                   "redundancy": 4.0}) == ("RLOO over 8 anchors, no exchange term, fidelity "
+                                           "reward, set-aware selection (redundancy 4)")
+
+
+def test_every_arm_pins_its_reward_and_selection_and_cacovid_its_reward():
+    """An arm (and the CaCoVID-AV baseline) trains what it was defined as, whatever the
+    recipe's defaults: each names its reward and selection."""
+    for name, (_, _, settings) in ABLATIONS.items():
+        assert {"reward", "selection", "redundancy"} <= set(settings), name
+    assert ABLATIONS["A"][2]["reward"] == "cider" and ABLATIONS["A-fid"][2]["reward"] == "fidelity"
+    assert ABLATIONS["D-fid"][2]["selection"] == "set-aware"
+    assert ABLATIONS["A"][2]["selection"] == "topk"
+    assert METHODS["cacovid"].train["reward"] == "cider"
+    assert METHODS["cacovid"].train["selection"] == "topk"

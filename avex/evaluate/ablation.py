@@ -95,6 +95,11 @@ for _arm in ("A", "B", "C", "S", "D"):
     ABLATIONS[f"{_arm}-fid"] = (f"{_label}, fidelity reward", _marks,
                                 {**_settings, "reward": "fidelity"})
 del _arm, _label, _marks, _settings
+#: what every arm trains with unless it says otherwise: the reward and selection of the
+#: recipe the arms were defined against, so that changing the recipe's defaults changes no arm
+ARM_BASE = {"reward": "cider", "selection": "topk", "redundancy": 0.0}
+ABLATIONS = {name: (label, marks, {**ARM_BASE, **settings})
+             for name, (label, marks, settings) in ABLATIONS.items()}
 
 
 @dataclass

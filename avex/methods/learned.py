@@ -43,9 +43,16 @@ def recipe(cfg: dict) -> str:
     rl = (f"{_ESTIMATORS.get(estimator, estimator)} over {cfg.get('anchors')} anchors"
           if cfg.get("rl", True) else "no L_RL")
     if not cfg.get("exchanges"):
-        return f"{rl}, no exchange term"
-    selection = " (random groups)" if cfg.get("exchange_selection") == "random" else ""
-    return f"{rl} + exchange term{selection}, lambda_ex {cfg.get('lambda_ex'):g}"
+        words = f"{rl}, no exchange term"
+    else:
+        groups = " (random groups)" if cfg.get("exchange_selection") == "random" else ""
+        words = f"{rl} + exchange term{groups}, lambda_ex {cfg.get('lambda_ex'):g}"
+    # runs from before the reward and selection settings: CIDEr and Top-K
+    if cfg.get("reward", "cider") != "cider":
+        words += f", {cfg['reward']} reward"
+    if cfg.get("selection", "topk") == "set-aware":
+        words += f", set-aware selection (redundancy {cfg.get('redundancy'):g})"
+    return words
 
 
 def policy_selector(policy):
