@@ -140,6 +140,30 @@ def test_captioner_install_command_copies_the_shipped_reference(shipped_tiny, tm
     assert "(verified)" in capsys.readouterr().out
 
 
+def test_captioner_install_replaces_a_captioner_trained_in_the_cache(shipped_tiny,
+                                                                     tiny_captioner, tmp_path,
+                                                                     capsys):
+    """A captioner trained where the reference goes (no reference marker, other weights) is
+    replaced by the shipped reference, and the command says so."""
+    from avex.captioner.__main__ import main as captioner_main
+
+    cache = tmp_path / "cache"
+    args = ["install", "--preset", "tiny", "--benchmark-preset", "tiny", "--cache-dir",
+            str(cache), "--no-progress"]
+    assert captioner_main(args) == 0
+    installed = next(cache.rglob("avex_captioner.json")).parent
+    info = json.loads((installed / CAPTIONER_FILE).read_text())
+    info.pop("reference")
+    (installed / CAPTIONER_FILE).write_text(json.dumps(info))
+    (installed / "model.safetensors").write_bytes(b"trained here")
+    capsys.readouterr()
+    assert captioner_main(args) == 0
+    assert "in place of the captioner trained there" in capsys.readouterr().out
+    reference.verify_reference(installed, shipped_tiny)
+    assert captioner_main(args) == 0            # already the reference: left as it is
+    assert "in place of" not in capsys.readouterr().out
+
+
 def test_the_benchmark_as_an_earlier_version_built_it_is_committed_too(
         shipped_tiny, tiny_benchmark, tmp_path):
     """A reference whose benchmark grew (more scored clips, the same train split) records the

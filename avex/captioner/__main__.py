@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 import time
 from pathlib import Path
@@ -24,7 +25,7 @@ from ..data import SPLITS, FeatureCache, default_benchmark_path, ensure_benchmar
 from ..paths import default_captioner_path
 from ..selection import num_kept, random_keep
 from .frozen import CAPTIONER_FILE, FrozenCaptioner
-from .reference import reference_name, references
+from .reference import install_reference, reference_name, references, verify_reference
 from .train import PRESETS, ensure_captioner, train_captioner
 
 
@@ -76,10 +77,29 @@ def cmd_install(args) -> int:
         raise ValueError(f"no shipped reference captioner for {bench.name} with preset "
                          f"{args.preset!r} (shipped: {sorted(references())}); train one with "
                          "`python -m avex.captioner train`")
+    path = default_captioner_path(bench.name, args.preset, args.cache_dir)
+    replaced = (path / CAPTIONER_FILE).is_file() and installed_reference(path) != name
+    if replaced:  # a captioner trained here sits where the reference goes: the judge is the
+        # shipped one, so it takes that place (the same weights where this machine trained
+        # the reference itself)
+        install_reference(name, path, benchmark_path=ensure_benchmark(
+            args.benchmark_preset, cache_dir=args.cache_dir, seed=args.seed,
+            progress=not args.no_progress))
     path = ensure_captioner(args.benchmark_preset, args.preset, seed=args.seed,
                             cache_dir=args.cache_dir, progress=not args.no_progress)
-    print(f"{path}: the reference captioner {name} (verified)")
+    verify_reference(path, name)
+    print(f"{path}: the reference captioner {name} (verified"
+          + (", in place of the captioner trained there)" if replaced else ")"))
     return 0
+
+
+def installed_reference(path) -> str | None:
+    """The reference a cached captioner directory says it is (None: one trained there)."""
+    try:
+        return json.loads((Path(path) / CAPTIONER_FILE).read_text(encoding="utf-8")).get(
+            "reference")
+    except (OSError, ValueError):
+        return None
 
 
 def cmd_caption(args) -> int:
