@@ -176,6 +176,43 @@ def set_aware_log_prob(scores: torch.Tensor, hidden: torch.Tensor, indices: torc
 
 
 def _log_prob(scores, hidden, picked, budget, redundancy, tau):
+    """Every step at once: [B, Kmax, M] logits instead of Kmax rounds of [B, M] ops (the
+    autograd graph is a handful of nodes, not ~10 per pick). :func:`log_prob_stepwise` is the
+    same sum, pick by pick: the reference the tests compare this with."""
+    batch, width = scores.shape
+    kmax = picked.shape[1]
+    valid = scores > float("-inf")
+    x = shifted_logits(scores, valid, tau, torch.float64)
+    unit = _unit(hidden, torch.float64)
+    beta = redundancy.double() if isinstance(redundancy, torch.Tensor) else float(redundancy)
+    steps = torch.arange(kmax, device=scores.device)
+    active = steps < budget[:, None]                                        # [B, Kmax]
+    pick = picked.clamp_min(0)
+    # the step at which each token is picked (Kmax: not among a row's budget[b] picks); the
+    # unused places scatter into a spare column
+    order = torch.full((batch, width + 1), kmax, dtype=torch.int64, device=scores.device)
+    order.scatter_(1, torch.where(active, pick, width), steps.expand(batch, -1).contiguous())
+    remaining = valid[:, None, :] & (order[:, None, :width] >= steps[None, :, None])
+    chosen = unit.gather(1, pick[..., None].expand(-1, -1, unit.shape[-1]))  # [B, Kmax, D]
+    similarity = torch.bmm(chosen, unit.transpose(1, 2))                     # [B, Kmax, M]
+    # redundancy before pick t: the running max over the picks before it (from 0), as a
+    # chain of elementwise maxima, whose gradient at ties is the step-wise rule's
+    chain = [similarity.new_zeros(batch, width)]
+    for t in range(kmax - 1):
+        chain.append(torch.maximum(chain[-1], similarity[:, t]))
+    redundant = torch.stack(chain, 1)[:, :kmax]          # Kmax = 0: no steps
+    logits = (x[:, None, :] - (beta / tau) * redundant).masked_fill(~remaining, float("-inf"))
+    # a finished row (t >= its budget) may have nothing left: zeros keep its unused terms'
+    # logsumexp, and so the gradient, finite
+    logits = torch.where(active[..., None], logits, torch.zeros_like(logits))
+    term = logits.gather(2, pick[..., None]).squeeze(2) - torch.logsumexp(logits, 2)
+    total = torch.where(active, term, torch.zeros_like(term)).sum(1)
+    return total.to(compute_dtype(scores.dtype))
+
+
+def log_prob_stepwise(scores, hidden, picked, budget, redundancy, tau):
+    """The reference of :func:`_log_prob` (checked arguments as it takes them): the sum of
+    the definition, one pick at a time."""
     batch, width = scores.shape
     valid = scores > float("-inf")
     x = shifted_logits(scores, valid, tau, torch.float64)

@@ -22,8 +22,8 @@ from avex.policy import AVEXPolicy, PolicyConfig, TrainedOn
 from avex.profiling.methods import selection as profiled_selection
 from avex.pruning import AUDIO, PAD, TEXT, VISUAL, prune_inputs, select_keep
 from avex.selection import AVLayout, indices_to_keep
-from avex.set_selection import (select_indices, set_aware_indices, set_aware_log_prob,
-                                set_aware_select)
+from avex.set_selection import (_log_prob, log_prob_stepwise, select_indices,
+                                set_aware_indices, set_aware_log_prob, set_aware_select)
 from avex.train import main as train_main
 
 
@@ -182,6 +182,45 @@ def test_log_probability_gradcheck(seed):
     assert torch.autograd.gradcheck(log_prob, (values, hidden, beta))
     (grad_hidden,) = torch.autograd.grad(log_prob(values, hidden, beta).sum(), hidden)
     assert bool(grad_hidden.abs().sum() > 0)             # the hidden states get a signal
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_all_steps_log_probability_equals_the_step_wise_reference(seed, dtype):
+    """_log_prob (every step at once) against log_prob_stepwise (pick by pick), values and
+    gradients, on fresh ragged rows: K = M, K = 1, a row with budget 0, tied scores, sizes
+    that aren't powers of two, sampled and greedy picks."""
+    width = (5, 17, 33, 80)[seed % 4]
+    scores, hidden, budget = ragged_scores(seed, rows=7, width=width, dtype=dtype,
+                                           dim=(3, 7, 64)[seed % 3])
+    if seed % 3 == 0:
+        scores = scores.round()                       # ties
+    budget[3] = 0
+    picks = set_aware_indices(scores, hidden, budget, redundancy=3.0, tau=0.5, seed=seed,
+                              sample=seed % 2 == 0)
+    outs, grads = [], []
+    for fn in (_log_prob, log_prob_stepwise):
+        s = scores.clone().requires_grad_()
+        h = hidden.clone().requires_grad_()
+        beta = torch.tensor(3.0, dtype=torch.float64, requires_grad=True)
+        out = fn(s, h, picks, budget, beta, 0.5)
+        weights = torch.linspace(-1, 2, len(out), dtype=out.dtype)
+        (out * weights).sum().backward()
+        outs.append(out.detach())
+        grads.append([torch.nan_to_num(t.grad if t.grad is not None else torch.zeros_like(t))
+                      for t in (s, h, beta)])
+    assert outs[0].dtype == outs[1].dtype
+    tol = 1e-10 if dtype == torch.float64 else 1e-5
+    torch.testing.assert_close(outs[0], outs[1], rtol=tol, atol=tol)
+    for ours, reference in zip(*grads):
+        torch.testing.assert_close(ours, reference, rtol=tol, atol=tol)
+
+
+def test_the_all_steps_log_probability_with_no_picks_is_zero():
+    scores, hidden, _ = ragged_scores(1, rows=3, width=9)
+    budget = torch.zeros(3, dtype=torch.int64)
+    out = _log_prob(scores, hidden, torch.empty(3, 0, dtype=torch.int64), budget, 2.0, 1.0)
+    assert torch.equal(out, torch.zeros(3))
 
 
 def test_ragged_rows_pick_within_their_budget_and_never_padding():
