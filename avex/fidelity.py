@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from avex import _checks
+from avex.files import write_json_atomically
 from avex.judge import benchmark_sha256, captioner_sha256
 from avex.paths import full_captions_dir
 from avex.progress import progress_bar
@@ -106,9 +106,7 @@ def full_captions(captioner, cache, split: str, *, num_beams: int = 1, max_new_t
                                                            num_beams, max_new_tokens,
                                                            batch_size, progress)}
         path.parent.mkdir(parents=True, exist_ok=True)
-        staging = path.with_suffix(f".tmp-{os.getpid()}")
-        staging.write_text(json.dumps(record) + "\n", encoding="utf-8")
-        os.replace(staging, path)
+        write_json_atomically(path, record)
     clips = record["clips"]
     return FullCaptions({k: v["tokens"] for k, v in clips.items()},
                         {k: v["text"] for k, v in clips.items()}, num_beams, max_new_tokens)

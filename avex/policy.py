@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -34,7 +33,8 @@ from torch import nn
 
 from avex import __version__, _checks
 from avex.backbones import BACKBONES, backbone_config
-from avex.checkpoint import load_weights
+from avex.files import (cpu_state_dict, load_weights, save_tensors_atomically,
+                        write_json_atomically)
 from avex.modality import AUDIO, PAD, TEXT, VISUAL, check_code_values
 from avex.set_selection import SELECTIONS, select_indices
 
@@ -343,12 +343,10 @@ class AVEXPolicy(nn.Module):
         if path.exists() and not path.is_dir():
             raise ValueError(f"save_pretrained: path {str(path)!r} is a file, not a directory")
         path.mkdir(parents=True, exist_ok=True)
-        from safetensors.torch import save_file
-        weights = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
-        _replace(path / POLICY_WEIGHTS, lambda tmp: save_file(weights, str(tmp),
-                                                             metadata={"format": "pt"}))
-        text = json.dumps(policy_record(self.config, self.trained_on), indent=2) + "\n"
-        _replace(path / POLICY_CONFIG, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+        save_tensors_atomically(path / POLICY_WEIGHTS, cpu_state_dict(self),
+                                metadata={"format": "pt"})
+        write_json_atomically(path / POLICY_CONFIG, policy_record(self.config, self.trained_on),
+                              indent=2)
         return path
 
     @classmethod
@@ -375,16 +373,6 @@ def _packed(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     order = torch.sort((~mask).to(torch.int8), dim=1, stable=True).indices[:, :width]
     valid = torch.arange(width, device=mask.device) < counts[:, None]
     return order.masked_fill(~valid, 0), valid
-
-
-def _replace(path: Path, write) -> None:
-    """``write(tmp)`` then an atomic rename onto ``path``."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 # ----------------------------------------------------------------------------------------------

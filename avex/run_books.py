@@ -14,12 +14,15 @@ from pathlib import Path
 import torch
 import torch.distributed as torch_dist
 
-from avex.checkpoint import (POLICY_FILE, check_weights, latest_checkpoint, read_run_config,
-                             read_state, rng_state, save_checkpoint)
+from avex.checkpoint import rng_state, save_checkpoint
 from avex.config import TrainConfig
 from avex.distributed import unwrap
+from avex.files import (check_weights, cpu_state_dict, save_tensors_atomically,
+                        write_text_atomically)
 from avex.policy import policy_record
-from avex.run_files import CHECKPOINTS_DIR, CONFIG_FILE, METRICS_FILE, POLICY_RECORD_FILE
+from avex.run_files import (CHECKPOINTS_DIR, CONFIG_FILE, METRICS_FILE, POLICY_FILE,
+                            POLICY_RECORD_FILE, WARMUP_POLICY_FILE, latest_checkpoint,
+                            read_run_config, read_state)
 from avex.stopping import TrainingInterrupted
 
 
@@ -101,9 +104,7 @@ def truncate_metrics(path: Path, phase: str, step: int) -> int:
         else:
             kept.append(line)
     if dropped:
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
-        os.replace(tmp, path)
+        write_text_atomically(path, "".join(line + "\n" for line in kept))
     return dropped
 
 
@@ -156,6 +157,13 @@ class RunBooks:
         if self.procs.main:
             text = json.dumps(policy_record(policy.config, policy.trained_on), indent=2)
             (self.run_dir / POLICY_RECORD_FILE).write_text(text + "\n")
+
+    def save_warmup_policy(self, policy) -> None:
+        """``warmup_policy.safetensors``: the policy after the warmup (other runs start from
+        it)."""
+        if self.procs.main:
+            save_tensors_atomically(self.run_dir / WARMUP_POLICY_FILE,
+                                    cpu_state_dict(unwrap(policy)))
 
     def save(self, policy, phase, step, optimizer, scheduler):
         if self.procs.main:

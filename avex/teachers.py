@@ -20,17 +20,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import zlib
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
+
 
 from avex import _checks
 from avex.config import WARMUP_TEACHERS
 from avex.fidelity import fidelity_reward, full_captions, full_captions_key
+from avex.files import save_tensors_atomically
 from avex.modality import AUDIO, PAD, VISUAL
 from avex.paths import warmup_teachers_dir
 from avex.progress import progress_bar
@@ -168,9 +168,7 @@ def teacher_scores(teacher: str, captioner, cache, split: str, *, num_beams: int
                          max_new_tokens=max_new_tokens, cache_dir=cache_dir, progress=progress)
     scores = _compute(teacher, captioner, cache.split(split), full, batch_size, progress)
     path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.with_suffix(f".tmp-{os.getpid()}")
-    save_file(scores, str(staging), metadata={"identity": json.dumps(identity)})
-    os.replace(staging, path)
+    save_tensors_atomically(path, scores, metadata={"identity": json.dumps(identity)})
     return scores
 
 

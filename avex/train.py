@@ -14,17 +14,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import sys
 import time
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from avex import _checks
 from avex.assets import load_cache_and_captioner, resolve_asset_paths
-from avex.checkpoint import latest_checkpoint, load_checkpoint, read_state, set_rng_state
+from avex.checkpoint import load_checkpoint, set_rng_state
 from avex.config import TrainConfig, build_parser, explicit_settings, resolve_config
 from avex.data import FeatureCache
 from avex.distributed import Processes, no_sync, pick_device, unwrap
@@ -36,10 +35,11 @@ from avex.registry import METHODS
 from avex.reward import CiderD
 from avex.run_books import RunBooks, choose_run_dir, resumed_config, truncate_metrics
 from avex.run_files import (CACOVID_DIR, EXCHANGE_CALIBRATION_FILE, SAVED_POLICY_DIR,
-                             WARMUP_POLICY_FILE, warmup_policy_file)
+                             latest_checkpoint, read_state, warmup_policy_file)
 from avex.run_table import score_run
 from avex.selection import AVLayout
-from avex.stopping import ZERO_REWARD_STEPS, StopSignals, TrainingInterrupted, zero_reward_error
+from avex.stop_signals import StopSignals
+from avex.stopping import ZERO_REWARD_STEPS, TrainingInterrupted, zero_reward_error
 from avex.teachers import teacher_scores
 from avex.train_steps import (batch_indices, cosine_with_warmup, draw_retention,
                               exchange_saturation, micro_batches, rl_loss, sample_seed,
@@ -227,12 +227,7 @@ class Run:
                 self.books.interrupt(model, "warmup", step + 1, optimizer, scheduler)
             if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < self.warmup_steps:
                 self.books.save(model, "warmup", step + 1, optimizer, scheduler)
-        if self.procs.main:
-            weights = {k: v.detach().cpu().contiguous()
-                       for k, v in unwrap(model).state_dict().items()}
-            tmp = self.run_dir / ".warmup_policy.tmp"
-            save_file(weights, str(tmp))
-            os.replace(tmp, self.run_dir / WARMUP_POLICY_FILE)
+        self.books.save_warmup_policy(model)
         # the RL phase starts from here on resume
         rl_optimizer, rl_scheduler = self.rl_optimizer(model)
         self.books.save(model, "rl", 0, rl_optimizer, rl_scheduler)

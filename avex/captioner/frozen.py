@@ -11,18 +11,17 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple, Sequence
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import nn
 
 from .. import _checks
-from ..checkpoint import load_weights
 from ..data.cache import Clip
+from ..files import load_weights, save_tensors_atomically
 from ..modality import AUDIO, PAD, TEXT, VISUAL
 from ..paths import CAPTIONER_FILE, attention_dir, default_captioner_path
 from ..progress import progress_bar
@@ -663,9 +662,7 @@ class FrozenCaptioner:
             for clip, att in zip(chunk, self.text_to_av_attention(chunk, query=query)):
                 out[clip.clip_id] = att.float().contiguous()
         path.parent.mkdir(parents=True, exist_ok=True)
-        staging = path.with_suffix(f".tmp-{os.getpid()}")
-        save_file(out, str(staging))
-        os.replace(staging, path)
+        save_tensors_atomically(path, out)
         return out
 
 

@@ -34,6 +34,7 @@ from safetensors.torch import save_file
 
 import avex
 from avex import _checks
+from avex.files import write_json_atomically
 from avex.registry import SPLITS
 
 FORMAT_NAME = "avex-feature-cache"
@@ -606,14 +607,10 @@ def _read_stamp(path: Path, version: str) -> dict:
 def _write_stamp(path: Path, version: str, shards: dict) -> bool:
     """Write the stamp atomically (a temporary file, then a rename); False where the cache
     can't be written."""
-    temporary = path.with_name(f"{path.name}.tmp-{os.getpid()}")
     try:
-        temporary.write_text(json.dumps({"format": STAMP_FORMAT, "avex_version": version,
-                                         "shards": shards}, indent=1, sort_keys=True) + "\n",
-                             encoding="utf-8")
-        os.replace(temporary, path)
+        write_json_atomically(path, {"format": STAMP_FORMAT, "avex_version": version,
+                                     "shards": shards}, indent=1, sort_keys=True)
     except OSError:
-        temporary.unlink(missing_ok=True)
         return False
     return True
 

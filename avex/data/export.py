@@ -50,7 +50,7 @@ from pathlib import Path
 import torch
 import torch.distributed as torch_dist
 from safetensors import safe_open
-from safetensors.torch import save_file
+
 
 from avex import _checks
 from avex.adapters import FAMILIES as ADAPTERS
@@ -62,9 +62,10 @@ from avex.data.identity import settings_sha256, tokenizer_record, weights_sha256
 from avex.data.media import KINDS, MediaError, check_media, media_kind, probe, read_media
 from avex.data.parts import ExportLock, merge_parts, partial_dir, remove_stale
 from avex.data.processor import with_frames_video_processor
+from avex.files import save_tensors_atomically, write_json_atomically
 from avex.modality import AUDIO, PAD, VISUAL
 from avex.progress import progress_bar
-from avex.stopping import StopSignals
+from avex.stop_signals import StopSignals
 
 __all__ = ["ExportSettings", "ExportError", "ExportInterrupted", "read_captions",
            "media_rows", "check_processor", "family_inputs", "export_cache", "load_model",
@@ -557,9 +558,9 @@ def _export(rows, out, model, processor, settings, rate, ranks, lock, overwrite,
             if stop.requested:   # Ctrl-C or SIGTERM: stop at this clip boundary
                 break
             tensors = _export_clip(model, processor, row, settings, rate)
-            _write_atomically(_clip_path(partial, row),
-                              {k: v.contiguous() for k, v in tensors.items()},
-                              {"source": _source(row)})
+            save_tensors_atomically(_clip_path(partial, row),
+                                    {k: v.contiguous() for k, v in tensors.items()},
+                                    {"source": _source(row)})
             written += 1
     if stop.requested:
         raise ExportInterrupted(len(mine) - len(todo) + written, len(mine), resume)
@@ -630,16 +631,4 @@ def _open_partial(partial: Path, fingerprint: dict) -> None:
                               "again to finish it, or delete the folder to start over")
         return
     (partial / "clips").mkdir(parents=True, exist_ok=True)
-    temporary = settings.with_name(f".export.json.tmp-{os.getpid()}")
-    temporary.write_text(json.dumps(fingerprint, indent=1) + "\n", encoding="utf-8")
-    os.replace(temporary, settings)
-
-
-def _write_atomically(path: Path, tensors: dict, metadata: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        save_file(tensors, str(tmp), metadata=metadata)
-        os.replace(tmp, path)
-    except BaseException:   # the half-written file goes with the error (a kill: the next run)
-        tmp.unlink(missing_ok=True)
-        raise
+    write_json_atomically(settings, fingerprint, indent=1)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from avex import _checks
-from avex.checkpoint import read_run_config
+from avex.run_files import read_run_config
 from avex.judge import judge_line, judge_record
 from avex.methods import load_policy, make_selector
 from avex.paths import relative_path

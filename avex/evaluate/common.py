@@ -14,7 +14,7 @@ import numpy as np
 
 from avex import _checks
 from avex.assets import load_cache_and_captioner, resolve_asset_paths
-from avex.checkpoint import check_weights
+from avex.files import check_weights
 from avex.config import TrainConfig
 from avex.data.embedded import default_benchmark_path
 from avex.judge import judge_record, judge_warnings

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from avex import _checks
-from avex.checkpoint import read_run_config
+from avex.run_files import read_run_config
 from avex.data.cache import FeatureCache
 from avex.data.embedded import AUDIO_ROLES, VISUAL_ROLES, Backbone
 from avex.exchange_diagnostics import summarize

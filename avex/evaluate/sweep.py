@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from avex import _checks
-from avex.checkpoint import read_run_config
+from avex.run_files import read_run_config
 from avex.figures import save_figure
 from avex.judge import judge_line, judge_record
 from avex.methods import METHODS, SELECTORS, label, load_policy, make_selector

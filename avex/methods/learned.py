@@ -20,12 +20,13 @@ from pathlib import Path
 import torch
 
 from avex import _checks
-from avex.checkpoint import (POLICY_FILE, STEP_NAME, latest_checkpoint, load_weights,
-                             read_run_config, read_state)
+from avex.files import load_weights
 from avex.kernels import gumbel_topk
 from avex.policy import (POLICY_CONFIG, POLICY_FORMAT, POLICY_WEIGHTS, AVEXPolicy,
                          read_policy_record)
-from avex.run_files import CHECKPOINTS_DIR, CONFIG_FILE, POLICY_RECORD_FILE, WARMUP_POLICY_FILE
+from avex.run_files import (CHECKPOINTS_DIR, CONFIG_FILE, POLICY_FILE, POLICY_RECORD_FILE,
+                            STEP_NAME, WARMUP_POLICY_FILE, latest_checkpoint, read_run_config,
+                            read_state)
 from avex.selection import indices_to_keep
 
 
