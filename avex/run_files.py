@@ -7,14 +7,14 @@
          exchange_calibration.json     w(dR)'s saturation, measured once (with the exchange term)
          exchange_diagnostics.json     the RL groups' reward ties; with the exchange term, its
                                        labels and gradients (and a .png)
-         checkpoints/step-N/, latest   atomic checkpoints (avex.checkpoint)
+         checkpoints/step-N/, latest   atomic checkpoints (avex.training.checkpoint)
          policy/                       the finished policy (AVEXPolicy.save_pretrained)
          results.md, results.json      the end-of-run table
          cacovid/                      CaCoVID-AV, trained from this run's warmup for the table
 
 A leaf module: anything that reads or writes a run directory names its files from here, and
 reads them with the readers below (the latest checkpoint, its state, the run's settings);
-:mod:`avex.checkpoint` writes the checkpoints.
+:mod:`avex.training.checkpoint` writes the checkpoints.
 """
 from __future__ import annotations
 

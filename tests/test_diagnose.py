@@ -204,7 +204,7 @@ def tiny(cache_dir, out, *extra):
 
 @pytest.fixture(scope="module")
 def diagnosed(tiny_cache_dir, tmp_path_factory):
-    from avex.config import TrainConfig
+    from avex.training.config import TrainConfig
     from avex.train import train
 
     run = tmp_path_factory.mktemp("diag-run") / "run"

@@ -138,9 +138,9 @@ def test_the_registrys_preset_names_are_the_presets():
 
 
 def test_settings_load_nothing_they_name():
-    """avex.config (every training setting, checked) imports neither the captioner, the data
-    nor the methods: it sits near the ground floor."""
-    code = ("import sys, avex.config; print(sorted(m for m in sys.modules if m.startswith("
+    """avex.training.config (every training setting, checked) imports neither the captioner, the
+    data nor the methods: it sits near the ground floor."""
+    code = ("import sys, avex.training.config; print(sorted(m for m in sys.modules if m.startswith("
             "('avex.captioner', 'avex.data', 'avex.methods'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=ROOT)

@@ -25,8 +25,8 @@ from ..files import load_weights, save_tensors_atomically
 from ..modality import AUDIO, PAD, TEXT, VISUAL
 from ..paths import CAPTIONER_FILE, attention_dir, default_captioner_path
 from ..progress import progress_bar
-from ..ptb_tokenizer import tokenize
 from ..pruning import expand_av_keep, forward, generate, prune_inputs
+from ..ptb_tokenizer import tokenize
 from .reference import verify_reference
 
 PROJECTOR_FILE = "avex_projector.safetensors"
@@ -492,7 +492,7 @@ class FrozenCaptioner:
         """The inputs :meth:`teacher_forced` runs its one forward on (checked as it documents):
         each keep-set's compacted prompt with its sample's target tokens appended at the
         positions decoding would give them. Also what the caption-attention warmup teacher
-        (:mod:`avex.teachers`) reads its attention maps from."""
+        (:mod:`avex.training.warmup_teachers`) reads its attention maps from."""
         _checks.tensor("av_keep", av_keep, ndim=3, boolean=True)
         if isinstance(targets, torch.Tensor) or not isinstance(targets, (list, tuple)):
             raise TypeError(f"targets must be a list of B token id sequences, got "

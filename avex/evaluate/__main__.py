@@ -36,12 +36,12 @@ import sys
 from pathlib import Path
 
 from avex import _checks
-from avex.config import TrainConfig
-from avex.config import build_parser as build_train_parser
-from avex.config import resolve_config
 from avex.data.embedded import default_benchmark_path
 from avex.paths import default_captioner_path, portable_command
 from avex.registry import BENCHMARK_PRESETS, CAPTIONER_PRESETS, SELECTORS
+from avex.training.config import TrainConfig
+from avex.training.config import build_parser as build_train_parser
+from avex.training.config import resolve_config
 
 from .ablation import ABLATIONS, AblationSettings, run_ablation
 from .common import DECODING, not_a_cache

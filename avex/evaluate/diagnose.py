@@ -39,12 +39,10 @@ import numpy as np
 import torch
 
 from avex import _checks
-from avex.run_files import read_run_config
 from avex.data.cache import FeatureCache
 from avex.data.embedded import AUDIO_ROLES, VISUAL_ROLES, Backbone
-from avex.exchange_diagnostics import summarize
-from avex.figures import save_figure
 from avex.fidelity import full_captions
+from avex.figures import save_figure
 from avex.judge import file_sha256, judge_line, judge_record
 from avex.kernels import gumbel_topk
 from avex.methods import load_policy
@@ -52,12 +50,14 @@ from avex.methods.learned import recipe, run_policy_weights
 from avex.metrics import PER_CLIP, caption_metrics_by_reference_type
 from avex.paths import portable_command, relative_path
 from avex.progress import progress_bar
+from avex.run_files import read_run_config
 from avex.run_files import CONFIG_FILE, METRICS_FILE
 from avex.selection import AVLayout, indices_to_keep
 from avex.tables import markdown_table
+from avex.training.exchange_diagnostics import summarize
 
 from .common import (PATHS_NOTE, ExperimentSettings, begin, check_retentions, check_split,
-                     given_run, load_assets, results_json, split_clips)
+                     given_run, load_experiment_inputs, results_json, split_clips)
 from .intervals import paired_interval
 from .slots import SLOT_NAMES, changed_slots, parse_caption, slots_of_info
 
@@ -482,7 +482,7 @@ def run_diagnose(settings: DiagnoseSettings) -> dict:
     first."""
     started = time.perf_counter()
     settings, out = begin(settings, DiagnoseSettings, "diagnose")
-    cache, captioner = load_assets(settings)
+    cache, captioner = load_experiment_inputs(settings)
     check_annotated(cache, "data")
     clips = split_clips(cache, settings.split, settings.max_clips)
     run_dir = Path(settings.run)

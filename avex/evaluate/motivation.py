@@ -9,15 +9,15 @@ from pathlib import Path
 
 import numpy as np
 
-from avex.figures import save_figure
 from avex import _checks
+from avex.figures import save_figure
 from avex.judge import judge_line, judge_record
 from avex.progress import progress_bar
 from avex.reward import CiderD
 
 from . import gates
-from .common import (ExperimentSettings, begin, check_split, fmt, load_assets, percent,
-                     split_clips)
+from .common import (ExperimentSettings, begin, check_split, fmt, load_experiment_inputs,
+                     percent, split_clips)
 
 
 @dataclass
@@ -53,7 +53,7 @@ def run_motivation(settings: MotivationSettings) -> dict:
     shared base set; the joint gain is plotted against the sum of the separate ones."""
     started = time.perf_counter()
     settings, out = begin(settings, MotivationSettings, "motivation")
-    cache, captioner = load_assets(settings)
+    cache, captioner = load_experiment_inputs(settings)
     clips = split_clips(cache, settings.split, settings.max_clips)[:settings.clips]
     out.mkdir(parents=True, exist_ok=True)
     scorer = CiderD([c.refs_av for c in clips])

@@ -41,8 +41,7 @@ import numpy as np
 import torch
 
 from avex.figures import save_figure
-from avex.run_files import (EXCHANGE_DIAGNOSTICS_FIGURE, EXCHANGE_DIAGNOSTICS_FILE,
-                             METRICS_FILE)
+from avex.run_files import EXCHANGE_DIAGNOSTICS_FIGURE, EXCHANGE_DIAGNOSTICS_FILE, METRICS_FILE
 
 STATISTICS = ("zero", "disagree", "positive", "g_over_k", "valid", "cider_zero", "agree")
 ANCHOR_STATISTICS = ("tied", "cider_tied", "agree", "cider_mean")

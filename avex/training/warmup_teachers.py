@@ -1,5 +1,5 @@
 """Warmup teachers (issue #36 item 6): the per-token scores whose balanced keep-sets the policy's
-warmup imitates (:func:`avex.train_steps.warmup_targets`). ``--warmup-teacher`` picks one:
+warmup imitates (:func:`avex.training.steps.warmup_targets`). ``--warmup-teacher`` picks one:
 
 * ``prompt-attention`` (the default): the prompt suffix's attention to each AV token in the
   full-token prefill (:meth:`FrozenCaptioner.cached_text_to_av_attention`);
@@ -28,7 +28,6 @@ from safetensors import safe_open
 
 
 from avex import _checks
-from avex.config import WARMUP_TEACHERS
 from avex.fidelity import fidelity_reward, full_captions, full_captions_key
 from avex.files import save_tensors_atomically
 from avex.modality import AUDIO, PAD, VISUAL
@@ -36,6 +35,7 @@ from avex.paths import warmup_teachers_dir
 from avex.progress import progress_bar
 from avex.pruning import forward
 from avex.selection import AVLayout, num_kept
+from avex.training.config import WARMUP_TEACHERS
 
 __all__ = ["WARMUP_TEACHERS", "GAIN_BASE_RETENTION", "GAIN_BASE_SETS", "teacher_scores",
            "teacher_scores_path", "caption_attention", "fidelity_gains", "gain_bases"]
