@@ -46,7 +46,8 @@ from avex.figures import save_figure
 from avex.judge import file_sha256, judge_line, judge_record
 from avex.kernels import gumbel_topk
 from avex.methods import load_policy
-from avex.methods.learned import recipe, run_policy_weights
+from avex.methods.learned import recipe
+from avex.policy import run_policy_weights
 from avex.metrics import PER_CLIP, caption_metrics_by_reference_type
 from avex.paths import portable_command, relative_path
 from avex.progress import progress_bar

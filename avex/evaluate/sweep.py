@@ -14,7 +14,8 @@ from avex import _checks
 from avex.figures import save_figure
 from avex.judge import judge_line, judge_record
 from avex.methods import METHODS, SELECTORS, label, load_policy, make_selector
-from avex.methods.learned import recipe, run_progress
+from avex.methods.learned import recipe
+from avex.policy import run_progress
 from avex.metrics import cider_source
 from avex.paths import cache_relative, portable_command, relative_path
 from avex.registry import privileged_notes

@@ -31,8 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from avex import _checks
-from avex.policy import (ACCEPTED_LAYOUTS, LAYOUTS, POLICY_CONFIG, POLICY_WEIGHTS,
-                         read_policy_record)
+from avex.policy import ACCEPTED_LAYOUTS, LAYOUTS, read_saved_policy
 
 __all__ = ["VLLM_VERSION", "ARCHITECTURE", "POLICY_KEY", "RETENTION_KEY", "Settings",
            "hf_overrides", "check_engine", "register"]
@@ -149,9 +148,7 @@ def check_policy(settings: Settings, config, architecture: str) -> None:
     if not path.is_dir():
         raise FileNotFoundError(f"{POLICY_KEY}={settings.policy!r} is not a directory; it must "
                                 "be a policy saved with AVEXPolicy.save_pretrained")
-    cfg, trained_on = read_policy_record(path / POLICY_CONFIG)
-    if not (path / POLICY_WEIGHTS).is_file():
-        raise FileNotFoundError(f"{path}: no {POLICY_WEIGHTS} beside {POLICY_CONFIG}")
+    cfg, trained_on = read_saved_policy(path)
     # TrainedOn names the model by its class: give it the architecture vLLM serves
     trained_on.check_model(type(architecture, (), {"config": config})())
     if "visual" not in ACCEPTED_LAYOUTS[trained_on.layout]:
