@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from avex import fidelity
 from avex.captioner import FrozenCaptioner
-from avex.captioner.frozen import TeacherForced
+from avex.captioner.batch import TeacherForced
 from avex.data import CacheWriter, FeatureCache
 from avex.fidelity import break_ties, fidelity_reward, full_captions
 from avex.kernels import gumbel_topk

@@ -21,8 +21,9 @@ from ..modality import AUDIO, VISUAL
 from ..paths import default_captioner_path
 from ..progress import progress_bar
 from ..reward import CiderD
-from .frozen import (CAPTIONER_FILE, CAPTIONER_FORMAT, PROJECTOR_FILE, AVProjector,
-                     FrozenCaptioner, default_device)
+from .batch import AVProjector
+from .frozen import (CAPTIONER_FILE, CAPTIONER_FORMAT, PROJECTOR_FILE, FrozenCaptioner,
+                     default_device)
 from .reference import install_reference, reference_name
 
 
