@@ -26,7 +26,6 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-
 from avex import _checks
 from avex.fidelity import fidelity_reward, full_captions, full_captions_key
 from avex.files import save_tensors_atomically
