@@ -47,7 +47,8 @@ from .ablation import ABLATIONS, AblationSettings, run_ablation
 from .common import DECODING, not_a_cache
 from .diagnose import RETENTIONS as DIAGNOSE_RETENTIONS
 from .diagnose import DiagnoseSettings, run_diagnose
-from .gates import run_gates, write_report
+from .gates import run_gates
+from .gates_report import write_report
 from .motivation import MotivationSettings, run_motivation
 from .sweep import RETENTIONS, SweepSettings, run_sweep
 
