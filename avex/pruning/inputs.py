@@ -124,24 +124,32 @@ def prune_inputs(inputs_embeds: torch.Tensor, modality: torch.Tensor, *, scores=
     present = modality != PAD
     num_sets = keep.shape[1]
     original_length = present.sum(1).repeat_interleave(num_sets)
-    if positions == "contiguous":
-        position_ids, next_position = out.position_ids, out.lengths
-    elif position_ids is None:
-        original = (present.long().cumsum(1) - 1).clamp_min(0)
-        position_ids, next_position = gather_tokens(original, out.index), original_length
-    else:
-        native = position_ids.long()
-        # decoding continues after the row's last token, axis by axis (as generate does)
-        columns = torch.arange(present.shape[1], device=present.device)
-        last = torch.where(present, columns, -1).amax(1)
-        next_position = native[..., torch.arange(present.shape[0]), last] + 1
-        next_position = next_position.repeat_interleave(num_sets, dim=-1)
-        position_ids = gather_tokens(native, out.index)
+    position_ids, next_position = _kept_positions(out, present, position_ids, positions,
+                                                  num_sets, original_length)
     extras = {name: gather_tokens(value, out.index, batch_first=True)
               for name, value in (per_token or {}).items()}
     av_count = is_av.sum(1).repeat_interleave(num_sets)
     return PrunedInputs(out.hidden, out.attention_mask, position_ids, next_position, keep,
                         out.index, extras, original_length, av_count)
+
+
+def _kept_positions(out, present, position_ids, positions: str, num_sets: int,
+                    original_length) -> tuple[torch.Tensor, torch.Tensor]:
+    """(position ids of the kept tokens, the first generated token's position) of the compacted
+    ``out``: contiguous, a count of the unpruned row's tokens, or the model's own
+    ``position_ids`` (any rank) gathered; ``present``: the unpruned rows' non-padding tokens."""
+    if positions == "contiguous":
+        return out.position_ids, out.lengths
+    if position_ids is None:
+        original = (present.long().cumsum(1) - 1).clamp_min(0)
+        return gather_tokens(original, out.index), original_length
+    native = position_ids.long()
+    # decoding continues after the row's last token, axis by axis (as generate does)
+    columns = torch.arange(present.shape[1], device=present.device)
+    last = torch.where(present, columns, -1).amax(1)
+    next_position = native[..., torch.arange(present.shape[0]), last] + 1
+    next_position = next_position.repeat_interleave(num_sets, dim=-1)
+    return gather_tokens(native, out.index), next_position
 
 
 def gather_tokens(values: torch.Tensor, index: torch.Tensor, *, batch_first: bool = False):
