@@ -25,6 +25,8 @@ VIDEO = "qwen2_vl"
 SEES, HEARS = True, True
 AUDIO_INPUTS = ("input_features", "feature_attention_mask")
 REFUSED = {"audio_feature_lengths": "pass feature_attention_mask, as the processor returns it"}
+# a video's audio track goes in with it, interleaved (export_inputs' use_audio_in_video)
+AUDIO_IN_VIDEO = True
 # vLLM (avex.integrations.vllm): the plugin refuses these architectures, and says why
 VLLM_ARCHITECTURES = ("Qwen2_5OmniModel", "Qwen2_5OmniForConditionalGeneration",
                       "Qwen2_5OmniThinkerForConditionalGeneration")

@@ -53,7 +53,7 @@ from safetensors import safe_open
 from avex import _checks
 from avex.adapters import FAMILIES as ADAPTERS
 from avex.adapters import adapt, adapter_for
-from avex.adapters._export import unusable_kind
+from avex.adapters._export import family_processor_inputs, unusable_kind
 from avex.data.cache import CacheWriter, FeatureCache, check_replaceable
 from avex.data.captions import CaptionRow, ExportError, media_rows, read_captions
 from avex.data.identity import settings_sha256, tokenizer_record, weights_sha256
@@ -193,10 +193,8 @@ def family_inputs(model, processor, media, settings: ExportSettings) -> tuple[di
     reason = unusable_kind(family, media.kind, media.audio is not None)
     if reason:
         raise ExportError(f"{media.path}: {reason}")
-    if family.MODEL_TYPES[0] == "qwen2_5_omni_thinker":
-        return family.export_inputs(model, processor, media, settings.prompt,
-                                    use_audio_in_video=settings.use_audio_in_video)
-    return family.export_inputs(model, processor, media, settings.prompt)
+    return family_processor_inputs(family, model, processor, media, settings.prompt,
+                                   use_audio_in_video=settings.use_audio_in_video)
 
 
 # ----------------------------------------------------------------------------------------------
