@@ -102,3 +102,56 @@ def read_state(path) -> dict:
     if missing:
         raise ValueError(f"{file}: not a training checkpoint state (missing {missing})")
     return state
+
+
+def run_policy_weights(run_dir, checkpoint: str = "latest", *, name: str = "run_dir"):
+    """(weights file, settings) of a ``python -m avex.train`` run directory, checked without
+    loading anything: ``checkpoints/latest`` unless ``checkpoint`` names a step directory, or
+    ``"warmup"`` for warmup_policy.safetensors. Raises naming what is missing, and the
+    argument (``name``) it came from."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"{name}: no run directory at {str(run_dir)!r}")
+    if not (run_dir / CONFIG_FILE).is_file():
+        raise FileNotFoundError(f"{name}: {run_dir} has no {CONFIG_FILE} (not a "
+                                "`python -m avex.train` run)")
+    cfg = read_run_config(run_dir)
+    if checkpoint == "warmup":
+        weights = run_dir / WARMUP_POLICY_FILE
+    elif checkpoint == "latest":
+        latest = latest_checkpoint(run_dir)
+        if latest is None:
+            raise FileNotFoundError(f"{name}: {run_dir} has no checkpoints/latest")
+        weights = latest / POLICY_FILE
+    else:
+        if not isinstance(checkpoint, str) or not STEP_NAME.match(checkpoint):
+            raise ValueError(f"checkpoint must be 'latest', 'warmup' or a step-N directory "
+                             f"name, got {checkpoint!r}")
+        weights = run_dir / CHECKPOINTS_DIR / checkpoint / POLICY_FILE
+    if not weights.is_file():
+        raise FileNotFoundError(f"{name}: no policy weights at {weights}")
+    return weights, cfg
+
+
+def run_progress(run_dir) -> dict:
+    """Where a run's latest checkpoint stands: ``{"finished", "phase", "step", "checkpoint"}``
+    (``checkpoint`` the step directory's name)."""
+    latest = latest_checkpoint(run_dir)
+    if latest is None:
+        raise FileNotFoundError(f"{run_dir} has no checkpoints/latest")
+    state = read_state(latest)
+    return {"finished": state["phase"] == "done", "phase": state["phase"],
+            "step": int(state["step"]), "checkpoint": latest.name}
+
+
+def check_finished(run_dir, *, name: str = "run_dir") -> dict:
+    """:func:`run_progress`, refusing a run whose training did not finish (it was stopped or
+    killed): its latest checkpoint is not the policy the run would have made."""
+    progress = run_progress(run_dir)
+    if not progress["finished"]:
+        raise ValueError(f"{name}: {run_dir} did not finish training (its latest checkpoint, "
+                         f"{progress['checkpoint']}, is {progress['phase']} step "
+                         f"{progress['step']}); resume it with python -m avex.train --resume "
+                         f"--run-dir {run_dir}, or accept the unfinished policy explicitly "
+                         "(--allow-unfinished / allow_unfinished=True)")
+    return progress

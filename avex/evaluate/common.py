@@ -17,9 +17,9 @@ from avex.cache_and_captioner import load_cache_and_captioner, resolve_asset_pat
 from avex.data.embedded import default_benchmark_path
 from avex.files import check_weights
 from avex.judge import judge_record, judge_warnings
-from avex.policy import check_finished, run_policy_weights
 from avex.paths import default_captioner_path
 from avex.registry import BENCHMARK_PRESETS, CAPTIONER_PRESETS, SPLITS
+from avex.run_files import check_finished, run_policy_weights
 from avex.training.config import TrainConfig
 
 #: decoding when no run is given and no setting asks for one

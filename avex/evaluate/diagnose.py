@@ -49,10 +49,8 @@ from avex.methods import load_policy
 from avex.methods.learned import recipe
 from avex.metrics import PER_CLIP, caption_metrics_by_reference_type
 from avex.paths import portable_command, relative_path
-from avex.policy import run_policy_weights
 from avex.progress import progress_bar
-from avex.run_files import read_run_config
-from avex.run_files import CONFIG_FILE, METRICS_FILE
+from avex.run_files import CONFIG_FILE, METRICS_FILE, read_run_config, run_policy_weights
 from avex.selection import AVLayout, indices_to_keep
 from avex.training.exchange_diagnostics import summarize
 

@@ -15,11 +15,10 @@ from avex.figures import save_figure
 from avex.judge import judge_line, judge_record
 from avex.methods import METHODS, SELECTORS, label, load_policy, make_selector
 from avex.methods.learned import recipe
-from avex.policy import run_progress
 from avex.metrics import cider_source
 from avex.paths import cache_relative, portable_command, relative_path
 from avex.registry import privileged_notes
-from avex.run_files import read_run_config
+from avex.run_files import read_run_config, run_progress
 from avex.scoring import caption_and_score
 from avex.tables import markdown_table
 from avex.training.loop import train_variant
