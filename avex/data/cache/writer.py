@@ -71,6 +71,19 @@ def check_replaceable(root: Path, overwrite: bool, *, when: str = "") -> None:
                               "this one yourself")
 
 
+def install_cache(staging: Path, root: Path, overwrite: bool, *, when: str = "") -> None:
+    """Rename the finished cache ``staging`` into place at ``root`` (:func:`check_replaceable`
+    first). An old cache moves aside first, so a cache is at ``root`` at every moment."""
+    check_replaceable(root, overwrite, when=when)
+    if is_feature_cache(root):
+        old = root.parent / f".{root.name}.old-{os.getpid()}"
+        os.replace(root, old)
+        os.replace(staging, root)
+        shutil.rmtree(old)
+    else:   # absent, or an empty folder (a rename replaces an empty folder)
+        os.replace(staging, root)
+
+
 class CacheWriter:
     """Writes a cache directory. Use as a context manager; nothing appears at ``root`` until the
     writer closes without error (it builds in a sibling temporary directory, then renames).
@@ -291,15 +304,7 @@ class CacheWriter:
         with open(self.staging / META_FILE, "w", encoding="utf-8") as handle:
             json.dump(meta, handle, indent=1, sort_keys=True)
             handle.write("\n")
-        check_replaceable(self.root, self.overwrite, when="appeared while writing: ")
-        if is_feature_cache(self.root):
-            # the old cache moves aside first: a cache is at root at every moment
-            old = self.root.parent / f".{self.root.name}.old-{os.getpid()}"
-            os.replace(self.root, old)
-            os.replace(self.staging, self.root)
-            shutil.rmtree(old)
-        else:   # absent, or an empty folder (a rename replaces an empty folder)
-            os.replace(self.staging, self.root)
+        install_cache(self.staging, self.root, self.overwrite, when="appeared while writing: ")
         self._closed = True
         return self.root
 
