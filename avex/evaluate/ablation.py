@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from avex import _checks
-from avex.judge import judge_line, judge_record
+from avex.judge_identity import judge_line, judge_record
 from avex.methods import load_policy, make_selector
 from avex.paths import relative_path
 from avex.progress import progress_bar

@@ -16,7 +16,7 @@ from avex import _checks
 from avex.cache_and_captioner import load_cache_and_captioner, resolve_asset_paths
 from avex.data.embedded import default_benchmark_path
 from avex.files import check_weights
-from avex.judge import judge_record, judge_warnings
+from avex.judge_identity import judge_record, judge_warnings
 from avex.paths import default_captioner_path
 from avex.registry import BENCHMARK_PRESETS, CAPTIONER_PRESETS, SPLITS
 from avex.run_files import check_finished, run_policy_weights

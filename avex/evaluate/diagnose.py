@@ -43,7 +43,7 @@ from avex.data.cache import FeatureCache
 from avex.data.embedded import AUDIO_ROLES, VISUAL_ROLES, Backbone
 from avex.fidelity import full_captions
 from avex.figures import save_figure
-from avex.judge import file_sha256, judge_record
+from avex.judge_identity import file_sha256, judge_record
 from avex.kernels import gumbel_topk
 from avex.methods import load_policy
 from avex.methods.learned import recipe

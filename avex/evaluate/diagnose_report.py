@@ -3,7 +3,7 @@
 :func:`avex.evaluate.diagnose.run_diagnose` measured."""
 from __future__ import annotations
 
-from avex.judge import judge_line
+from avex.judge_identity import judge_line
 from avex.tables import markdown_table
 
 #: the rows of one retention, in table order: name -> label

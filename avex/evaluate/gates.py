@@ -30,7 +30,7 @@ import torch
 from avex import _checks
 from avex.captioner import FrozenCaptioner
 from avex.data import FeatureCache
-from avex.judge import judge_record
+from avex.judge_identity import judge_record
 from avex.metrics import caption_metrics_by_reference_type, cider_source
 from avex.paths import cache_relative
 from avex.progress import progress_bar

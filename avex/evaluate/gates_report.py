@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from avex.judge import judge_line
+from avex.judge_identity import judge_line
 from avex.tables import markdown_table
 
 from .gates import CRITICAL_GAIN, NEGLIGIBLE_GAIN, share_of

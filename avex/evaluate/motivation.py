@@ -11,7 +11,7 @@ import numpy as np
 
 from avex import _checks
 from avex.figures import save_figure
-from avex.judge import judge_line, judge_record
+from avex.judge_identity import judge_line, judge_record
 from avex.progress import progress_bar
 from avex.reward import CiderD
 

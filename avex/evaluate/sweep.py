@@ -12,7 +12,7 @@ import numpy as np
 
 from avex import _checks
 from avex.figures import save_figure
-from avex.judge import judge_line, judge_record
+from avex.judge_identity import judge_line, judge_record
 from avex.methods import METHODS, SELECTORS, label, load_policy, make_selector
 from avex.methods.learned import recipe
 from avex.metrics import cider_source
