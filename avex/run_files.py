@@ -13,8 +13,9 @@
          cacovid/                      CaCoVID-AV, trained from this run's warmup for the table
 
 A leaf module: anything that reads or writes a run directory names its files from here, and
-reads them with the readers below (the latest checkpoint, its state, the run's settings);
-:mod:`avex.training.checkpoint` writes the checkpoints.
+reads them with the readers below (the latest checkpoint, its state, the run's settings, the
+policy weights a run offers and whether it finished); :mod:`avex.training.checkpoint` writes
+the checkpoints, :mod:`avex.training.run_records` the rest.
 """
 from __future__ import annotations
 
