@@ -25,7 +25,7 @@ _LAZY = {
     "FrozenCaptioner": "avex.captioner",
     "AVEXPolicy": "avex.policy",
     "TrainedOn": "avex.policy",
-    "load_policy": "avex.methods.learned",
+    "load_policy": "avex.policy",
     "CiderD": "avex.reward",
     "caption_metrics": "avex.metrics",
     "caption_metrics_by_reference_type": "avex.metrics",

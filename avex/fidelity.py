@@ -4,7 +4,7 @@ generation: one teacher-forced forward per set (:meth:`FrozenCaptioner.teacher_f
 
 * :class:`FullCaptions`, :func:`full_captions`: y_full of every clip of a split, under a run's
   decoding, computed once and kept under ``<cache root>/full_captions/`` keyed by the
-  captioner's and the benchmark's SHA-256 (:mod:`avex.judge`), the split, the decoding and the
+  captioner's and the benchmark's SHA-256 (:mod:`avex.judge_identity`), the split, the decoding and the
   device type and dtype it ran in;
 * :func:`fidelity_reward`: R_fid of each set, ``"logp"`` (100 x the mean log p(y_full | S) per
   token) or ``"margin"`` (-100 x the mean hinge max(0, 1 - margin) of each step's logit
@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from avex import _checks
-from avex.judge import benchmark_sha256, captioner_sha256
+from avex.files import write_json_atomically
+from avex.judge_identity import benchmark_sha256, captioner_sha256
 from avex.paths import full_captions_dir
 from avex.progress import progress_bar
 from avex.selection import AVLayout
@@ -106,9 +106,7 @@ def full_captions(captioner, cache, split: str, *, num_beams: int = 1, max_new_t
                                                            num_beams, max_new_tokens,
                                                            batch_size, progress)}
         path.parent.mkdir(parents=True, exist_ok=True)
-        staging = path.with_suffix(f".tmp-{os.getpid()}")
-        staging.write_text(json.dumps(record) + "\n", encoding="utf-8")
-        os.replace(staging, path)
+        write_json_atomically(path, record)
     clips = record["clips"]
     return FullCaptions({k: v["tokens"] for k, v in clips.items()},
                         {k: v["text"] for k, v in clips.items()}, num_beams, max_new_tokens)

@@ -144,3 +144,13 @@ def check_codes(modality: torch.Tensor, *, input_ids: torch.Tensor | None = None
         raise ValueError(f"modality row {row} codes as text only placeholder tokens (the "
                          "audio-visual features), so the real text would be pruned; build "
                          "the codes with avex.modality.codes_from_ids")
+
+
+def packed_positions(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(positions [B, W], valid [B, W]): each row's True positions in order, packed to the
+    left (W = the most any row has, at least 1); past a row's count the position is 0."""
+    counts = mask.sum(1)
+    width = max(int(counts.max()), 1) if mask.shape[0] else 1
+    order = torch.sort((~mask).to(torch.int8), dim=1, stable=True).indices[:, :width]
+    valid = torch.arange(width, device=mask.device) < counts[:, None]
+    return order.masked_fill(~valid, 0), valid

@@ -1,7 +1,7 @@
 """One RL micro-batch under each reward (issue #36): the default recipe's size, 16 clips of the
 default embedded benchmark's train split x 8 Gumbel-Top-K anchors at 40% retention, the shipped
 captioner, RLOO; the policy's scores, the sets, their rewards, the loss and its backward
-(``avex.train_steps.rl_loss``), no optimiser step.
+(``avex.training.steps.rl_loss``), no optimiser step.
 
 Baseline: ``cider`` (a batched greedy generation of 24 new tokens over the 128 sets, then
 CIDEr-D). Compared: ``fidelity`` (one teacher-forced forward of y_full per set, no
@@ -17,12 +17,12 @@ import pytest
 import torch
 
 from avex.captioner import ensure_captioner
-from avex.config import TrainConfig
 from avex.data.embedded import default_benchmark_path
 from avex.reward import CiderD
 from avex.selection import AVLayout
-from avex.train import load_assets
-from avex.train_steps import rl_loss, sample_seed
+from avex.training.config import TrainConfig
+from avex.training.loop import load_run_inputs
+from avex.training.steps import rl_loss, sample_seed
 from conftest import DEVICE, label, synchronized
 
 RETENTION = 0.4
@@ -38,7 +38,7 @@ def step_inputs():
         pytest.skip(f"the default embedded benchmark is not built at {bench}; run "
                     "`python -m avex.train` (or avex.data.ensure_benchmark()) once first")
     cfg = TrainConfig(progress=False)
-    cache, captioner, policy = load_assets(cfg, bench, ensure_captioner(progress=False), DEVICE)
+    cache, captioner, policy = load_run_inputs(cfg, bench, ensure_captioner(progress=False), DEVICE)
     train = cache.split("train")
     clips = [train[i] for i in range(cfg.micro_batch_size)]
     cider = CiderD(corpus_references=[c.refs_av for c in (train[i] for i in range(len(train)))],

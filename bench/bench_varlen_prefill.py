@@ -13,6 +13,7 @@ import torch
 from transformers import Qwen2Config
 
 from avex import pruning
+from avex.pruning import generation
 from avex.profiling import ProfileSettings, token_layout
 from avex.profiling.flops import build_model
 from avex.pruning import prune_inputs
@@ -58,7 +59,7 @@ def test_varlen_prefill_vs_padded(benchmark, setup, impl):
 
     @torch.inference_mode()
     def packed():
-        return pruning._varlen_prefill(model, ragged, 1)
+        return generation._varlen_prefill(model, ragged, 1)
 
     cache = benchmark(synchronized(packed if impl.startswith("packed") else padded))
     want = padded()

@@ -266,11 +266,11 @@ class Stopwatch:
 
 def part_p9(rows: Rows, steps: int, preset: str, cache_dir: str | None, batch: int,
             micro: int, retentions: list[float]):
-    from avex.assets import resolve_asset_paths
-    from avex.config import TrainConfig
+    from avex.cache_and_captioner import resolve_asset_paths
+    from avex.training.config import TrainConfig
     from avex.reward import CiderD
-    from avex.train import load_assets
-    from avex.train_steps import batch_indices, rl_loss, sample_seed
+    from avex.training.loop import load_run_inputs
+    from avex.training.steps import batch_indices, rl_loss, sample_seed
 
     cfg = TrainConfig(benchmark_preset=preset, captioner_preset=preset, cache_dir=cache_dir,
                       batch_size=batch, micro_batch_size=micro, progress=False)
@@ -278,7 +278,7 @@ def part_p9(rows: Rows, steps: int, preset: str, cache_dir: str | None, batch: i
     data_path, captioner_path = resolve_asset_paths(
         cfg.data, cfg.captioner, benchmark_preset=preset, captioner_preset=preset,
         cache_dir=cache_dir, progress=False)
-    cache, captioner, policy = load_assets(cfg, data_path, captioner_path, DEVICE)
+    cache, captioner, policy = load_run_inputs(cfg, data_path, captioner_path, DEVICE)
     split = cache.split("train")
     clips = [split[i] for i in range(len(split))]
     cider = CiderD(corpus_references=[c.refs_av for c in clips], tokenize=True)

@@ -5,7 +5,7 @@
 One micro-batch of the default recipe (16 clips of the default embedded benchmark's train
 split, 8 Gumbel-Top-K anchors each, RLOO; with ``--exchanges`` also one exchange per anchor:
 16 sets a clip) with the shipped captioner: the policy's scores, the sets, their rewards, the
-loss and its backward (``avex.train_steps.rl_loss``), as ``python -m avex.train`` runs them,
+loss and its backward (``avex.training.steps.rl_loss``), as ``python -m avex.train`` runs them,
 without the optimiser step (so every reward scores the same sets). The rewards:
 
 * ``cider``: the captions of every set in one batched greedy generation (24 new tokens),
@@ -40,13 +40,13 @@ from pathlib import Path
 
 import torch
 
-from avex.assets import resolve_asset_paths
-from avex.config import TrainConfig
+from avex.cache_and_captioner import resolve_asset_paths
 from avex.fidelity import full_captions, full_captions_path
 from avex.reward import CiderD
 from avex.tables import markdown_table
-from avex.train import load_assets
-from avex.train_steps import draw_retention, rl_loss, sample_seed
+from avex.training.config import TrainConfig
+from avex.training.loop import load_run_inputs
+from avex.training.steps import draw_retention, rl_loss, sample_seed
 from first_light import Stopwatch, sync
 
 REWARDS = (("cider", False), ("fidelity", False), ("fidelity", True), ("cider+fidelity", False))
@@ -84,7 +84,7 @@ def measure(cfg: TrainConfig, rounds: int, progress: bool,
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     data_path, captioner_path = resolve_asset_paths(cfg.data, cfg.captioner,
                                                     cache_dir=cfg.cache_dir, progress=progress)
-    cache, captioner, policy = load_assets(cfg, data_path, captioner_path, device)
+    cache, captioner, policy = load_run_inputs(cfg, data_path, captioner_path, device)
     train = cache.split("train")
     clips = [train[i] for i in range(len(train))]
     decoding = dict(num_beams=cfg.num_beams, max_new_tokens=cfg.max_new_tokens,

@@ -3,7 +3,7 @@
     OMP_NUM_THREADS=1 python bench/search_step.py --out bench/results/search-step-cpu.md
 
 One micro-batch (16 clips of the default embedded benchmark's train split, the shipped
-captioner) of each arm, as ``python -m avex.train`` runs it (``avex.train_steps.rl_loss``:
+captioner) of each arm, as ``python -m avex.train`` runs it (``avex.training.steps.rl_loss``:
 policy scores, sets, rewards, loss, backward; no optimiser step):
 
 * ``A``: 8 Gumbel-Top-K anchors per clip, RLOO (the default recipe): 8 sets a clip, one
@@ -33,13 +33,13 @@ from pathlib import Path
 
 import torch
 
-from avex.assets import resolve_asset_paths
-from avex.config import REWARDS, TrainConfig
+from avex.cache_and_captioner import resolve_asset_paths
 from avex.fidelity import full_captions
 from avex.reward import CiderD
 from avex.tables import markdown_table
-from avex.train import load_assets
-from avex.train_steps import draw_retention, rl_loss, sample_seed
+from avex.training.config import REWARDS, TrainConfig
+from avex.training.loop import load_run_inputs
+from avex.training.steps import draw_retention, rl_loss, sample_seed
 from first_light import Stopwatch, sync
 from reward_step import commit, iqr, machine
 
@@ -51,7 +51,7 @@ def measure(cfg: TrainConfig, rewards: list[str], rounds: int, scratch: str) -> 
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     data_path, captioner_path = resolve_asset_paths(cfg.data, cfg.captioner,
                                                     cache_dir=cfg.cache_dir, progress=False)
-    cache, captioner, policy = load_assets(cfg, data_path, captioner_path, device)
+    cache, captioner, policy = load_run_inputs(cfg, data_path, captioner_path, device)
     train = cache.split("train")
     clips = [train[i] for i in range(len(train))]
     batch_clips = clips[:cfg.micro_batch_size]

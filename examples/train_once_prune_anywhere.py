@@ -295,17 +295,18 @@ def serve(model, processor, policy, media_file: Path, retention: float = RETENTI
     """One request: the file through the processor (as export put it), the adapter, the
     policy's Top-K and compaction, then generate. Returns (adapted inputs, pruned inputs,
     generated ids)."""
-    from avex.adapters import adapt
-    from avex.data.export import ExportSettings, family_inputs
+    from avex.adapters import adapt, processor_inputs
+    from avex.data.export import ExportSettings
     from avex.data.media import read_media
     from avex.pruning import generate
 
-    settings = ExportSettings()
+    settings = ExportSettings()   # what python -m avex.data export used: its defaults
     rate = processor.feature_extractor.sampling_rate if hasattr(processor,
                                                                 "feature_extractor") else None
     media = read_media(media_file, fps=settings.fps, max_frames=settings.max_frames,
                        sampling_rate=rate)
-    inputs, model_kwargs = family_inputs(model, processor, media, settings)
+    inputs, model_kwargs = processor_inputs(model, processor, media, settings.prompt,
+                                            use_audio_in_video=settings.use_audio_in_video)
     with torch.no_grad():
         adapted = adapt(model, **{k: v for k, v in processor(**inputs).items()
                                   if isinstance(v, torch.Tensor)}, **model_kwargs)

@@ -15,7 +15,7 @@ import argparse
 import json
 from pathlib import Path
 
-from avex.checkpoint import read_run_config
+from avex.run_files import read_run_config
 from avex.evaluate.intervals import LEVEL, REPLICATES, differences
 from avex.tables import markdown_table
 

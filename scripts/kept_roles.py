@@ -15,7 +15,7 @@ import argparse
 
 import torch
 
-from avex.assets import load_cache_and_captioner
+from avex.cache_and_captioner import load_cache_and_captioner
 from avex.data.embedded import AUDIO_ROLES, VISUAL_ROLES
 from avex.methods import load_policy
 from avex.methods.learned import policy_selector

@@ -31,10 +31,10 @@ import numpy as np
 from avex.evaluate.ablation import ABLATIONS
 from avex.evaluate.common import results_json
 from avex.evaluate.intervals import RULE, Interval, difference_table, differences
-from avex.exchange_diagnostics import summarize
 from avex.paths import portable_command
 from avex.registry import label as method_label
 from avex.tables import markdown_table
+from avex.training.exchange_diagnostics import summarize
 
 # rows absent from a file are skipped
 ARMS = ("warmup", "rloo", "A", "B", "C", "paper", "S", "A-fid", "B-fid", "C-fid", "S-fid")

@@ -14,7 +14,7 @@ import json
 
 import torch
 
-from avex.assets import load_cache_and_captioner, resolve_asset_paths
+from avex.cache_and_captioner import load_cache_and_captioner, resolve_asset_paths
 from avex.methods import load_policy, make_selector
 from avex.modality import AUDIO, VISUAL
 from avex.scoring import caption_split, score_captions

@@ -18,12 +18,12 @@ import time
 
 import numpy as np
 
-from avex.assets import load_cache_and_captioner
+from avex.cache_and_captioner import load_cache_and_captioner
 from avex.evaluate.gates import counterfactual_gains, spearman
 from avex.fidelity import full_captions
 from avex.reward import CiderD
 from avex.selection import AVLayout
-from avex.teachers import caption_attention, fidelity_gains, gain_bases
+from avex.training.warmup_teachers import caption_attention, fidelity_gains, gain_bases
 
 
 def base_arg(text: str) -> tuple[float, int]:

@@ -17,6 +17,7 @@ import tiny_av_models as tiny
 from avex.adapters import adapt, adapter_for
 from avex.modality import AUDIO, PAD, TEXT, VISUAL
 from avex import pruning
+from avex.pruning import generation
 from avex.pruning import generate
 
 STEPS = 5
@@ -257,7 +258,7 @@ def test_a_binding_window_would_be_silently_wrong_without_the_refusal(monkeypatc
     adapted = adapt(model, **inputs)
     pruned = adapted.prune(scores=scores_for(adapted, 5), retention=0.4)
     ref = reference_generate(model, adapted, pruned.keep[:, 0])
-    monkeypatch.setattr(pruning, "_check_window_cannot_bind", lambda *args: None)
+    monkeypatch.setattr(generation, "_check_window_cannot_bind", lambda *args: None)
     assert not torch.equal(generate(model, pruned, max_new_tokens=STEPS, do_sample=False), ref)
     # the same for one forward: pruning.forward refuses it, a raw forward is off
     with pytest.raises(ValueError, match="sliding_window=16 .* a prompt of 22 tokens"):

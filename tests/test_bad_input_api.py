@@ -7,7 +7,6 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from avex.captioner import FrozenCaptioner
 from avex.captioner.frozen import CAPTIONER_FILE
-from avex.config import TrainConfig
 from avex.evaluate.ablation import AblationSettings, run_ablation
 from avex.evaluate.motivation import MotivationSettings, run_motivation
 from avex.evaluate.sweep import SweepSettings, run_sweep
@@ -22,6 +21,7 @@ from avex.scoring import caption_split, keep_all
 from avex.selection import (AVLayout, balanced_attention_keep, num_kept, random_keep, split_budget,
                             topk_keep)
 from avex.train import train
+from avex.training.config import TrainConfig
 from badinput import INF, NAN, case, exact, raises
 
 HIDDEN = 16

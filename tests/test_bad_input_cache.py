@@ -189,10 +189,10 @@ def test_data_verify_loads_the_tokenizer_inside_the_cache(tiny_benchmark, capsys
 
 
 def test_shards_are_hashed_once_per_cache_and_version(cache_root, monkeypatch):
-    from avex.data import cache as cache_module
+    from avex.data.cache import reader as cache_module
     hashed = []
-    real = cache_module._sha256
-    monkeypatch.setattr(cache_module, "_sha256", lambda path: hashed.append(path.name) or
+    real = cache_module.file_sha256
+    monkeypatch.setattr(cache_module, "file_sha256", lambda path: hashed.append(path.name) or
                         real(path))
     line = FeatureCache(cache_root).verify_shards([0])  # clip 0: the train shard only
     assert hashed == ["train-00000.safetensors"] and "1 hashed now, 0 checked before" in line
@@ -211,7 +211,7 @@ def test_shards_are_hashed_once_per_cache_and_version(cache_root, monkeypatch):
 
 
 def test_a_read_only_cache_is_verified_in_memory_and_says_so(cache_root, monkeypatch):
-    from avex.data import cache as cache_module
+    from avex.data.cache import reader as cache_module
 
     def read_only(*args):
         raise PermissionError("read-only file system")

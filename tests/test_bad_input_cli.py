@@ -8,7 +8,7 @@ import pytest
 from avex.captioner.__main__ import main as captioner_main
 from avex.data.__main__ import main as data_main
 from avex.evaluate.__main__ import main as evaluate_main
-from avex.policy import _count_main as policy_main
+from avex.policy.__main__ import main as policy_main
 from avex.profiling.__main__ import main as profiling_main
 from badinput import exits_with_usage_error, usage
 from file_module import load_file

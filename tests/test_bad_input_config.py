@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from avex.checkpoint import save_checkpoint
-from avex.config import TrainConfig, load_config_file
 from avex.train import main as train_main
-from avex.train import prepare_run
+from avex.training.loop import prepare_run
+from avex.training.checkpoint import save_checkpoint
+from avex.training.config import TrainConfig, load_config_file
 from badinput import INF, NAN, case, exits_with_usage_error, raises, usage
 
 

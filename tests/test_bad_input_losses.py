@@ -1,11 +1,11 @@
-"""Bad input to the loss terms (avex.losses), one case a line (tests/badinput.py); then the
+"""Bad input to the loss terms (avex.training.losses), one case a line (tests/badinput.py); then the
 defined values where a normalisation is undefined, and masked slots that hold NaN."""
 import pytest
 import torch
 
-from avex.losses import (anchored_policy_gradient_loss, avex_objective, exchange_loss,
-                         exchange_weight, group_normalized_loss, leave_one_out_loss,
-                         policy_gradient_loss, saturation_for, set_level_loss)
+from avex.training.losses import (anchored_policy_gradient_loss, avex_objective, exchange_loss,
+                                  exchange_weight, group_normalized_loss, leave_one_out_loss,
+                                  policy_gradient_loss, saturation_for, set_level_loss)
 from badinput import INF, NAN, case, raises
 from conftest import requires_cuda
 

@@ -11,11 +11,11 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 
 import avex
 from avex.adapters import AdaptedInputs
-from avex.checkpoint import save_checkpoint
 from avex.evaluate.__main__ import main as evaluate_main
 from avex.modality import AUDIO, PAD, TEXT, VISUAL
 from avex.policy import AVEXPolicy, PolicyConfig, TrainedOn, policy_record
 from avex.pruning import prune_inputs
+from avex.training.checkpoint import save_checkpoint
 from badinput import case, exits_with_usage_error, raises, usage
 from file_module import load_file
 
@@ -305,7 +305,7 @@ def test_zero_rewards_from_an_undertrained_captioner_blame_the_training():
     preset's 4 steps did that) is named as undertrained, and the tokenizer is not blamed."""
     from types import SimpleNamespace
 
-    from avex.stopping import zero_reward_error
+    from avex.training.stopping import zero_reward_error
 
     under = SimpleNamespace(path=Path("caps/tiny"), info={"training": {"steps": 4, "lr": 0.002,
                                                                        "val_cider": 0.0}})

@@ -194,7 +194,8 @@ def test_spearman_helper():
 
 @pytest.mark.slow
 def test_gates_run_on_the_tiny_benchmark(tiny, tmp_path):
-    from avex.evaluate.gates import run_gates, write_report
+    from avex.evaluate.gates import run_gates
+    from avex.evaluate.gates_report import write_report
 
     _, bench, path, cache = tiny
     report = run_gates(bench, path, seeds=1, retentions=(0.5, 0.1), counterfactual_clips=2,

@@ -13,7 +13,7 @@ from avex.data import world
 from avex.data.cache import FeatureCache
 from avex.data.embedded import (AUDIO_ROLES, IN_DOMAIN, PRESETS, TRANSFER, VISUAL_ROLES,
                                 Backbone, sample_clip, synthesize)
-from avex.evaluate import diagnose
+from avex.evaluate import diagnose, diagnose_report
 from avex.evaluate.__main__ import main
 from avex.evaluate.diagnose import (ORACLES, best_of, coloured_subject_token, colour_vectors,
                                     exact_share, role_tiers, tiered_keep)
@@ -204,7 +204,7 @@ def tiny(cache_dir, out, *extra):
 
 @pytest.fixture(scope="module")
 def diagnosed(tiny_cache_dir, tmp_path_factory):
-    from avex.config import TrainConfig
+    from avex.training.config import TrainConfig
     from avex.train import train
 
     run = tmp_path_factory.mktemp("diag-run") / "run"
@@ -231,7 +231,7 @@ def test_the_report_counts_what_its_captions_show(diagnosed):
         rows = block["rows"]
         policy = rows["policy"]["captions"]
         assert rows["policy"]["exact"] == sum(p == f for p, f in zip(policy, full)) / len(full)
-        assert set(rows) == set(diagnose.ROWS)
+        assert set(rows) == set(diagnose_report.ROWS)
         for row in rows.values():
             assert row["C_av"] == pytest.approx(np.mean(row["per_clip"]), abs=0.01)
         # the kinds partition the clips, and their carried loss adds up to the loss

@@ -8,9 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from avex.methods import METHODS, SELECTORS
 from avex.evaluate.__main__ import main
 from avex.evaluate.sweep import relative_performance
+from avex.methods import METHODS, SELECTORS
 from badinput import exits_with_usage_error
 
 TRAIN = "--batch-size 8 --micro-batch-size 4 --epochs 0.5 --warmup-epochs 0.5"
@@ -179,9 +179,9 @@ def test_ablation_over_seeds_reports_mean_and_std(trained_sweep, cache_dir, tmp_
 def test_random_exchanges_keep_delta_f_on_the_policy_scores():
     import torch
 
-    from avex.config import TrainConfig
+    from avex.training.config import TrainConfig
     from avex.kernels import build_exchanges, gumbel_topk
-    from avex.train_steps import random_exchanges
+    from avex.training.steps import random_exchanges
 
     torch.manual_seed(0)
     scores = torch.randn(3, 40, requires_grad=True)
@@ -242,7 +242,7 @@ def test_the_command_line_builds_the_settings_the_functions_take(cache_dir, tmp_
     """python -m avex.evaluate is a thin layer: its flags become the settings dataclass that
     run_sweep takes from Python, and --train-args is split once, as a shell would, into the
     training settings both the check and the run use (a quoted path with a space works)."""
-    from avex.config import TrainConfig
+    from avex.training.config import TrainConfig
     from avex.evaluate.__main__ import parse_args
     from avex.evaluate.sweep import SweepSettings
 

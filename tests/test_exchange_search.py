@@ -1,4 +1,4 @@
-"""The exchange search arm (issue #36 item 4; avex/exchange_search.py): the search on a toy
+"""The exchange search arm (issue #36 item 4; avex/training/exchange_search.py): the search on a toy
 additive reward, its swaps, its cost, the distillation loss, the settings, and a tiny run."""
 import json
 from pathlib import Path
@@ -7,11 +7,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from avex.config import TrainConfig
-from avex.exchange_search import (Rewards, candidate_types, deep_count, distill_loss, propose,
-                                  round_sizes, run_search, swap_delta_f)
 from avex.modality import AUDIO, PAD, VISUAL
 from avex.selection import topk_keep
+from avex.training.config import TrainConfig
+from avex.training.exchange_search import (Rewards, candidate_types, deep_count, distill_loss,
+                                           propose, round_sizes, run_search, swap_delta_f)
 
 TYPES = ["vv", "aa", "va", "av"]
 
@@ -281,7 +281,7 @@ def test_tiny_search_run_logs_and_resumes_exactly(tiny_cache_dir, tmp_path, monk
     """The arm trains on the tiny benchmark under each reward and logs what its searches did;
     a run stopped after RL step 2 (as SIGINT stops it: a checkpoint at the step boundary) and
     resumed ends bit-identical to the uninterrupted one, with the same metrics."""
-    from avex.run_books import RunBooks
+    from avex.training.run_records import RunRecords
     from avex.train import main
 
     whole = tmp_path / "whole"
@@ -298,14 +298,14 @@ def test_tiny_search_run_logs_and_resumes_exactly(tiny_cache_dir, tmp_path, monk
     assert (whole / "exchange_calibration.json").is_file()
     assert (whole / "policy").is_dir() and (whole / "exchange_diagnostics.json").is_file()
 
-    logged = RunBooks.log
+    logged = RunRecords.log
 
     def log(self, record):
         logged(self, record)
         if record.get("phase") == "rl" and record["step"] == 2:
             self.cut = True
-    monkeypatch.setattr(RunBooks, "log", log)
-    monkeypatch.setattr(RunBooks, "stop_requested", lambda self: getattr(self, "cut", False))
+    monkeypatch.setattr(RunRecords, "log", log)
+    monkeypatch.setattr(RunRecords, "stop_requested", lambda self: getattr(self, "cut", False))
     cut = tmp_path / "cut"
     with pytest.raises(SystemExit):
         main(tiny_args(tiny_cache_dir, cut, "--reward", reward))

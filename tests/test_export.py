@@ -185,7 +185,7 @@ def test_training_refuses_a_captioner_whose_tokenizer_differs_from_the_caches(ma
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    from avex.assets import load_cache_and_captioner
+    from avex.cache_and_captioner import load_cache_and_captioner
 
     out = export_vl(made, tmp_path, tmp_path / "cache")
     recorded = FeatureCache(out).meta.source["tokenizer"]

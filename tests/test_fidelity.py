@@ -13,17 +13,17 @@ from hypothesis import strategies as st
 
 from avex import fidelity
 from avex.captioner import FrozenCaptioner
-from avex.captioner.frozen import TeacherForced
-from avex.config import TrainConfig
+from avex.captioner.batch import TeacherForced
 from avex.data import CacheWriter, FeatureCache
-from avex.exchange_diagnostics import anchor_statistics, exchange_statistics
 from avex.fidelity import break_ties, fidelity_reward, full_captions
 from avex.kernels import gumbel_topk
 from avex.modality import AUDIO, PAD, TEXT, VISUAL
 from avex.reward import CiderD
 from avex.selection import AVLayout, indices_to_keep
 from avex.train import main
-from avex.train_steps import rl_loss, set_rewards
+from avex.training.config import TrainConfig
+from avex.training.exchange_diagnostics import anchor_statistics, exchange_statistics
+from avex.training.steps import rl_loss, set_rewards
 
 
 @pytest.fixture(scope="module")

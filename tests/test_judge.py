@@ -7,12 +7,12 @@ import warnings
 
 import pytest
 
-from avex import judge
+from avex import judge_identity as judge
 from avex.captioner import reference
 from avex.captioner.frozen import CAPTIONER_FILE, FrozenCaptioner
 from avex.data import ensure_benchmark
 from avex.data.embedded import PRESETS, build_benchmark
-from avex.judge import (benchmark_sha256, captioner_sha256, judge_line, judge_record,
+from avex.judge_identity import (benchmark_sha256, captioner_sha256, judge_line, judge_record,
                         judge_warnings)
 
 

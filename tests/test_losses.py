@@ -4,9 +4,9 @@ import math
 import pytest
 import torch
 
-from avex.losses import (anchored_policy_gradient_loss, avex_objective, exchange_loss,
-                         exchange_terms, exchange_weight, group_normalized_loss,
-                         leave_one_out_loss, policy_gradient_loss, saturation_for)
+from avex.training.losses import (anchored_policy_gradient_loss, avex_objective, exchange_loss,
+                                  exchange_terms, exchange_weight, group_normalized_loss,
+                                  leave_one_out_loss, policy_gradient_loss, saturation_for)
 
 
 def test_exchange_weight_is_linear_then_saturates():
@@ -172,7 +172,7 @@ def test_leave_one_out_needs_two_anchors():
 def test_the_unchecked_forms_are_the_checked_arithmetic():
     """Training's step calls the *_unchecked forms (no host syncs): the same values, bit for
     bit, as the checked public functions on valid input."""
-    from avex import losses
+    from avex.training import losses
 
     torch.manual_seed(0)
     log_prob, rewards = torch.randn(3, 4), 50 * torch.rand(3, 4)
@@ -203,7 +203,7 @@ def test_the_unchecked_forms_are_the_checked_arithmetic():
 def test_the_objective_checks_its_inputs_once(monkeypatch):
     """avex_objective checks at its boundary; the terms it computes trust their inputs (each
     check is a host sync on every micro-batch)."""
-    from avex import losses
+    from avex.training import losses
 
     calls = {"samples": 0, "slots": 0}
     for name, key in (("_check_samples", "samples"), ("_check_slots", "slots")):

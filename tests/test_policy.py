@@ -3,8 +3,8 @@ import pytest
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from avex.policy import (AVEXPolicy, PolicyConfig, _count_main, parameter_count,
-                         position_features)
+from avex.policy import AVEXPolicy, PolicyConfig, parameter_count, position_features
+from avex.policy.__main__ import main as count_main
 from avex.pruning import AUDIO, PAD, TEXT, VISUAL
 
 
@@ -71,7 +71,7 @@ def test_compact_policy_projects_inputs_and_trains():
 
 def test_size_at_the_papers_dimensions():
     """Qwen2-7B width, compact policy of width 768: close to the paper's ~30M."""
-    count = _count_main(["--backbone", "qwen2-7b", "--hidden-size", "768"])
+    count = count_main(["--backbone", "qwen2-7b", "--hidden-size", "768"])
     assert 25e6 < count < 30e6
 
 

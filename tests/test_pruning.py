@@ -12,6 +12,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from avex import pruning
+from avex.pruning import generation
+from avex.pruning import inputs as pruning_inputs
 from avex.kernels.exchange import build_exchanges
 from avex.pruning import (AUDIO, PAD, TEXT, VISUAL, PrunedInputs, expand_av_keep, generate,
                           num_kept, prune_inputs)
@@ -224,12 +226,12 @@ def test_top_k_ranks_the_av_axis_not_the_whole_sequence(monkeypatch):
     scores = torch.cat([torch.randn(3, 500, device=DEVICE), scores], 1)
     scores[0, 507:510] = 5.0  # ties: the lower positions win
     widths = []
-    ranked = pruning.gumbel_topk
+    ranked = pruning_inputs.gumbel_topk
 
     def spy(av_scores, *args, **kwargs):
         widths.append(av_scores.shape[1])
         return ranked(av_scores, *args, **kwargs)
-    monkeypatch.setattr(pruning, "gumbel_topk", spy)
+    monkeypatch.setattr(pruning_inputs, "gumbel_topk", spy)
     keep = prune_inputs(embeds, modality, scores=scores, retention=0.4).keep[:, 0]
     is_av = (modality == VISUAL) | (modality == AUDIO)
     assert widths == [int(is_av.sum(1).max())]
@@ -286,17 +288,17 @@ def test_gradients_reach_inputs_embeds():
 def test_auto_uses_the_padded_path_without_flash_attn(qwen2, monkeypatch):
     embeds, modality, scores = make_batch(11)
     pruned = prune_inputs(embeds, modality, scores=scores, retention=0.5)
-    monkeypatch.setattr(pruning, "_flash_attn_installed", lambda: False)
+    monkeypatch.setattr(generation, "_flash_attn_installed", lambda: False)
 
     def refuse(*args, **kwargs):
         raise AssertionError("the varlen path ran without flash-attn")
-    monkeypatch.setattr(pruning, "_varlen_prefill", refuse)
+    monkeypatch.setattr(generation, "_varlen_prefill", refuse)
     generate(qwen2, pruned, max_new_tokens=2)
 
 
 def test_flash_attn_is_imported_only_when_installed(qwen2):
     installed = importlib.util.find_spec("flash_attn") is not None
-    assert pruning._flash_attn_installed() == installed
+    assert generation._flash_attn_installed() == installed
     embeds, modality, scores = make_batch(11)
     pruned = prune_inputs(embeds, modality, scores=scores, retention=0.5)
     for attention in ("auto", "varlen"):
@@ -349,7 +351,7 @@ def test_torch_varlen_attention_matches_the_per_sequence_reference(monkeypatch, 
                                                                     with_scale):
     """The adapter to torch's varlen_attn (the signatures of torch 2.10+ and of earlier
     releases, with and without a scale argument) against the SDPA reference, GQA included."""
-    monkeypatch.setattr(pruning, "_torch_varlen_attn",
+    monkeypatch.setattr(generation, "_torch_varlen_attn",
                         lambda: fake_varlen_attn(causal_flag, with_scale))
     gen = torch.Generator().manual_seed(13)
     lengths = [5, 1, 9, 3]
@@ -358,8 +360,8 @@ def test_torch_varlen_attention_matches_the_per_sequence_reference(monkeypatch, 
     key, value = torch.randn(2, 1, 2, sum(lengths), 8, generator=gen)
     kwargs = dict(scaling=0.3, cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=9,
                   max_length_k=9)
-    got, _ = pruning._torch_varlen_attention(None, query, key, value, None, **kwargs)
-    want, _ = pruning._varlen_reference_attention(None, query, key, value, None, **kwargs)
+    got, _ = generation._torch_varlen_attention(None, query, key, value, None, **kwargs)
+    want, _ = generation._varlen_reference_attention(None, query, key, value, None, **kwargs)
     assert got.shape == (1, sum(lengths), 4, 8)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
@@ -368,22 +370,22 @@ def test_packed_attention_dispatch(monkeypatch):
     """flash-attn when installed, else torch's varlen_attn, for CUDA fp16/bf16; the SDPA
     reference everywhere else (a CPU, float32, or a torch without varlen_attn)."""
     cuda = torch.device("cuda")
-    monkeypatch.setattr(pruning, "_torch_varlen_attn", lambda: fake_varlen_attn("window_size"))
-    monkeypatch.setattr(pruning, "_flash_attn_installed", lambda: True)
-    assert pruning.packed_attention(cuda, torch.bfloat16) == "flash_attention_2"
-    monkeypatch.setattr(pruning, "_flash_attn_installed", lambda: False)
-    assert pruning.packed_attention(cuda, torch.bfloat16) == pruning.VARLEN_TORCH_ATTENTION
-    assert pruning.packed_attention(cuda, torch.float16) == pruning.VARLEN_TORCH_ATTENTION
+    monkeypatch.setattr(generation, "_torch_varlen_attn", lambda: fake_varlen_attn("window_size"))
+    monkeypatch.setattr(generation, "_flash_attn_installed", lambda: True)
+    assert generation.packed_attention(cuda, torch.bfloat16) == "flash_attention_2"
+    monkeypatch.setattr(generation, "_flash_attn_installed", lambda: False)
+    assert generation.packed_attention(cuda, torch.bfloat16) == generation.VARLEN_TORCH_ATTENTION
+    assert generation.packed_attention(cuda, torch.float16) == generation.VARLEN_TORCH_ATTENTION
     for device, dtype in ((cuda, torch.float32), (torch.device("cpu"), torch.bfloat16)):
-        assert pruning.packed_attention(device, dtype) == pruning.VARLEN_REFERENCE_ATTENTION
-    monkeypatch.setattr(pruning, "_torch_varlen_attn", lambda: None)
-    assert pruning.packed_attention(cuda, torch.bfloat16) == pruning.VARLEN_REFERENCE_ATTENTION
+        assert generation.packed_attention(device, dtype) == generation.VARLEN_REFERENCE_ATTENTION
+    monkeypatch.setattr(generation, "_torch_varlen_attn", lambda: None)
+    assert generation.packed_attention(cuda, torch.bfloat16) == generation.VARLEN_REFERENCE_ATTENTION
 
 
 def test_this_torch_has_varlen_attn_with_a_causal_option():
     """torch 2.13 here (and 2.11 on the GPU image) ship varlen_attn; the adapter finds a way
     to ask it for causal attention."""
-    varlen_attn = pruning._torch_varlen_attn()
+    varlen_attn = generation._torch_varlen_attn()
     if varlen_attn is None:
         pytest.skip(f"torch {torch.__version__} has no torch.nn.attention.varlen")
     params = inspect.signature(varlen_attn).parameters
@@ -392,10 +394,10 @@ def test_this_torch_has_varlen_attn_with_a_causal_option():
 
 def test_greedy_generate_through_torch_varlen_matches_the_masked_full_sequence(qwen2,
                                                                                 monkeypatch):
-    monkeypatch.setattr(pruning, "_torch_varlen_attn", lambda: fake_varlen_attn("window_size"))
-    torch_varlen = pruning._register_attention(pruning.VARLEN_TORCH_ATTENTION,
-                                               pruning._torch_varlen_attention)
-    monkeypatch.setattr(pruning, "packed_attention", lambda device, dtype: torch_varlen)
+    monkeypatch.setattr(generation, "_torch_varlen_attn", lambda: fake_varlen_attn("window_size"))
+    torch_varlen = generation._register_attention(generation.VARLEN_TORCH_ATTENTION,
+                                               generation._torch_varlen_attention)
+    monkeypatch.setattr(generation, "packed_attention", lambda device, dtype: torch_varlen)
     embeds, modality, scores = make_batch(4)
     pruned = prune_inputs(embeds, modality, scores=scores, retention=0.3)
     tokens = generate(qwen2, pruned, attention="varlen", max_new_tokens=6, do_sample=False)
@@ -406,7 +408,7 @@ def test_greedy_generate_through_torch_varlen_matches_the_masked_full_sequence(q
 def test_varlen_generate_names_the_cache_as_this_transformers_does(qwen2):
     # transformers 5.24 renames past_key_values to cache: the old name warns there and goes
     # later, while 5.17 (the GPU image) knows only the old one
-    assert pruning.cache_keyword(qwen2) in inspect.signature(qwen2.forward).parameters
+    assert generation.cache_keyword(qwen2) in inspect.signature(qwen2.forward).parameters
     embeds, modality, scores = make_batch(4)
     pruned = prune_inputs(embeds, modality, scores=scores, retention=0.3)
     with warnings.catch_warnings():
@@ -420,12 +422,12 @@ def test_varlen_generate_names_the_cache_as_this_transformers_does(qwen2):
 def test_torch_varlen_prefill_matches_padded_sdpa_on_cuda():
     """The real varlen_attn (bf16, CUDA) against the padded SDPA prefill: the same next-token
     logits within bf16 rounding (both accumulate in float32; the kernels differ)."""
-    if pruning._torch_varlen_attn() is None:
+    if generation._torch_varlen_attn() is None:
         pytest.skip(f"torch {torch.__version__} has no varlen_attn")
     model = tiny_model("qwen2").to(torch.bfloat16)
     embeds, modality, scores = make_batch(4)
     pruned = prune_inputs(embeds.to(torch.bfloat16), modality, scores=scores, retention=0.5)
-    cache = pruning._varlen_prefill(model, pruned, 1)
+    cache = generation._varlen_prefill(model, pruned, 1)
     with torch.no_grad():
         padded = model(inputs_embeds=pruned.inputs_embeds[:, :-1],
                        attention_mask=pruned.attention_mask[:, :-1],

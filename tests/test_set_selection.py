@@ -13,7 +13,6 @@ from safetensors.torch import load_file
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 import avex
-from avex.config import TrainConfig
 from avex.evaluate.__main__ import main as evaluate_main
 from avex.kernels import gumbel_topk
 from avex.kernels.gumbel_topk_ref import gumbel_noise, shifted_logits
@@ -25,6 +24,7 @@ from avex.selection import AVLayout, indices_to_keep
 from avex.set_selection import (_log_prob, log_prob_stepwise, select_indices,
                                 set_aware_indices, set_aware_log_prob, set_aware_select)
 from avex.train import main as train_main
+from avex.training.config import TrainConfig
 
 
 def ragged_scores(seed, rows=6, width=17, dtype=torch.float32, dim=5):

@@ -72,7 +72,7 @@ def test_tiny_end_to_end_run(cache_dir, tmp_path):
 def test_exchange_run_logs_its_diagnostics_and_calibration(cache_dir, tmp_path):
     """--exchanges: w's saturation from the full-token reward, L_ex's gradient normalised to
     lambda_ex x L_RL's, and per-type diagnostics in metrics.jsonl, a JSON summary and a plot."""
-    from avex.losses import saturation_for
+    from avex.training.losses import saturation_for
 
     run = tmp_path / "run"
     main(tiny_args(cache_dir, run, "--exchanges", "--lambda-ex", "0.5", "--diagnostics-every",
@@ -123,9 +123,9 @@ def test_best_anchor_imitation_is_logged_and_moves_the_policy(cache_dir, tmp_pat
 
 
 def test_anchor_exchanges_around_first_each_and_all_anchors():
-    from avex.config import TrainConfig
+    from avex.training.config import TrainConfig
     from avex.kernels import build_exchanges, gumbel_topk
-    from avex.train_steps import anchor_exchanges
+    from avex.training.steps import anchor_exchanges
 
     torch.manual_seed(0)
     scores = torch.randn(3, 20)
@@ -308,7 +308,7 @@ def test_two_gloo_processes_match_one(cache_dir, tmp_path):
 def test_the_callable_trains_what_the_command_line_trains(cache_dir, tmp_path):
     """train(TrainConfig(...)) is python -m avex.train: the same settings give the same
     policy, byte for byte, and the same table, and it returns the run's rows."""
-    from avex.config import TrainConfig
+    from avex.training.config import TrainConfig
     from avex.train import train
 
     cli = main(tiny_args(cache_dir, tmp_path / "cli", "--eval-retentions", "0.4",

@@ -1,7 +1,8 @@
-"""The warmup teachers (issue #36 item 6; avex/teachers.py): caption attention against a direct
-Hugging Face computation with output_attentions, fidelity gains against direct R_fid differences,
-the base sets, the cache (read again, recomputed for another captioner or decoding), and the
---warmup-teacher setting: recorded in the run, kept on resume, bad values refused."""
+"""The warmup teachers (issue #36 item 6; avex/training/warmup_teachers.py): caption attention
+against a direct Hugging Face computation with output_attentions, fidelity gains against direct
+R_fid differences, the base sets, the cache (read again, recomputed for another captioner or
+decoding), and the --warmup-teacher setting: recorded in the run, kept on resume, bad values
+refused."""
 import json
 import shutil
 
@@ -9,17 +10,18 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from avex import teachers
 from avex.captioner import FrozenCaptioner
-from avex.config import TrainConfig
 from avex.data import FeatureCache
 from avex.evaluate.__main__ import main as evaluate
 from avex.evaluate.ablation import ABLATIONS
 from avex.modality import AUDIO, PAD, VISUAL
 from avex.selection import AVLayout, num_kept
-from avex.teachers import caption_attention, fidelity_gains, gain_bases, teacher_scores
 from avex.train import main
-from avex.train_steps import warmup_targets
+from avex.training import warmup_teachers
+from avex.training.config import TrainConfig
+from avex.training.steps import warmup_targets
+from avex.training.warmup_teachers import (caption_attention, fidelity_gains, gain_bases,
+                                           teacher_scores)
 
 
 @pytest.fixture(scope="module")
@@ -164,7 +166,7 @@ def test_teacher_scores_are_cached_per_captioner_and_decoding(tiny, tiny_caption
 
     def no_compute(*args, **kwargs):
         raise AssertionError("the teacher's scores were computed again")
-    monkeypatch.setattr(teachers, "_compute", no_compute)
+    monkeypatch.setattr(warmup_teachers, "_compute", no_compute)
     again = teacher_scores(teacher, captioner, cache, "train", cache_dir=root)
     assert all(torch.equal(again[k], scores[k]) for k in scores)
     monkeypatch.undo()

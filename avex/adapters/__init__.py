@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from avex.adapters import gemma3n, llava_onevision, qwen2_5_omni, qwen2_5_vl, qwen2_audio
 from avex.adapters._capture import AdaptedInputs
+from avex.adapters._export import family_processor_inputs
 
-__all__ = ["AdaptedInputs", "adapt", "adapter_for", "FAMILIES"]
+__all__ = ["AdaptedInputs", "adapt", "adapter_for", "processor_inputs", "FAMILIES"]
 
 FAMILIES = {module.__name__.rsplit(".", 1)[1]: module
             for module in (qwen2_5_omni, qwen2_5_vl, llava_onevision, qwen2_audio, gemma3n)}
@@ -39,3 +40,12 @@ def adapter_for(model):
 def adapt(model, **processor_outputs) -> AdaptedInputs:
     """``adapter_for(model).adapt(model, **processor_outputs)``."""
     return adapter_for(model).adapt(model, **processor_outputs)
+
+
+def processor_inputs(model, processor, media, prompt: str, *,
+                     use_audio_in_video: bool = True) -> tuple[dict, dict]:
+    """(processor keywords, extra ``adapt`` keywords) of one decoded file
+    (:func:`avex.data.media.read_media`) for ``model``, as export gives them its processor:
+    serve with these, and the model sees what training saw (docs/workflow.md)."""
+    return family_processor_inputs(adapter_for(model), model, processor, media, prompt,
+                                   use_audio_in_video=use_audio_in_video)

@@ -5,7 +5,8 @@ modules. Each family module says its own part next to its ``adapt``:
 * ``VIDEO``: how its video processor works (a style of :mod:`avex.data.video`), or None;
 * ``SEES`` / ``HEARS``: whether it takes images and video / audio;
 * ``export_inputs(model, processor, media, prompt)``: the processor keywords of one decoded
-  file, and the keywords its ``adapt`` needs besides the processor's output;
+  file, and the keywords its ``adapt`` needs besides the processor's output (with
+  ``AUDIO_IN_VIDEO``, also ``use_audio_in_video``);
 * or ``EXPORT_REFUSED``: why a cache of it can't be trained on.
 
 ``media`` is an :class:`avex.data.media.Media`: ``kind`` ("video", "audio", "image"), the
@@ -14,7 +15,26 @@ feature extractor's rate.
 """
 from __future__ import annotations
 
-__all__ = ["unusable_kind", "marker", "prompt_text", "vision_inputs"]
+__all__ = ["family_processor_inputs", "unusable_kind", "marker", "prompt_text",
+           "vision_inputs"]
+
+
+def family_processor_inputs(family, model, processor, media, prompt: str, *,
+                            use_audio_in_video: bool = True) -> tuple[dict, dict]:
+    """(processor keywords, extra ``adapt`` keywords) of one decoded file (``media``) for
+    ``model`` of ``family`` (its adapter module): the prompt with the family's placeholders
+    (the processor's chat template when it has one), the media, and the family's settings.
+    Export and serving both call this, so the processor sees the same inputs in each. A
+    family that can't be exported from, or can't take the file's kind, is refused."""
+    if getattr(family, "EXPORT_REFUSED", None):
+        raise ValueError(f"model type {family.MODEL_TYPES[0]!r}: {family.EXPORT_REFUSED}")
+    reason = unusable_kind(family, media.kind, media.audio is not None)
+    if reason:
+        raise ValueError(f"{media.path}: {reason}")
+    if getattr(family, "AUDIO_IN_VIDEO", False):
+        return family.export_inputs(model, processor, media, prompt,
+                                    use_audio_in_video=use_audio_in_video)
+    return family.export_inputs(model, processor, media, prompt)
 
 
 def unusable_kind(family, kind: str, has_audio: bool) -> str | None:

@@ -25,6 +25,17 @@ VIDEO = "qwen2_vl"
 SEES, HEARS = True, True
 AUDIO_INPUTS = ("input_features", "feature_attention_mask")
 REFUSED = {"audio_feature_lengths": "pass feature_attention_mask, as the processor returns it"}
+# a video's audio track goes in with it, interleaved (export_inputs' use_audio_in_video)
+AUDIO_IN_VIDEO = True
+# vLLM (avex.integrations.vllm): the plugin refuses these architectures, and says why
+VLLM_ARCHITECTURES = ("Qwen2_5OmniModel", "Qwen2_5OmniForConditionalGeneration",
+                      "Qwen2_5OmniThinkerForConditionalGeneration")
+VLLM_REFUSED = (
+    "Qwen2.5-Omni is not covered by avex's vLLM plugin: vLLM 0.32's Omni thinker implements "
+    "no multimodal-pruning interface, and its position rewrite after pruning doesn't handle "
+    "audio (TMRoPE with a video's audio interleaved in 2-second chunks), so a pruned prompt "
+    "would sit at wrong positions. Prune Omni with avex.adapters and avex.generate instead "
+    "(docs/workflow.md)")
 
 
 def adapt(model, **processor_outputs) -> AdaptedInputs:

@@ -21,6 +21,8 @@ MODEL_TYPES = ("qwen2_5_vl",)
 PROCESSOR = "Qwen2_5_VLProcessor"
 VIDEO = "qwen2_vl"
 SEES, HEARS = True, False
+# vLLM (avex.integrations.vllm): the architecture the plugin serves pruned
+VLLM_ARCHITECTURE = "Qwen2_5_VLForConditionalGeneration"
 
 
 def adapt(model, **processor_outputs) -> AdaptedInputs:

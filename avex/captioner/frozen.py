@@ -11,23 +11,21 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
-import os
-from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple, Sequence
+from typing import Sequence
 
 import torch
-from safetensors.torch import load_file, save_file
-from torch import nn
+from safetensors.torch import load_file
 
 from .. import _checks
-from ..checkpoint import load_weights
 from ..data.cache import Clip
+from ..files import load_weights, save_tensors_atomically
 from ..modality import AUDIO, PAD, TEXT, VISUAL
 from ..paths import CAPTIONER_FILE, attention_dir, default_captioner_path
 from ..progress import progress_bar
-from ..ptb_tokenizer import tokenize
 from ..pruning import expand_av_keep, forward, generate, prune_inputs
+from ..ptb_tokenizer import tokenize
+from .batch import AVBatch, AVProjector, TeacherForced, TeacherForcedInputs, left_pad
 from .reference import verify_reference
 
 PROJECTOR_FILE = "avex_projector.safetensors"
@@ -46,104 +44,6 @@ def tokenizer_dir(path) -> Path:
 
 def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-class AVProjector(nn.Module):
-    """Maps cached features [N, d] to the LM's embedding space [N, D]: one two-layer MLP per
-    modality (VideoLLaMA 2 has separate visual and audio projectors), or the identity when the
-    cache already holds LM-space features (d == D, as a real backbone's projector outputs are)."""
-
-    def __init__(self, feature_dim: int, hidden_size: int, kind: str = "mlp"):
-        super().__init__()
-        if kind not in ("mlp", "identity"):
-            raise ValueError(f"projector kind must be 'mlp' or 'identity', got {kind!r}")
-        if kind == "identity" and feature_dim != hidden_size:
-            raise ValueError(f"an identity projector needs feature_dim == hidden_size, got "
-                             f"feature_dim={feature_dim}, hidden_size={hidden_size}")
-        self.feature_dim, self.hidden_size, self.kind = feature_dim, hidden_size, kind
-        if kind == "mlp":
-            def mlp():
-                return nn.Sequential(nn.Linear(feature_dim, hidden_size), nn.GELU(),
-                                     nn.Linear(hidden_size, hidden_size))
-            self.visual, self.audio = mlp(), mlp()
-        else:
-            self.visual, self.audio = nn.Identity(), nn.Identity()
-
-    def forward(self, features: torch.Tensor, modality: int) -> torch.Tensor:
-        if features.shape[-1] != self.feature_dim:
-            raise ValueError(f"features have dim {features.shape[-1]} but the projector expects "
-                             f"feature_dim={self.feature_dim}")
-        return (self.visual if modality == VISUAL else self.audio)(features)
-
-
-@dataclass
-class AVBatch:
-    """A batch laid out for the LM. Rows are left-padded; ``position_ids`` count real tokens from
-    0 (pads get 0). ``av_counts[b]`` = (Nv, Na) of row b."""
-
-    inputs_embeds: torch.Tensor      # [B, L, D]
-    attention_mask: torch.Tensor     # [B, L] int64, 1 = real token
-    modality: torch.Tensor           # [B, L] int64: -1 pad, 0 visual, 1 audio, 2 text
-    position_ids: torch.Tensor       # [B, L] int64
-    clip_ids: list
-    av_counts: list
-    # the model's own positions of clips exported from it ([3, B, L] for M-RoPE), else None
-    native_position_ids: torch.Tensor | None = None
-
-    def __len__(self) -> int:
-        return self.inputs_embeds.shape[0]
-
-    def av_positions(self, row: int) -> torch.Tensor:
-        """Sequence positions of row ``row``'s AV tokens, video first then audio."""
-        mod = self.modality[row]
-        return torch.nonzero((mod == VISUAL) | (mod == AUDIO)).flatten()
-
-
-class TeacherForced(NamedTuple):
-    """A caption teacher-forced under keep-sets (:meth:`FrozenCaptioner.teacher_forced`):
-    B samples, S sets each, T = the longest target's steps.
-
-    ``token_log_prob`` [B, S, T]: log p(target token t | the set, the tokens before it), 0 past
-    a target's end; ``margin`` [B, S, T]: the target token's logit minus the best other
-    token's, +inf past a target's end; ``length`` [B]: each target's number of steps."""
-    token_log_prob: torch.Tensor
-    margin: torch.Tensor
-    length: torch.Tensor
-
-    @property
-    def mean_log_prob(self) -> torch.Tensor:
-        """[B, S]: the mean log-probability per target token."""
-        return self.token_log_prob.sum(-1) / self.length[:, None].to(self.token_log_prob.dtype)
-
-    @property
-    def reproduces(self) -> torch.Tensor:
-        """bool [B, S]: every margin > 0, i.e. greedy decoding under the set writes the target
-        exactly (a margin of exactly 0 is a tie, which the model's argmax may break either
-        way; it counts as not reproducing)."""
-        return (self.margin > 0).all(-1)
-
-
-class TeacherForcedInputs(NamedTuple):
-    """:meth:`FrozenCaptioner.teacher_forced_inputs`: R = B * S rows, T = the longest target.
-
-    ``inputs``: the :class:`~avex.pruning.PrunedInputs` of every row, the target's T tokens
-    appended after the kept prompt; ``targets`` int64 [R, T] (EOS past a target's end);
-    ``valid`` bool [R, T] (a step within its target); ``length`` [B]; ``steps`` T."""
-    inputs: object
-    targets: torch.Tensor
-    valid: torch.Tensor
-    length: torch.Tensor
-    steps: int
-
-
-def _left_pad(pieces: list, value, dtype=None) -> torch.Tensor:
-    length = max(p.shape[0] for p in pieces)
-    out = []
-    for p in pieces:
-        pad_shape = (length - p.shape[0],) + tuple(p.shape[1:])
-        out.append(torch.cat([torch.full(pad_shape, value, dtype=dtype or p.dtype,
-                                         device=p.device), p]))
-    return torch.stack(out)
 
 
 # model types whose decoder positions are not a count of tokens: their clips must be exported
@@ -361,10 +261,10 @@ class FrozenCaptioner:
                                        torch.full((len(suffix),), TEXT)]).to(self.device))
                 counts.append((len(visual), len(audio)))
         masks = [torch.ones(len(m), dtype=torch.long, device=self.device) for m in mods]
-        attention_mask = _left_pad(masks, 0)
+        attention_mask = left_pad(masks, 0)
         position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)
-        return AVBatch(inputs_embeds=_left_pad(embeds, 0.0), attention_mask=attention_mask,
-                       modality=_left_pad(mods, PAD), position_ids=position_ids,
+        return AVBatch(inputs_embeds=left_pad(embeds, 0.0), attention_mask=attention_mask,
+                       modality=left_pad(mods, PAD), position_ids=position_ids,
                        clip_ids=[c.clip_id for c in clips], av_counts=counts)
 
     def _embed_merged(self, clips: Sequence[Clip]) -> AVBatch:
@@ -382,16 +282,16 @@ class FrozenCaptioner:
         if any(p is not None for p in positions):
             if any(p is None for p in positions) or len({p.dim() for p in positions}) > 1:
                 raise ValueError("the clips of a batch must all hold position ids of one rank")
-            native = _left_pad([p.to(self.device).movedim(-1, 0) for p in positions], 0)
+            native = left_pad([p.to(self.device).movedim(-1, 0) for p in positions], 0)
             native = native.permute(*range(2, native.dim()), 0, 1)  # [B, L, ...] -> [..., B, L]
         elif self.model.config.model_type in NATIVE_POSITION_MODELS:
             raise ValueError(f"{type(self.model).__name__} has its own positions; clip "
                              f"{clips[0].clip_id!r} was exported without them")
         masks = [torch.ones(len(m), dtype=torch.long, device=self.device) for m in mods]
-        attention_mask = _left_pad(masks, 0)
+        attention_mask = left_pad(masks, 0)
         counts = [(int((m == VISUAL).sum()), int((m == AUDIO).sum())) for m in mods]
-        return AVBatch(inputs_embeds=_left_pad(embeds, 0.0), attention_mask=attention_mask,
-                       modality=_left_pad(mods, PAD),
+        return AVBatch(inputs_embeds=left_pad(embeds, 0.0), attention_mask=attention_mask,
+                       modality=left_pad(mods, PAD),
                        position_ids=(attention_mask.cumsum(1) - 1).clamp(min=0),
                        clip_ids=[c.clip_id for c in clips], av_counts=counts,
                        native_position_ids=native)
@@ -493,7 +393,7 @@ class FrozenCaptioner:
         """The inputs :meth:`teacher_forced` runs its one forward on (checked as it documents):
         each keep-set's compacted prompt with its sample's target tokens appended at the
         positions decoding would give them. Also what the caption-attention warmup teacher
-        (:mod:`avex.teachers`) reads its attention maps from."""
+        (:mod:`avex.training.warmup_teachers`) reads its attention maps from."""
         _checks.tensor("av_keep", av_keep, ndim=3, boolean=True)
         if isinstance(targets, torch.Tensor) or not isinstance(targets, (list, tuple)):
             raise TypeError(f"targets must be a list of B token id sequences, got "
@@ -663,9 +563,7 @@ class FrozenCaptioner:
             for clip, att in zip(chunk, self.text_to_av_attention(chunk, query=query)):
                 out[clip.clip_id] = att.float().contiguous()
         path.parent.mkdir(parents=True, exist_ok=True)
-        staging = path.with_suffix(f".tmp-{os.getpid()}")
-        save_file(out, str(staging))
-        os.replace(staging, path)
+        save_tensors_atomically(path, out)
         return out
 
 

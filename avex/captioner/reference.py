@@ -20,12 +20,12 @@ from pathlib import Path
 
 import torch
 
-from .. import judge
-from ..judge import (MANIFEST_FORMAT, benchmark_sha256, captioner_sha256,  # noqa: F401
-                     committed_judge, file_sha256, references)
+from .. import judge_identity
+from ..judge_identity import (MANIFEST_FORMAT, benchmark_sha256, captioner_sha256,  # noqa: F401
+                              committed_judge, file_sha256, references)
 from ..paths import CAPTIONER_FILE
 
-# where they ship, and their manifest of hashes: judge.REFERENCE_DIR, judge.MANIFEST (the
+# where they ship, and their manifest of hashes: judge_identity.REFERENCE_DIR, .MANIFEST (the
 # committed judge is read there)
 __all__ = ["references", "reference_name", "committed_judge", "install_reference",
            "verify_reference", "write_reference"]
@@ -64,11 +64,12 @@ def install_reference(name: str, out_dir, *, benchmark_path=None) -> Path:
     place). With ``benchmark_path``, warn when that benchmark is not the one the reference was
     trained and scored on (the judge then differs from the committed one)."""
     record = references()[name]
-    verify_reference(judge.REFERENCE_DIR / name, name)
+    verify_reference(judge_identity.REFERENCE_DIR / name, name)
     if benchmark_path is not None:
         got = benchmark_sha256(benchmark_path)
-        # the benchmark as an earlier version built it is committed too (judge.py says why)
-        if judge.committed_benchmark(committed_judge(record["benchmark"], name), got) is None:
+        # the benchmark as an earlier version built it is committed too (judge_identity.py says why)
+        committed = committed_judge(record["benchmark"], name)
+        if judge_identity.committed_benchmark(committed, got) is None:
             warnings.warn(f"{benchmark_path} has sha256 {got[:16]}..., not the "
                           f"{record['benchmark_sha256'][:16]}... the reference captioner "
                           f"{name!r} was trained on: figures will not match docs/results.md",
@@ -78,7 +79,7 @@ def install_reference(name: str, out_dir, *, benchmark_path=None) -> Path:
     if staging.exists():
         shutil.rmtree(staging)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(judge.REFERENCE_DIR / name, staging)
+    shutil.copytree(judge_identity.REFERENCE_DIR / name, staging)
     if out_dir.exists():
         shutil.rmtree(out_dir)
     staging.rename(out_dir)
@@ -87,7 +88,7 @@ def install_reference(name: str, out_dir, *, benchmark_path=None) -> Path:
 
 def write_reference(captioner_dir, benchmark_dir, name: str | None = None) -> dict:
     """Add (or replace) a trained captioner as a shipped reference: copy its files under
-    ``judge.REFERENCE_DIR/<name>`` (``name``: the captioner directory's name), mark its
+    ``judge_identity.REFERENCE_DIR/<name>`` (``name``: the captioner directory's name), mark its
     avex_captioner.json as the reference (without the paths of the machine it was trained on),
     and record every file's sha256 and the benchmark's in references.json. For maintainers
     (``scripts/make_reference_captioner.py``); returns the new record."""
@@ -97,7 +98,7 @@ def write_reference(captioner_dir, benchmark_dir, name: str | None = None) -> di
     info["benchmark"] = {"name": benchmark_dir.name,
                          "source": info.get("benchmark", {}).get("source")}
     info["reference"] = name
-    target = judge.REFERENCE_DIR / name
+    target = judge_identity.REFERENCE_DIR / name
     if target.exists():
         shutil.rmtree(target)
     shutil.copytree(captioner_dir, target,
@@ -115,5 +116,5 @@ def write_reference(captioner_dir, benchmark_dir, name: str | None = None) -> di
     data = {"format": MANIFEST_FORMAT, "version": 1, "captioners": references()}
     data["captioners"][name] = record
     data["captioners"] = dict(sorted(data["captioners"].items()))
-    judge.MANIFEST.write_text(json.dumps(data, indent=1) + "\n")
+    judge_identity.MANIFEST.write_text(json.dumps(data, indent=1) + "\n")
     return record

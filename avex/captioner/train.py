@@ -16,12 +16,14 @@ from safetensors.torch import save_file
 from .. import _checks
 from ..data.cache import FeatureCache
 from ..data.embedded import ensure_benchmark
+from ..files import cpu_state_dict
 from ..modality import AUDIO, VISUAL
 from ..paths import default_captioner_path
 from ..progress import progress_bar
 from ..reward import CiderD
-from .frozen import (CAPTIONER_FILE, CAPTIONER_FORMAT, PROJECTOR_FILE, AVProjector,
-                     FrozenCaptioner, default_device)
+from .batch import AVProjector
+from .frozen import (CAPTIONER_FILE, CAPTIONER_FORMAT, PROJECTOR_FILE, FrozenCaptioner,
+                     default_device)
 from .reference import install_reference, reference_name
 
 
@@ -245,8 +247,7 @@ def _save(out_dir: Path, model, tokenizer, projector, info: dict) -> None:
         shutil.rmtree(staging)
     model.save_pretrained(str(staging))
     tokenizer.save_pretrained(str(staging / "tokenizer"))
-    save_file({k: v.detach().cpu().contiguous() for k, v in projector.state_dict().items()},
-              str(staging / PROJECTOR_FILE))
+    save_file(cpu_state_dict(projector), str(staging / PROJECTOR_FILE))
     (staging / CAPTIONER_FILE).write_text(json.dumps(info, indent=1) + "\n")
     if out_dir.exists():
         shutil.rmtree(out_dir)

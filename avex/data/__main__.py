@@ -22,8 +22,8 @@ import torch
 
 from .. import _checks
 from .cache import SPLITS, CacheError, FeatureCache
-from .export import (ExportError, ExportSettings, export_cache, load_model, media_rows,
-                     read_captions)
+from .captions import ExportError, media_rows, read_captions
+from .export import ExportSettings, export_cache, load_model
 from .processor import load_processor
 from .embedded import (PRESETS, benchmark_name, build_benchmark, default_benchmark_path,
                        resolve_config)

@@ -42,29 +42,28 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as torch_dist
 from safetensors import safe_open
-from safetensors.torch import save_file
 
 from avex import _checks
 from avex.adapters import FAMILIES as ADAPTERS
 from avex.adapters import adapt, adapter_for
-from avex.adapters._export import unusable_kind
-from avex.data.cache import (CLIP_ID_PATTERN, SPLITS, CacheWriter, FeatureCache,
-                             check_replaceable, json_lines)
+from avex.adapters._export import family_processor_inputs, unusable_kind
+from avex.data.cache import CacheWriter, FeatureCache, check_replaceable
+from avex.data.captions import CaptionRow, ExportError, media_rows, read_captions
 from avex.data.identity import settings_sha256, tokenizer_record, weights_sha256
-from avex.data.media import KINDS, MediaError, check_media, media_kind, probe, read_media
+from avex.data.media import MediaError, check_media, probe, read_media
 from avex.data.parts import ExportLock, merge_parts, partial_dir, remove_stale
 from avex.data.processor import with_frames_video_processor
+from avex.files import save_tensors_atomically, write_json_atomically
 from avex.modality import AUDIO, PAD, VISUAL
 from avex.progress import progress_bar
-from avex.stopping import StopSignals
+from avex.stop_signals import StopSignals
 
 __all__ = ["ExportSettings", "ExportError", "ExportInterrupted", "read_captions",
            "media_rows", "check_processor", "family_inputs", "export_cache", "load_model",
@@ -75,11 +74,6 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 #: say why not (EXPORT_REFUSED)
 EXPORT_FAMILIES = tuple(m.MODEL_TYPES[0] for m in ADAPTERS.values()
                         if not getattr(m, "EXPORT_REFUSED", None))
-
-
-class ExportError(ValueError):
-    """Input export refuses, before it writes anything: the message names the file, row or
-    setting at fault."""
 
 
 class ExportInterrupted(KeyboardInterrupt):
@@ -116,125 +110,9 @@ class ExportSettings:
         return self
 
 
-@dataclass
-class CaptionRow:
-    clip_id: str
-    file: Path
-    split: str
-    captions: list = field(default_factory=list)    # empty: a label-free clip
-    visual_captions: list = field(default_factory=list)
-    audio_captions: list = field(default_factory=list)
-    line: int = 0
-    name: str = ""        # the file's path inside the media folder, as the manifest records it
-
-    @property
-    def where(self) -> str:
-        return f"captions line {self.line}" if self.line else f"media file {self.file.name}"
-
-
 # ----------------------------------------------------------------------------------------------
-# Checks: captions, media, processor
+# Checks: the processor
 # ----------------------------------------------------------------------------------------------
-
-def _clip_id(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.\-]", "_", text)[-200:]
-
-
-def _caption_list(path, line, name, value):
-    if value is None:
-        return []
-    if not isinstance(value, list) or not all(isinstance(c, str) and c.strip() for c in value):
-        raise ExportError(f"{path} line {line}: {name!r} must be a list of non-empty strings "
-                          f"(or left out), got {value!r}")
-    return [" ".join(c.split()) for c in value]
-
-
-def read_captions(path, media_dir) -> list[CaptionRow]:
-    """The rows of a captions JSONL file, checked: JSON objects with ``file`` and ``split``,
-    ``captions`` optional; files that exist under ``media_dir`` and have a known media suffix;
-    clip ids unique. Every missing file is listed at once."""
-    path, media_dir = Path(path), Path(media_dir)
-    if not path.is_file():
-        raise ExportError(f"captions: no file at {str(path)!r}")
-    if not media_dir.is_dir():
-        raise ExportError(f"media: no folder at {str(media_dir)!r}")
-    rows, seen, missing = [], {}, []
-    for line, raw in json_lines(path, ExportError, unit="line"):
-        unknown = set(raw) - {"file", "captions", "split", "id", "visual_captions",
-                              "audio_captions"}
-        if unknown:
-            raise ExportError(f"{path} line {line}: unknown field(s) {sorted(unknown)}")
-        file = raw.get("file")
-        if not isinstance(file, str) or not file.strip() or Path(file).is_absolute() \
-                or ".." in Path(file).parts:
-            raise ExportError(f"{path} line {line}: 'file' must be a path inside the media "
-                              f"folder, got {file!r}")
-        if raw.get("split") not in SPLITS:
-            raise ExportError(f"{path} line {line}: 'split' must be one of {list(SPLITS)}, "
-                              f"got {raw.get('split')!r}")
-        try:
-            media_kind(file)
-        except MediaError as err:
-            raise ExportError(f"{path} line {line}: {err}") from None
-        clip_id = raw.get("id", _clip_id(file))
-        if not isinstance(clip_id, str) or not CLIP_ID_PATTERN.match(clip_id):
-            raise ExportError(f"{path} line {line}: 'id' must match [A-Za-z0-9_.-]{{1,200}}, "
-                              f"got {clip_id!r}")
-        if clip_id in seen:
-            raise ExportError(f"{path} line {line}: clip id {clip_id!r} repeats line "
-                              f"{seen[clip_id]} (give distinct 'id's)")
-        seen[clip_id] = line
-        if not (media_dir / file).is_file():
-            missing.append(f"line {line}: {file}")
-        captions = _caption_list(path, line, "captions", raw.get("captions"))
-        if "captions" in raw and not captions:
-            raise ExportError(f"{path} line {line}: 'captions' is an empty list; leave the "
-                              "field out for a clip without references")
-        rows.append(CaptionRow(clip_id, media_dir / file, raw["split"], captions,
-                               _caption_list(path, line, "visual_captions",
-                                             raw.get("visual_captions")),
-                               _caption_list(path, line, "audio_captions",
-                                             raw.get("audio_captions")), line, file))
-    if missing:
-        shown = "; ".join(missing[:10]) + (f"; and {len(missing) - 10} more"
-                                           if len(missing) > 10 else "")
-        raise ExportError(f"{path} names {len(missing)} file(s) missing from {media_dir}: "
-                          f"{shown}")
-    return _checked_rows(rows, str(path))
-
-
-def media_rows(media_dir, split: str = "train") -> list[CaptionRow]:
-    """Every media file under ``media_dir`` (a known suffix, hidden files and folders left
-    out), in path order, as clips of ``split`` without references: a label-free export."""
-    media_dir = Path(media_dir)
-    if not media_dir.is_dir():
-        raise ExportError(f"media: no folder at {str(media_dir)!r}")
-    if split not in SPLITS:
-        raise ExportError(f"split must be one of {list(SPLITS)}, got {split!r}")
-    suffixes = {s for group in KINDS.values() for s in group}
-    files = sorted(p for p in media_dir.rglob("*") if p.is_file()
-                   and p.suffix.lower() in suffixes
-                   and not any(part.startswith(".") for part in p.relative_to(media_dir).parts))
-    rows, seen = [], {}
-    for file in files:
-        relative = file.relative_to(media_dir).as_posix()
-        clip_id = _clip_id(relative)
-        if clip_id in seen:
-            raise ExportError(f"media: {relative} and {seen[clip_id]} make the same clip id "
-                              f"{clip_id!r}; rename one, or give ids in a captions file")
-        seen[clip_id] = relative
-        rows.append(CaptionRow(clip_id, file, split, name=relative))
-    return _checked_rows(rows, f"media folder {media_dir}")
-
-
-def _checked_rows(rows: list[CaptionRow], where: str) -> list[CaptionRow]:
-    if not rows:
-        raise ExportError(f"{where}: holds no clips")
-    if not any(r.split == "train" for r in rows):
-        raise ExportError(f"{where}: no row has split 'train'; python -m avex.train needs one")
-    return rows
-
-
 
 def check_processor(model, processor) -> None:
     """Refuse a processor that does not belong to ``model``: its tokenizer's placeholder ids,
@@ -315,10 +193,8 @@ def family_inputs(model, processor, media, settings: ExportSettings) -> tuple[di
     reason = unusable_kind(family, media.kind, media.audio is not None)
     if reason:
         raise ExportError(f"{media.path}: {reason}")
-    if family.MODEL_TYPES[0] == "qwen2_5_omni_thinker":
-        return family.export_inputs(model, processor, media, settings.prompt,
-                                    use_audio_in_video=settings.use_audio_in_video)
-    return family.export_inputs(model, processor, media, settings.prompt)
+    return family_processor_inputs(family, model, processor, media, settings.prompt,
+                                   use_audio_in_video=settings.use_audio_in_video)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -557,9 +433,9 @@ def _export(rows, out, model, processor, settings, rate, ranks, lock, overwrite,
             if stop.requested:   # Ctrl-C or SIGTERM: stop at this clip boundary
                 break
             tensors = _export_clip(model, processor, row, settings, rate)
-            _write_atomically(_clip_path(partial, row),
-                              {k: v.contiguous() for k, v in tensors.items()},
-                              {"source": _source(row)})
+            save_tensors_atomically(_clip_path(partial, row),
+                                    {k: v.contiguous() for k, v in tensors.items()},
+                                    {"source": _source(row)})
             written += 1
     if stop.requested:
         raise ExportInterrupted(len(mine) - len(todo) + written, len(mine), resume)
@@ -630,16 +506,4 @@ def _open_partial(partial: Path, fingerprint: dict) -> None:
                               "again to finish it, or delete the folder to start over")
         return
     (partial / "clips").mkdir(parents=True, exist_ok=True)
-    temporary = settings.with_name(f".export.json.tmp-{os.getpid()}")
-    temporary.write_text(json.dumps(fingerprint, indent=1) + "\n", encoding="utf-8")
-    os.replace(temporary, settings)
-
-
-def _write_atomically(path: Path, tensors: dict, metadata: dict) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        save_file(tensors, str(tmp), metadata=metadata)
-        os.replace(tmp, path)
-    except BaseException:   # the half-written file goes with the error (a kill: the next run)
-        tmp.unlink(missing_ok=True)
-        raise
+    write_json_atomically(settings, fingerprint, indent=1)

@@ -23,7 +23,7 @@ import shutil
 from pathlib import Path
 
 from avex.data.cache import (FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE, META_FILE, SHARD_DIR,
-                             SPLITS, check_replaceable, is_feature_cache)
+                             SPLITS, install_cache)
 
 __all__ = ["ExportLock", "remove_stale", "merge_parts", "partial_dir"]
 
@@ -127,21 +127,10 @@ def merge_parts(parts: list[Path], out: Path, order: list[str], *, source: dict,
         with open(staging / META_FILE, "w", encoding="utf-8") as handle:
             json.dump(meta, handle, indent=1, sort_keys=True)
             handle.write("\n")
-        _install(staging, out, overwrite)
+        install_cache(staging, out, overwrite)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return out
 
 
-def _install(staging: Path, out: Path, overwrite: bool) -> None:
-    """Rename the finished cache into place; an old cache is moved aside first (overwrite
-    only ever replaces a cache: check_replaceable)."""
-    check_replaceable(out, overwrite)
-    if is_feature_cache(out):
-        old = out.parent / f".{out.name}.old-{os.getpid()}"
-        os.replace(out, old)
-        os.replace(staging, out)
-        shutil.rmtree(old)
-    else:
-        os.replace(staging, out)

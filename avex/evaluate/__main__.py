@@ -36,18 +36,19 @@ import sys
 from pathlib import Path
 
 from avex import _checks
-from avex.config import TrainConfig
-from avex.config import build_parser as build_train_parser
-from avex.config import resolve_config
 from avex.data.embedded import default_benchmark_path
 from avex.paths import default_captioner_path, portable_command
 from avex.registry import BENCHMARK_PRESETS, CAPTIONER_PRESETS, SELECTORS
+from avex.training.config import TrainConfig
+from avex.training.config import build_parser as build_train_parser
+from avex.training.config import resolve_config
 
 from .ablation import ABLATIONS, AblationSettings, run_ablation
 from .common import DECODING, not_a_cache
 from .diagnose import RETENTIONS as DIAGNOSE_RETENTIONS
 from .diagnose import DiagnoseSettings, run_diagnose
-from .gates import run_gates, write_report
+from .gates import run_gates
+from .gates_report import write_report
 from .motivation import MotivationSettings, run_motivation
 from .sweep import RETENTIONS, SweepSettings, run_sweep
 
@@ -99,6 +100,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m avex.evaluate",
                                      description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command")
+    _add_sweep(sub)
+    _add_ablation(sub)
+    _add_motivation(sub)
+    _add_diagnose(sub)
+    _add_gates(sub)
+    return parser
+
+
+def _add_sweep(sub) -> None:
+    """``python -m avex.evaluate sweep``: the retention sweep's flags."""
     sweep = sub.add_parser("sweep", help="the retention sweep of every method (Table 2, Fig. 3)")
     _common(sweep)
     sweep.add_argument("--methods", type=_list("methods", str, "method names"),
@@ -119,6 +130,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "(the table names the checkpoint)")
     sweep.add_argument("--fastv-layer", type=int, default=None)
     sweep.add_argument("--qualitative", type=int, default=3, help="clips shown at 40%%")
+
+
+def _add_ablation(sub) -> None:
+    """``python -m avex.evaluate ablation``: the ablation's flags."""
     abl = sub.add_parser("ablation", help="the paper's Table 3 (training signal, group size)")
     _common(abl)
     abl.add_argument("--variants", type=_list("variants", str, "variant names"),
@@ -133,6 +148,10 @@ def build_parser() -> argparse.ArgumentParser:
     abl.add_argument("--split", default="test")
     abl.add_argument("--run", action="append", default=[], metavar="VARIANT=DIR",
                      help="reuse a trained run for a variant (repeatable), e.g. full=runs/x")
+
+
+def _add_motivation(sub) -> None:
+    """``python -m avex.evaluate motivation``: the motivation figure's flags."""
     mot = sub.add_parser("motivation", help="the paper's Fig. 1")
     _common(mot)
     mot.add_argument("--split", default="test")
@@ -141,6 +160,10 @@ def build_parser() -> argparse.ArgumentParser:
     mot.add_argument("--base-sets", type=int, default=3)
     mot.add_argument("--group", type=int, default=2)
     mot.add_argument("--seed", type=int, default=0)
+
+
+def _add_diagnose(sub) -> None:
+    """``python -m avex.evaluate diagnose``: the diagnosis's flags."""
     diag = sub.add_parser("diagnose", help="where a trained policy's lost C_av goes "
                           "(issue #33)")
     _common(diag)
@@ -162,6 +185,10 @@ def build_parser() -> argparse.ArgumentParser:
                            "NAME-ties.png)")
     diag.add_argument("--allow-unfinished", action="store_true",
                       help="diagnose the latest checkpoint of a run that did not finish")
+
+
+def _add_gates(sub) -> None:
+    """``python -m avex.evaluate gates``: the gates's flags."""
     gates = sub.add_parser("gates", help="measure the embedded benchmark's gates")
     gates.add_argument("--benchmark", default=None, help="feature cache (default: the "
                        "embedded benchmark of --preset / --seed)")
@@ -182,7 +209,6 @@ def build_parser() -> argparse.ArgumentParser:
     gates.add_argument("--timing-note", default=None,
                        help="a measured build/train timing line to include in the report")
     gates.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True)
-    return parser
 
 
 def run_gates_command(args, argv) -> int:

@@ -9,19 +9,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from avex import _checks
-from avex.checkpoint import read_run_config
-from avex.judge import judge_line, judge_record
+from avex.judge_identity import judge_line, judge_record
 from avex.methods import load_policy, make_selector
 from avex.paths import relative_path
 from avex.progress import progress_bar
 from avex.registry import label as method_label
+from avex.run_files import read_run_config
 from avex.scoring import caption_split, keep_all, score_captions
 from avex.tables import markdown_table
-from avex.train import train_variant
+from avex.training.loop import train_variant
 
 from .common import (PATHS_NOTE, ExperimentSettings, begin, check_names, check_retentions,
-                     check_seeds, check_split, fmt, given_run, load_assets, results_json,
-                     split_clips)
+                     check_seeds, check_split, fmt, given_run, load_experiment_inputs,
+                     results_json, split_clips)
 from .intervals import (LEVEL, REPLICATES, SEED, Interval, compact_per_clip, difference_table,
                         differences)
 
@@ -155,7 +155,7 @@ def run_ablation(settings: AblationSettings) -> dict:
     the same g and number of reward evaluations per step."""
     started = time.perf_counter()
     settings, out = begin(settings, AblationSettings, "ablation")
-    cache, captioner = load_assets(settings)
+    cache, captioner = load_experiment_inputs(settings)
     clips = split_clips(cache, settings.split, settings.max_clips)
     out.mkdir(parents=True, exist_ok=True)
     decode = dict(batch_size=settings.batch_size, num_beams=settings.num_beams,

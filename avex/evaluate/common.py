@@ -13,14 +13,14 @@ from pathlib import Path
 import numpy as np
 
 from avex import _checks
-from avex.assets import load_cache_and_captioner, resolve_asset_paths
-from avex.checkpoint import check_weights
-from avex.config import TrainConfig
+from avex.cache_and_captioner import load_cache_and_captioner, resolve_asset_paths
 from avex.data.embedded import default_benchmark_path
-from avex.judge import judge_record, judge_warnings
-from avex.methods.learned import check_finished, run_policy_weights
+from avex.files import check_weights
+from avex.judge_identity import judge_record, judge_warnings
 from avex.paths import default_captioner_path
 from avex.registry import BENCHMARK_PRESETS, CAPTIONER_PRESETS, SPLITS
+from avex.run_files import check_finished, run_policy_weights
+from avex.training.config import TrainConfig
 
 #: decoding when no run is given and no setting asks for one
 DECODING = {"num_beams": 1, "max_new_tokens": 24}
@@ -196,7 +196,7 @@ def not_a_cache(path) -> str:
         "holding meta.json)"
 
 
-def load_assets(settings: ExperimentSettings):
+def load_experiment_inputs(settings: ExperimentSettings):
     """(feature cache, frozen captioner) of an experiment's settings."""
     data_path, captioner_path = resolve_asset_paths(
         settings.data, settings.captioner, benchmark_preset=settings.benchmark_preset,

@@ -9,15 +9,15 @@ from pathlib import Path
 
 import numpy as np
 
-from avex.figures import save_figure
 from avex import _checks
-from avex.judge import judge_line, judge_record
+from avex.figures import save_figure
+from avex.judge_identity import judge_line, judge_record
 from avex.progress import progress_bar
 from avex.reward import CiderD
 
 from . import gates
-from .common import (ExperimentSettings, begin, check_split, fmt, load_assets, percent,
-                     split_clips)
+from .common import (ExperimentSettings, begin, check_split, fmt, load_experiment_inputs,
+                     percent, split_clips)
 
 
 @dataclass
@@ -53,7 +53,7 @@ def run_motivation(settings: MotivationSettings) -> dict:
     shared base set; the joint gain is plotted against the sum of the separate ones."""
     started = time.perf_counter()
     settings, out = begin(settings, MotivationSettings, "motivation")
-    cache, captioner = load_assets(settings)
+    cache, captioner = load_experiment_inputs(settings)
     clips = split_clips(cache, settings.split, settings.max_clips)[:settings.clips]
     out.mkdir(parents=True, exist_ok=True)
     scorer = CiderD([c.refs_av for c in clips])
@@ -97,9 +97,20 @@ def run_motivation(settings: MotivationSettings) -> dict:
     motivation_figure(rank_all, gain_all, numbers, pairs, out / "motivation.png")
     numbers["seconds"] = round(time.perf_counter() - started, 1)
     (out / "motivation.json").write_text(json.dumps(numbers, indent=1, default=float) + "\n")
+    lines = motivation_table(numbers)
+    lines += ["", f"Figure: `motivation.png`. Took {numbers['seconds']:.0f} s."]
+    lines += ["", judge_line(numbers["judge"])]
+    (out / "motivation.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    numbers["out"] = str(out)
+    return numbers
+
+
+def motivation_table(numbers: dict) -> list[str]:
+    """The report's heading and table (Markdown lines) of :func:`run_motivation`'s numbers."""
     na = numbers["non_additivity"]
-    lines = [f"# Motivation (Fig. 1): {len(clips)} {settings.split} clips, seed "
-             f"{settings.seed}", "",
+    lines = [f"# Motivation (Fig. 1): {numbers['clips']} {numbers['split']} clips, seed "
+             f"{numbers['seed']}", "",
              "| measure | value |", "|---|---|",
              f"| Spearman(attention, counterfactual gain), per clip mean | "
              f"{fmt([numbers['spearman_attention_gain_per_clip_mean']], 3)} |",
@@ -118,12 +129,7 @@ def run_motivation(settings: MotivationSettings) -> dict:
                          f"mean deviation | {r['mean_gain_visual']:.1f} / "
                          f"{r['mean_gain_audio']:.1f} / {r['mean_gain_both']:.1f}, "
                          f"{r['mean_deviation']:+.1f} |")
-    lines += ["", f"Figure: `motivation.png`. Took {numbers['seconds']:.0f} s."]
-    lines += ["", judge_line(numbers["judge"])]
-    (out / "motivation.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    numbers["out"] = str(out)
-    return numbers
+    return lines
 
 
 def motivation_figure(rank, gain, numbers, pairs, path: Path) -> Path:

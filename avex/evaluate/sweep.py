@@ -11,21 +11,21 @@ from pathlib import Path
 import numpy as np
 
 from avex import _checks
-from avex.checkpoint import read_run_config
 from avex.figures import save_figure
-from avex.judge import judge_line, judge_record
+from avex.judge_identity import judge_line, judge_record
 from avex.methods import METHODS, SELECTORS, label, load_policy, make_selector
-from avex.methods.learned import recipe, run_progress
+from avex.methods.learned import recipe
 from avex.metrics import cider_source
 from avex.paths import cache_relative, portable_command, relative_path
 from avex.registry import privileged_notes
+from avex.run_files import read_run_config, run_progress
 from avex.scoring import caption_and_score
 from avex.tables import markdown_table
-from avex.train import train_variant
+from avex.training.loop import train_variant
 
 from .common import (PATHS_NOTE, ExperimentSettings, begin, check_names, check_retentions,
-                     check_seeds, check_split, fmt, given_run, load_assets, results_json,
-                     split_clips)
+                     check_seeds, check_split, fmt, given_run, load_experiment_inputs,
+                     results_json, split_clips)
 from .intervals import (LEVEL, REPLICATES, SEED, Interval, compact_per_clip, difference_table,
                         differences)
 
@@ -257,7 +257,7 @@ def run_sweep(settings: SweepSettings) -> dict:
     (default ``runs/eval-<time>``). Every setting is checked first."""
     started = time.perf_counter()
     settings, out = begin(settings, SweepSettings, "eval")
-    cache, captioner = load_assets(settings)
+    cache, captioner = load_experiment_inputs(settings)
     if "fastv" in settings.methods:  # fastv_layer against the LLM's depth, before captioning
         make_selector("fastv", captioner=captioner, layer=settings.fastv_layer)
     test = split_clips(cache, settings.split, settings.max_clips)

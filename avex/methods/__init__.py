@@ -18,9 +18,10 @@ from __future__ import annotations
 from avex.methods.attention import attention_selector
 from avex.methods.fastav import fastav_selector
 from avex.methods.fastv import fastv_selector
-from avex.methods.learned import load_policy, policy_selector
+from avex.methods.learned import policy_selector
 from avex.methods.random import random_selector
 from avex.methods.tome import tome_selector
+from avex.policy import load_policy
 from avex.registry import METHODS, SELECTORS, Method, label
 from avex.selection import Selection
 

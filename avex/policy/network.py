@@ -20,66 +20,18 @@ the LLM attends to depends strongly on position.
 """
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import os
-import warnings
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from avex import __version__, _checks
-from avex.backbones import BACKBONES, backbone_config
-from avex.checkpoint import load_weights
-from avex.modality import AUDIO, PAD, TEXT, VISUAL, check_code_values
-from avex.set_selection import SELECTIONS, select_indices
-
-
-@dataclass
-class PolicyConfig:
-    """Sizes of the policy. ``input_size`` is the width of the LLM's token embeddings."""
-    input_size: int
-    hidden_size: int
-    num_heads: int = 8
-    num_kv_heads: int | None = None       # None: as many as num_heads
-    intermediate_size: int | None = None  # None: 3 * hidden_size (SwiGLU)
-    num_layers: int = 2
-    qkv_bias: bool = False
-    norm_eps: float = 1e-6
-    positional: bool = True               # add within-modality position features
-    # how the scores become a kept set (avex.set_selection): "topk" (the K best scores) or
-    # "set-aware" (K picks in turn, each discounting tokens like the ones picked by
-    # redundancy x their cosine in the head's input). Saved with the policy, so serving
-    # selects as training did; records from before the setting read as "topk".
-    selection: str = "topk"
-    redundancy: float = 0.0               # beta of "set-aware"; 0 with "topk"
-
-    def __post_init__(self):
-        _checks.int_at_least("input_size", self.input_size, 1)
-        _checks.int_at_least("hidden_size", self.hidden_size, 1)
-        _checks.int_at_least("num_heads", self.num_heads, 1)
-        _checks.int_at_least("num_layers", self.num_layers, 1)
-        _checks.optional_int_at_least("num_kv_heads", self.num_kv_heads, 1)
-        _checks.optional_int_at_least("intermediate_size", self.intermediate_size, 1)
-        _checks.flag("qkv_bias", self.qkv_bias)
-        _checks.positive_float("norm_eps", self.norm_eps)
-        _checks.choice("selection", self.selection, SELECTIONS)
-        self.redundancy = _checks.real("redundancy", self.redundancy, low=0)
-        if self.selection == "topk" and self.redundancy != 0:
-            raise ValueError(f"redundancy = {self.redundancy!r} has no effect with selection "
-                             "'topk'; use selection 'set-aware' or redundancy 0")
-        self.num_kv_heads = self.num_kv_heads or self.num_heads
-        self.intermediate_size = self.intermediate_size or 3 * self.hidden_size
-        if self.hidden_size % self.num_heads:
-            raise ValueError(f"hidden_size ({self.hidden_size}) must be divisible by num_heads "
-                             f"({self.num_heads})")
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(f"num_heads ({self.num_heads}) must be divisible by num_kv_heads "
-                             f"({self.num_kv_heads})")
+from avex import _checks
+from avex.modality import AUDIO, PAD, TEXT, VISUAL, check_code_values, packed_positions
+from avex.policy.config import PolicyConfig
+from avex.policy.saved import TrainedOn, load_saved_policy, save_policy
+from avex.set_selection import select_indices
 
 
 class RMSNorm(nn.Module):
@@ -253,8 +205,8 @@ class AVEXPolicy(nn.Module):
         _checks.flag("with_hidden", with_hidden)
         if not bool(is_text.any(1).all()):  # forward lets a row without text read every position
             return self.forward(inputs_embeds, modality, with_hidden=with_hidden)
-        av_at, av_valid = _packed(is_av)
-        text_at, text_valid = _packed(is_text)
+        av_at, av_valid = packed_positions(is_av)
+        text_at, text_valid = packed_positions(is_text)
         rows = torch.arange(modality.shape[0], device=modality.device)[:, None]
         av_codes = modality[rows, av_at].masked_fill(~av_valid, PAD)
         av_scores, av_hidden = self._encode(inputs_embeds[rows, av_at], av_codes,
@@ -334,233 +286,15 @@ class AVEXPolicy(nn.Module):
 
     def save_pretrained(self, path) -> Path:
         """Write the policy to directory ``path``: ``config.json`` (its sizes and what it was
-        trained on) and ``model.safetensors``; :meth:`from_pretrained` reads it back."""
-        if self.trained_on is None:
-            raise ValueError("save_pretrained: the policy records nothing of what it was "
-                             "trained on (policy.trained_on is None); set it to a TrainedOn, "
-                             "or save the policy of a python -m avex.train run (avex.load_policy)")
-        path = Path(path)
-        if path.exists() and not path.is_dir():
-            raise ValueError(f"save_pretrained: path {str(path)!r} is a file, not a directory")
-        path.mkdir(parents=True, exist_ok=True)
-        from safetensors.torch import save_file
-        weights = {k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}
-        _replace(path / POLICY_WEIGHTS, lambda tmp: save_file(weights, str(tmp),
-                                                             metadata={"format": "pt"}))
-        text = json.dumps(policy_record(self.config, self.trained_on), indent=2) + "\n"
-        _replace(path / POLICY_CONFIG, lambda tmp: tmp.write_text(text, encoding="utf-8"))
-        return path
+        trained on) and ``model.safetensors`` (:func:`avex.policy.saved.save_policy`);
+        :meth:`from_pretrained` reads it back."""
+        return save_policy(self, path)
 
     @classmethod
     def from_pretrained(cls, path, *, model=None, device=None) -> "AVEXPolicy":
         """The policy :meth:`save_pretrained` wrote to ``path``, in eval mode. With ``model``,
         the model it will serve is checked against the record first (:meth:`check_model`)."""
-        path = Path(path)
-        cfg, trained_on = read_policy_record(path / POLICY_CONFIG)
-        if not (path / POLICY_WEIGHTS).is_file():
-            raise FileNotFoundError(f"{path}: no {POLICY_WEIGHTS} beside {POLICY_CONFIG}")
-        if model is not None:
-            trained_on.check_model(model)
-        policy = cls(cfg)
-        load_weights(policy, path / POLICY_WEIGHTS)
-        policy.trained_on = trained_on
-        return policy.to(device or "cpu").eval()
-
-
-def _packed(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(positions [B, W], valid [B, W]): each row's True positions in order, packed to the
-    left (W = the most any row has, at least 1); past a row's count the position is 0."""
-    counts = mask.sum(1)
-    width = max(int(counts.max()), 1) if mask.shape[0] else 1
-    order = torch.sort((~mask).to(torch.int8), dim=1, stable=True).indices[:, :width]
-    valid = torch.arange(width, device=mask.device) < counts[:, None]
-    return order.masked_fill(~valid, 0), valid
-
-
-def _replace(path: Path, write) -> None:
-    """``write(tmp)`` then an atomic rename onto ``path``."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-# ----------------------------------------------------------------------------------------------
-# What a policy was trained on, and the layout rule
-# ----------------------------------------------------------------------------------------------
-
-POLICY_FORMAT = "avex-policy"
-POLICY_FORMAT_VERSION = 1
-POLICY_CONFIG = "config.json"
-POLICY_WEIGHTS = "model.safetensors"
-
-#: How a row's audio-visual tokens are laid out, from the order of its modality runs (text in
-#: between ignored). Serving must keep the layout training saw: the policy's position features
-#: count each token's place within its modality, and the frozen LLM reads the same sequence.
-LAYOUTS = {
-    "visual": "visual tokens only",
-    "audio": "audio tokens only",
-    "visual-then-audio": "all visual tokens, then all audio tokens (VideoLLaMA 2, the "
-                         "embedded benchmark)",
-    "audio-then-visual": "all audio tokens, then all visual tokens",
-    "interleaved": "visual and audio tokens alternating in chunks (Qwen2.5-Omni with "
-                   "use_audio_in_video)",
-}
-#: layout a policy was trained on -> the row layouts it scores (a row may lack a modality)
-ACCEPTED_LAYOUTS = {
-    "visual": {"visual"},
-    "audio": {"audio"},
-    "visual-then-audio": {"visual", "audio", "visual-then-audio"},
-    "audio-then-visual": {"visual", "audio", "audio-then-visual"},
-    "interleaved": set(LAYOUTS),
-}
-
-
-def row_layouts(modality: torch.Tensor) -> list:
-    """The layout (a key of :data:`LAYOUTS`) of each row of modality codes [B, L]; None for a
-    row without audio-visual tokens."""
-    _checks.tensor("modality", modality, ndim=2, integer=True)
-    is_av = (modality == VISUAL) | (modality == AUDIO)
-    at, valid = _packed(is_av)
-    codes = modality.gather(1, at)
-    changes = ((codes[:, 1:] != codes[:, :-1]) & valid[:, 1:]).sum(1)
-    names = []
-    for first, runs, any_av in zip(codes[:, 0].tolist(), (changes + 1).tolist(),
-                                   valid[:, 0].tolist()):
-        if not any_av:
-            names.append(None)
-        elif runs == 1:
-            names.append("visual" if first == VISUAL else "audio")
-        elif runs == 2:
-            names.append("visual-then-audio" if first == VISUAL else "audio-then-visual")
-        else:
-            names.append("interleaved")
-    return names
-
-
-def layout_of(rows) -> str:
-    """The narrowest layout of :data:`LAYOUTS` that accepts every one of ``rows`` (row layouts
-    from :func:`row_layouts`; None entries are ignored)."""
-    seen = {name for name in rows if name is not None}
-    if not seen:
-        raise ValueError("no row has an audio-visual token, so there is no layout to record")
-    for name in LAYOUTS:
-        if seen <= ACCEPTED_LAYOUTS[name]:
-            return name
-    raise AssertionError(seen)  # "interleaved" accepts every layout
-
-
-@dataclass(frozen=True)
-class TrainedOn:
-    """What a policy was trained on, recorded in its artifact: the frozen LLM's model type and
-    hidden size, the layout of its training sequences (:data:`LAYOUTS`) and the retention range
-    of its training."""
-    model_type: str
-    hidden_size: int
-    layout: str
-    retention_range: tuple
-
-    def __post_init__(self):
-        _checks.text("model_type", self.model_type)
-        _checks.int_at_least("hidden_size", self.hidden_size, 1)
-        _checks.choice("layout", self.layout, tuple(LAYOUTS))
-        span = self.retention_range
-        if not isinstance(span, (list, tuple)) or len(span) != 2:
-            raise ValueError(f"retention_range must be [low, high], got {span!r}")
-        low = _checks.ratio("retention_range[0]", span[0])
-        high = _checks.ratio("retention_range[1]", span[1])
-        if low > high:
-            raise ValueError(f"retention_range must be [low, high] with low <= high, got "
-                             f"{list(self.retention_range)}")
-        object.__setattr__(self, "retention_range", (float(low), float(high)))
-
-    @classmethod
-    def of_model(cls, model, layout: str, retentions) -> "TrainedOn":
-        """The record for a policy trained with the frozen LLM ``model`` on ``layout``, at
-        ``retentions`` (the retention(s) training drew from)."""
-        retentions = list(retentions)
-        return cls(model.config.model_type, model.config.get_text_config().hidden_size, layout,
-                   (min(retentions), max(retentions)))
-
-    def to_dict(self) -> dict:
-        return {"model_type": self.model_type, "hidden_size": self.hidden_size,
-                "layout": self.layout, "retention_range": list(self.retention_range)}
-
-    def check_model(self, model) -> None:
-        config = getattr(model, "config", None)
-        kind = getattr(config, "model_type", None)
-        if kind is None or not hasattr(config, "get_text_config"):
-            raise TypeError(f"model must be a Hugging Face model (with a config), got "
-                            f"{type(model).__name__}")
-        differ = []
-        if kind != self.model_type:
-            hint = (" (pass model.thinker, the part that reads the prompt)"
-                    if kind == "qwen2_5_omni" and self.model_type == "qwen2_5_omni_thinker"
-                    else "")
-            differ.append(f"model type {kind!r}, the policy was trained with "
-                          f"{self.model_type!r}{hint}")
-        hidden = config.get_text_config().hidden_size
-        if hidden != self.hidden_size:
-            differ.append(f"hidden size {hidden}, the policy was trained with {self.hidden_size}")
-        if differ:
-            raise ValueError(f"the policy was trained with another model: {type(model).__name__} "
-                             f"has {'; '.join(differ)}")
-
-    def check_layout(self, modality: torch.Tensor) -> None:
-        accepted = ACCEPTED_LAYOUTS[self.layout]
-        for row, name in enumerate(row_layouts(modality)):
-            if name is not None and name not in accepted:
-                raise ValueError(
-                    f"modality row {row} is laid out as {name!r} ({LAYOUTS[name]}), but the "
-                    f"policy was trained on {self.layout!r} ({LAYOUTS[self.layout]}); serve "
-                    "with the layout of the training data (the same processor settings, e.g. "
-                    "use_audio_in_video)")
-
-    def check_retention(self, retention: float) -> None:
-        """Warn (once per call site) when ``retention`` lies outside the trained range: the
-        scores don't depend on it, but the policy was never rewarded there."""
-        low, high = self.retention_range
-        if not low - 1e-9 <= retention <= high + 1e-9:
-            warnings.warn(f"retention={retention:g} lies outside the range the policy was "
-                          f"trained at ({low:g}-{high:g}); its Top-K there is untested",
-                          stacklevel=3)
-
-
-def policy_record(cfg: PolicyConfig, trained_on: TrainedOn) -> dict:
-    """The JSON of a saved policy's config.json."""
-    return {"format": POLICY_FORMAT, "version": POLICY_FORMAT_VERSION,
-            "avex_version": __version__, "policy": asdict(cfg),
-            "trained_on": trained_on.to_dict()}
-
-
-def read_policy_record(path) -> tuple[PolicyConfig, TrainedOn]:
-    """(PolicyConfig, TrainedOn) of a policy's config.json; refused, naming the file, when it
-    isn't one."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"{path.parent}: not a saved AVEX policy (no {path.name}); "
-                                "save one with AVEXPolicy.save_pretrained or pass a "
-                                "python -m avex.train run directory to avex.load_policy")
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as err:
-        raise ValueError(f"{path}: corrupt or truncated ({err})") from None
-    if not isinstance(raw, dict) or raw.get("format") != POLICY_FORMAT:
-        got = raw.get("format") if isinstance(raw, dict) else type(raw).__name__
-        raise ValueError(f"{path}: 'format' must be {POLICY_FORMAT!r} (a saved AVEX policy), "
-                         f"got {got!r}")
-    if raw.get("version") != POLICY_FORMAT_VERSION:
-        raise ValueError(f"{path}: policy format version {raw.get('version')!r} is not "
-                         f"supported (this avex reads version {POLICY_FORMAT_VERSION})")
-    try:
-        cfg = PolicyConfig(**raw["policy"])
-        trained_on = TrainedOn(**raw["trained_on"])
-    except (KeyError, TypeError, ValueError) as err:
-        raise ValueError(f"{path}: bad policy record ({type(err).__name__}: {err})") from None
-    return cfg, trained_on
-
+        return load_saved_policy(cls, path, model=model, device=device)
 
 INDEX_PERIODS = (2, 4, 8, 16, 32, 64, 128)   # sinusoids of the raw index (patch slot, frame)
 FRACTION_HARMONICS = (1, 2, 3, 4)            # sinusoids of index / (count - 1) (place in clip)
@@ -601,32 +335,3 @@ def parameter_count(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
 
 
-def _count_main(argv=None):
-    from transformers import AutoModelForCausalLM
-
-
-    parser = argparse.ArgumentParser(
-        prog="python -m avex.policy",
-        description="Count the policy's parameters at a backbone's dimensions (no weights).")
-    parser.add_argument("--backbone", default="qwen2-7b",
-                        help=f"one of {sorted(BACKBONES)} or a path to a Hugging Face config")
-    parser.add_argument("--hidden-size", type=int, default=None,
-                        help="policy width; default: the LLM's width (first block from the LLM)")
-    args = parser.parse_args(argv)
-    try:  # a bad flag is a usage error, before any model is built
-        _checks.optional_int_at_least("hidden_size", args.hidden_size, 1)
-        config = backbone_config(args.backbone)
-    except (ValueError, TypeError, OSError) as err:
-        parser.error(str(err))
-    with torch.device("meta"):
-        llm = AutoModelForCausalLM.from_config(config)
-        policy = AVEXPolicy.from_llm(llm, hidden_size=args.hidden_size, init_from_llm=False)
-    count = parameter_count(policy)
-    print(f"backbone {args.backbone}: LLM width {config.hidden_size}, policy width "
-          f"{policy.config.hidden_size} -> {count / 1e6:.1f}M trainable parameters")
-    print(asdict(policy.config))
-    return count
-
-
-if __name__ == "__main__":
-    _count_main()

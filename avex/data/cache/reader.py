@@ -1,473 +1,28 @@
-"""The feature-cache format: safetensors shards plus a JSON-lines manifest.
-
-A cache is a directory::
-
-    meta.json          dataset-wide facts: format version, feature dim, frames, tokenizer, shards
-    manifest.jsonl     one JSON object per clip (id, split, shard, token counts, references)
-    shards/*.safetensors   per clip: "<clip_id>/visual" [Nv, d], "<clip_id>/audio" [Na, d],
-                           "<clip_id>/prompt_prefix_ids" [Lp], "<clip_id>/prompt_suffix_ids" [Ls]
-                           (or "..._embeds" [L, D] instead of ids), optional annotations;
-                           a clip exported from a real model (CacheWriter.add_merged) also holds
-                           "<clip_id>/merged_embeds" [L, D], "<clip_id>/merged_modality" [L] and
-                           optionally "<clip_id>/merged_position_ids" [..., L]
-
-docs/benchmark.md's "Feature-cache format" section is the user-facing specification; this
-module is its reference writer (:class:`CacheWriter`) and reader (:class:`FeatureCache`).
-Reading memory-maps the shards and copies out one clip at a time; nothing is loaded whole.
-"""
+"""The feature cache's reader (:class:`FeatureCache`) and its splits as datasets
+(:class:`CacheSplit`). Reading memory-maps the shards and copies out one clip at a time;
+nothing is loaded whole."""
 from __future__ import annotations
 
-import hashlib
 import json
 import numbers
 import os
 import re
-import shutil
 from collections import OrderedDict
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Sequence
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
 import avex
 from avex import _checks
-from avex.registry import SPLITS
+from avex.data.cache.format import (ANNOTATION_KEYS, CLIP_ID_PATTERN, FLOAT_DTYPES,
+                                    FORMAT_NAME, FORMAT_VERSION, INT_DTYPES, MANIFEST_FILE,
+                                    META_FILE, PROMPT_SIDES, REQUIRED_ROW_FIELDS, SPLITS,
+                                    STAMP_FILE, STAMP_FORMAT, CacheError, CacheMeta, Clip,
+                                    check_finite, file_sha256, is_count, json_lines, location)
+from avex.files import write_json_atomically
 
-FORMAT_NAME = "avex-feature-cache"
-FORMAT_VERSION = 1
-META_FILE = "meta.json"
-MANIFEST_FILE = "manifest.jsonl"
-SHARD_DIR = "shards"
-# which shards passed their SHA-256 check, under which avex version (FeatureCache.verify_shards)
-STAMP_FILE = ".avex-verified.json"
-STAMP_FORMAT = "avex-verified/1"
-
-CLIP_ID_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]{1,200}$")
-FLOAT_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
-INT_DTYPES = {"I64": torch.int64, "I32": torch.int32}
-# Keys a row may carry per clip in its shard; the first four are the ones every row needs
-# (prompt ids or prompt embeddings for each side).
-FEATURE_KEYS = ("visual", "audio")
-PROMPT_SIDES = ("prefix", "suffix")
-ANNOTATION_KEYS = ("visual_role", "audio_role")
-REQUIRED_ROW_FIELDS = ("clip_id", "split", "shard", "n_visual", "n_audio", "refs_av", "refs_v",
-                       "refs_a")
-
-
-class CacheError(ValueError):
-    """A cache that cannot be read as written: the message names the file and, where one is at
-    fault, the manifest row (1-based line number) and clip id."""
-
-
-def _where(path, row: int | None = None, clip_id: str | None = None) -> str:
-    text = str(path)
-    if row is not None:
-        text += f" row {row}"
-    if clip_id is not None:
-        text += f" (clip {clip_id!r})"
-    return text
-
-
-@dataclass
-class Clip:
-    """One clip as read from a cache. Tensors are CPU copies; ``visual``/``audio`` keep the stored
-    dtype. Prompt ids are int64; a prompt side stored as embeddings has ``*_ids`` None and
-    ``*_embeds`` set."""
-
-    clip_id: str
-    split: str
-    visual: torch.Tensor                      # [Nv, d]
-    audio: torch.Tensor                       # [Na, d]
-    prompt_prefix_ids: torch.Tensor | None    # [Lp]
-    prompt_suffix_ids: torch.Tensor | None    # [Ls]
-    refs_av: list[str]
-    refs_v: list[str]
-    refs_a: list[str]
-    prompt_prefix_embeds: torch.Tensor | None = None
-    prompt_suffix_embeds: torch.Tensor | None = None
-    annotations: dict[str, torch.Tensor] = field(default_factory=dict)
-    info: dict = field(default_factory=dict)
-    # a clip exported from a real model: "inputs_embeds" [L, D] (the model's merged embeddings),
-    # "modality" int64 [L] (avex.modality codes), "position_ids" int64 [..., L] or None
-    merged: dict | None = None
-
-    @property
-    def n_visual(self) -> int:
-        return self.visual.shape[0]
-
-    @property
-    def n_audio(self) -> int:
-        return self.audio.shape[0]
-
-
-@dataclass(frozen=True)
-class CacheMeta:
-    dim: int
-    n_frames: int | None
-    dtype: str
-    tokenizer: str | None           # path relative to the cache root, or a model path / name
-    splits: dict
-    shards: dict                    # relative shard path -> {"bytes", "sha256", "clips"}
-    source: dict
-    version: int = FORMAT_VERSION
-
-
-# ---------------------------------------------------------------------------------------------
-# writing
-# ---------------------------------------------------------------------------------------------
-
-def _sha256(path: Path, chunk: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _owned(value: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``value`` as a contiguous CPU tensor of ``dtype`` that the writer alone holds. A
-    conversion that copied nothing is cloned: safetensors refuses two entries that share memory
-    (the same prompt tensor handed to every clip, or slices of one tensor), and a caller may
-    change its tensor after ``add`` returns."""
-    stored = value.detach().to("cpu", dtype).contiguous()
-    if stored.untyped_storage().data_ptr() == value.untyped_storage().data_ptr():
-        stored = stored.clone()
-    return stored
-
-
-def _check_refs(name: str, refs, clip_id: str) -> list[str]:
-    """A clip's references of one kind: a list of non-empty strings, possibly empty (a clip
-    without AV references is legal: a label-free cache trains with the fidelity reward)."""
-    if not isinstance(refs, (list, tuple)) or not all(isinstance(r, str) and r.strip()
-                                                      for r in refs):
-        raise ValueError(f"{name} for clip {clip_id!r} must be a list of non-empty strings, "
-                         f"got {refs!r}")
-    return list(refs)
-
-
-def _check_finite(values: torch.Tensor, what: str, *, stored_as=None) -> None:
-    """Features must be finite (as stored: a float32 value past float16's range becomes inf)."""
-    finite = torch.isfinite(values)
-    if not bool(finite.all()):
-        token = int(torch.nonzero(~finite)[0, 0])
-        note = f" once stored as {stored_as}" if stored_as is not None else ""
-        raise ValueError(f"{what} holds NaN or inf{note} (token {token}); features must be "
-                         "finite")
-
-
-ANNOTATION_LENGTH = {"visual_role": lambda visual, audio: visual.shape[0],
-                     "audio_role": lambda visual, audio: audio.shape[0]}
-
-
-def _annotation(name: str, value, clip_id: str, length: int) -> torch.Tensor:
-    """A per-token int8 annotation: one integer in [-128, 127] per token of its modality."""
-    value = torch.as_tensor(value)
-    if value.is_floating_point() or value.is_complex() or value.dtype == torch.bool:
-        raise TypeError(f"annotation {name} for clip {clip_id!r} must hold integers, got "
-                        f"{value.dtype}")
-    if value.dim() != 1 or value.shape[0] != length:
-        raise ValueError(f"annotation {name} for clip {clip_id!r} must have one value per "
-                         f"token ([{length}]), got shape {list(value.shape)}")
-    if value.numel() and (int(value.min()) < -128 or int(value.max()) > 127):
-        bad = int(value.max()) if int(value.max()) > 127 else int(value.min())
-        raise ValueError(f"annotation {name} for clip {clip_id!r} is stored as int8 and must "
-                         f"lie in [-128, 127], got {bad}")
-    return _owned(value, torch.int8)
-
-
-def is_feature_cache(path) -> bool:
-    """Whether ``path`` is a folder holding a feature cache's meta.json (the format's name in
-    it): the one kind of folder ``overwrite`` may replace."""
-    try:
-        meta = json.loads((Path(path) / META_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(meta, dict) and meta.get("format") == FORMAT_NAME
-
-
-def check_replaceable(root: Path, overwrite: bool, *, when: str = "") -> None:
-    """A cache may be written at ``root`` when nothing is there or an empty folder is, and,
-    with ``overwrite``, when a feature cache is. Any other folder is refused, as are the
-    working directory, the home directory and the folders that hold them, cache or not."""
-    resolved = Path(root).resolve()
-    for name, protected in (("the working directory", Path.cwd()), ("the home directory",
-                                                                     Path.home())):
-        protected = protected.resolve()
-        if resolved == protected or resolved in protected.parents:
-            raise FileExistsError(f"cache directory {str(root)!r} is {name} or holds it "
-                                  f"({protected}); write the cache to a folder of its own")
-    if not root.exists():
-        return
-    if not root.is_dir():
-        raise FileExistsError(f"{when}cache directory {str(root)!r} is a file")
-    if is_feature_cache(root):
-        if not overwrite:
-            raise FileExistsError(f"{when}cache directory {str(root)!r} already exists (a "
-                                  "feature cache); pass overwrite=True to replace it")
-        return
-    if any(root.iterdir()):
-        raise FileExistsError(f"{when}{str(root)!r} exists and is not a feature cache (no "
-                              f"{META_FILE} of format {FORMAT_NAME!r}); overwrite only ever "
-                              "replaces a feature cache, so choose another folder or empty "
-                              "this one yourself")
-
-
-class CacheWriter:
-    """Writes a cache directory. Use as a context manager; nothing appears at ``root`` until the
-    writer closes without error (it builds in a sibling temporary directory, then renames).
-
-    ``tokenizer`` says how to read the prompt ids: a path relative to the cache root (a tokenizer
-    saved inside the cache), or a model path / hub name; None when prompts are stored as
-    embeddings. ``source`` is free-form provenance written into meta.json.
-    """
-
-    def __init__(self, root, *, dim: int, n_frames: int | None = None,
-                 dtype: torch.dtype = torch.float32, tokenizer: str | None = None,
-                 source: dict | None = None, clips_per_shard: int = 256, overwrite: bool = False):
-        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
-            raise ValueError(f"dim must be a positive int, got {dim!r}")
-        if dtype not in FLOAT_DTYPES.values():
-            raise ValueError(f"dtype must be one of float32, float16, bfloat16, got {dtype}")
-        if isinstance(clips_per_shard, bool) or not isinstance(clips_per_shard, int) \
-                or clips_per_shard < 1:
-            raise ValueError(f"clips_per_shard must be a positive int, got {clips_per_shard!r}")
-        if n_frames is not None and (isinstance(n_frames, bool) or not isinstance(n_frames, int)
-                                     or n_frames < 1):
-            raise ValueError(f"n_frames must be a positive int or None, got {n_frames!r}")
-        if tokenizer is not None and not isinstance(tokenizer, str):
-            raise TypeError(f"tokenizer must be a str or None, got {type(tokenizer).__name__}")
-        if source is not None and not isinstance(source, dict):
-            raise TypeError(f"source must be a dict or None, got {type(source).__name__}")
-        self.root = Path(root)
-        check_replaceable(self.root, overwrite)
-        self.dim, self.n_frames, self.dtype = dim, n_frames, dtype
-        self.tokenizer, self.source = tokenizer, dict(source or {})
-        self.clips_per_shard, self.overwrite = clips_per_shard, overwrite
-        self.staging = self.root.parent / f".{self.root.name}.tmp-{os.getpid()}"
-        if self.staging.exists():
-            shutil.rmtree(self.staging)
-        (self.staging / SHARD_DIR).mkdir(parents=True)
-        self._pending: dict[str, list[tuple[dict, dict]]] = {}
-        self._shard_count: dict[str, int] = {}
-        self._rows: list[dict] = []
-        self._ids: set[str] = set()
-        self._shards: dict[str, dict] = {}
-        self._closed = False
-
-    @property
-    def staging_dir(self) -> Path:
-        """Where files written before :meth:`close` live (e.g. to save a tokenizer into)."""
-        return self.staging
-
-    def add(self, clip_id: str, split: str, visual: torch.Tensor, audio: torch.Tensor, *,
-            refs_av: Sequence[str], refs_v: Sequence[str] = (), refs_a: Sequence[str] = (),
-            prompt_prefix_ids=None, prompt_suffix_ids=None, prompt_prefix_embeds=None,
-            prompt_suffix_embeds=None, prompt_text: dict | None = None,
-            annotations: dict | None = None, info: dict | None = None,
-            _merged: tuple[dict, dict] | None = None) -> None:
-        if not isinstance(clip_id, str) or not CLIP_ID_PATTERN.match(clip_id):
-            raise ValueError("clip_id must match [A-Za-z0-9_.-]{1,200}, got " + repr(clip_id))
-        if clip_id in self._ids:
-            raise ValueError(f"clip_id {clip_id!r} was already added")
-        if split not in SPLITS:
-            raise ValueError(f"split must be one of {list(SPLITS)}, got {split!r}")
-        tensors = {}
-        for name, value in (("visual", visual), ("audio", audio)):
-            if not isinstance(value, torch.Tensor) or value.dim() != 2 \
-                    or value.shape[1] != self.dim or not value.is_floating_point():
-                shape = list(value.shape) if isinstance(value, torch.Tensor) else type(value)
-                raise ValueError(f"{name} for clip {clip_id!r} must be a float tensor "
-                                 f"[N, {self.dim}], got {shape}")
-            stored = _owned(value, self.dtype)
-            _check_finite(stored, f"{name} for clip {clip_id!r}", stored_as=self.dtype)
-            tensors[f"{clip_id}/{name}"] = stored
-        for side, ids, embeds in (("prefix", prompt_prefix_ids, prompt_prefix_embeds),
-                                  ("suffix", prompt_suffix_ids, prompt_suffix_embeds)):
-            if (ids is None) == (embeds is None):
-                raise ValueError(f"clip {clip_id!r}: give exactly one of prompt_{side}_ids and "
-                                 f"prompt_{side}_embeds")
-            if ids is not None:
-                ids = torch.as_tensor(ids)
-                if ids.dim() != 1 or ids.is_floating_point() or ids.dtype == torch.bool:
-                    raise ValueError(f"prompt_{side}_ids for clip {clip_id!r} must be a 1-D "
-                                     f"integer sequence, got {ids.dtype} of shape "
-                                     f"{list(ids.shape)}")
-                if ids.numel() and int(ids.min()) < 0:
-                    raise ValueError(f"prompt_{side}_ids for clip {clip_id!r} must be token ids "
-                                     f">= 0, got {int(ids.min())}")
-                tensors[f"{clip_id}/prompt_{side}_ids"] = _owned(ids, torch.int64)
-            else:
-                if not isinstance(embeds, torch.Tensor) or embeds.dim() != 2 \
-                        or not embeds.is_floating_point():
-                    raise ValueError(f"prompt_{side}_embeds for clip {clip_id!r} must be a "
-                                     "float tensor [L, D]")
-                stored = _owned(embeds, self.dtype)
-                _check_finite(stored, f"prompt_{side}_embeds for clip {clip_id!r}",
-                              stored_as=self.dtype)
-                tensors[f"{clip_id}/prompt_{side}_embeds"] = stored
-        for name, value in (annotations or {}).items():
-            if name not in ANNOTATION_KEYS:
-                raise ValueError(f"annotation {name!r} is not one of {list(ANNOTATION_KEYS)}")
-            tensors[f"{clip_id}/{name}"] = _annotation(name, value, clip_id,
-                                                        ANNOTATION_LENGTH[name](visual, audio))
-        if info is not None and not isinstance(info, dict):
-            raise TypeError(f"info for clip {clip_id!r} must be a dict, got "
-                            f"{type(info).__name__}")
-        row = {
-            "clip_id": clip_id,
-            "split": split,
-            "shard": None,  # filled when the shard is written
-            "n_visual": int(visual.shape[0]),
-            "n_audio": int(audio.shape[0]),
-            # empty: a label-free clip (python -m avex.data export without captions)
-            "refs_av": _check_refs("refs_av", refs_av, clip_id),
-            "refs_v": _check_refs("refs_v", refs_v, clip_id),
-            "refs_a": _check_refs("refs_a", refs_a, clip_id),
-        }
-        if prompt_text is not None:
-            row["prompt"] = {k: str(prompt_text[k]) for k in PROMPT_SIDES if k in prompt_text}
-        if info:
-            row["info"] = info
-        if _merged is not None:
-            merged_tensors, row["merged"] = _merged
-            tensors.update({f"{clip_id}/{k}": v for k, v in merged_tensors.items()})
-        self._ids.add(clip_id)
-        self._pending.setdefault(split, []).append((row, tensors))
-        if len(self._pending[split]) >= self.clips_per_shard:
-            self._flush(split)
-
-    def add_merged(self, clip_id: str, split: str, inputs_embeds: torch.Tensor,
-                   modality: torch.Tensor, position_ids: torch.Tensor | None = None, *,
-                   refs_av: Sequence[str], refs_v: Sequence[str] = (),
-                   refs_a: Sequence[str] = (), info: dict | None = None) -> None:
-        """A clip as a real model's decoder reads it (e.g. ``avex.adapters.adapt`` of one
-        row, padding removed): its merged ``inputs_embeds`` [L, D], modality codes [L] and, for
-        a model with its own positions, ``position_ids`` [..., L] (M-RoPE: [3, L]). The AV rows
-        are also stored as ``visual`` / ``audio`` and the text before the first AV token as
-        the prompt prefix, the rest of the text as the suffix, so every reader of the plain
-        format still works; the captioner reads the merged sequence as it is."""
-        if not isinstance(inputs_embeds, torch.Tensor) or inputs_embeds.dim() != 2 \
-                or inputs_embeds.shape[1] != self.dim or not inputs_embeds.is_floating_point():
-            shape = list(inputs_embeds.shape) if isinstance(inputs_embeds, torch.Tensor) \
-                else type(inputs_embeds).__name__
-            raise ValueError(f"inputs_embeds for clip {clip_id!r} must be a float tensor "
-                             f"[L, {self.dim}], got {shape}")
-        length = inputs_embeds.shape[0]
-        if not isinstance(modality, torch.Tensor) or modality.shape != (length,) \
-                or modality.is_floating_point():
-            shape = list(modality.shape) if isinstance(modality, torch.Tensor) else modality
-            raise ValueError(f"modality for clip {clip_id!r} must be an int tensor [{length}], "
-                             f"got {shape}")
-        if bool(((modality < 0) | (modality > 2)).any()):
-            raise ValueError(f"modality for clip {clip_id!r} must hold 0 (visual), 1 (audio) "
-                             f"or 2 (text) (no padding), got {sorted(set(modality.tolist()))}")
-        if not bool((modality == 2).any()):
-            raise ValueError(f"modality for clip {clip_id!r} has no text token (code 2)")
-        tensors = {"merged_embeds": _owned(inputs_embeds, self.dtype),
-                   "merged_modality": _owned(modality, torch.int8)}
-        rank = None
-        if position_ids is not None:
-            if not isinstance(position_ids, torch.Tensor) or position_ids.is_floating_point() \
-                    or position_ids.dim() < 1 or position_ids.shape[-1] != length:
-                shape = list(position_ids.shape) if isinstance(position_ids, torch.Tensor) \
-                    else position_ids
-                raise ValueError(f"position_ids for clip {clip_id!r} must be an int tensor "
-                                 f"[..., {length}], got {shape}")
-            tensors["merged_position_ids"] = _owned(position_ids, torch.int64)
-            rank = position_ids.dim()
-        embeds, codes = tensors["merged_embeds"], modality.cpu()
-        av = torch.nonzero(codes != 2).flatten()
-        first_av = int(av[0]) if av.numel() else length
-        is_text = codes == 2
-        before = is_text & (torch.arange(length) < first_av)
-        self.add(clip_id, split, embeds[codes == 0], embeds[codes == 1], refs_av=refs_av,
-                 refs_v=refs_v, refs_a=refs_a, prompt_prefix_embeds=embeds[before],
-                 prompt_suffix_embeds=embeds[is_text & ~before], info=info,
-                 _merged=(tensors, {"length": length, "position_rank": rank}))
-
-    def _flush(self, split: str) -> None:
-        items = self._pending.pop(split, [])
-        if not items:
-            return
-        index = self._shard_count.get(split, 0)
-        self._shard_count[split] = index + 1
-        relative = f"{SHARD_DIR}/{split}-{index:05d}.safetensors"
-        tensors = {}
-        for row, clip_tensors in items:
-            row["shard"] = relative
-            tensors.update(clip_tensors)
-            self._rows.append(row)
-        path = self.staging / relative
-        # one metadata key only: safetensors writes the metadata map in hash order, so two
-        # keys would make byte-identical rebuilds impossible
-        save_file(tensors, str(path), metadata={"format": f"{FORMAT_NAME}/{FORMAT_VERSION}"})
-        self._shards[relative] = {"bytes": path.stat().st_size, "sha256": _sha256(path),
-                                  "clips": len(items)}
-
-    def close(self) -> Path:
-        if self._closed:
-            return self.root
-        for split in list(self._pending):
-            self._flush(split)
-        if not self._rows:
-            raise ValueError("no clips were added; an empty cache is not written")
-        order = {s: i for i, s in enumerate(SPLITS)}
-        self._rows.sort(key=lambda r: (order[r["split"]], r["shard"]))
-        with open(self.staging / MANIFEST_FILE, "w", encoding="utf-8") as handle:
-            for row in self._rows:
-                handle.write(json.dumps(row, ensure_ascii=True) + "\n")
-        counts = {s: sum(r["split"] == s for r in self._rows) for s in SPLITS}
-        meta = {
-            "format": FORMAT_NAME,
-            "version": FORMAT_VERSION,
-            "dim": self.dim,
-            "dtype": {v: k for k, v in FLOAT_DTYPES.items()}[self.dtype],
-            "n_frames": self.n_frames,
-            "tokenizer": self.tokenizer,
-            "token_order": ["video", "audio"],
-            "splits": {s: n for s, n in counts.items() if n},
-            "shards": dict(sorted(self._shards.items())),
-            "source": self.source,
-        }
-        with open(self.staging / META_FILE, "w", encoding="utf-8") as handle:
-            json.dump(meta, handle, indent=1, sort_keys=True)
-            handle.write("\n")
-        check_replaceable(self.root, self.overwrite, when="appeared while writing: ")
-        if is_feature_cache(self.root):
-            # the old cache moves aside first: a cache is at root at every moment
-            old = self.root.parent / f".{self.root.name}.old-{os.getpid()}"
-            os.replace(self.root, old)
-            os.replace(self.staging, self.root)
-            shutil.rmtree(old)
-        else:   # absent, or an empty folder (a rename replaces an empty folder)
-            os.replace(self.staging, self.root)
-        self._closed = True
-        return self.root
-
-    def abort(self) -> None:
-        shutil.rmtree(self.staging, ignore_errors=True)
-        self._closed = True
-
-    def __enter__(self) -> "CacheWriter":
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            try:
-                self.close()
-            except BaseException:   # the staging folder never outlives a failed close
-                self.abort()
-                raise
-        else:
-            self.abort()
-
-
-# ---------------------------------------------------------------------------------------------
-# reading
-# ---------------------------------------------------------------------------------------------
 
 def _read_meta(root: Path) -> CacheMeta:
     path = root / META_FILE
@@ -497,7 +52,7 @@ def _read_meta(root: Path) -> CacheMeta:
             raise CacheError(f"{path}: shards[{name!r}] must be an object with 'bytes', "
                              f"'sha256' and 'clips', got {record!r}")
         for key in ("bytes", "clips"):
-            if key in record and not _count(record[key]):
+            if key in record and not is_count(record[key]):
                 raise CacheError(f"{path}: shards[{name!r}][{key!r}] must be an int >= 0, "
                                  f"got {record[key]!r}")
         sha = record.get("sha256")
@@ -505,10 +60,10 @@ def _read_meta(root: Path) -> CacheMeta:
             raise CacheError(f"{path}: shards[{name!r}]['sha256'] must be 64 hex digits, got "
                              f"{sha!r}")
     n_frames = raw.get("n_frames")
-    if n_frames is not None and not (_count(n_frames) and n_frames >= 1):
+    if n_frames is not None and not (is_count(n_frames) and n_frames >= 1):
         raise CacheError(f"{path}: 'n_frames' must be a positive int or null, got {n_frames!r}")
     splits = raw.get("splits", {})
-    if not isinstance(splits, dict) or not all(k in SPLITS and _count(v)
+    if not isinstance(splits, dict) or not all(k in SPLITS and is_count(v)
                                                for k, v in splits.items()):
         raise CacheError(f"{path}: 'splits' must map split names {list(SPLITS)} to clip counts "
                          f"(ints >= 0), got {splits!r}")
@@ -522,27 +77,6 @@ def _read_meta(root: Path) -> CacheMeta:
                      shards=shards, source=raw.get("source", {}))
 
 
-def _count(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def json_lines(path, error: type = ValueError, unit: str = "row"):
-    """(line number, object) of each non-blank line of the JSON-lines file ``path``; a line
-    that is not a JSON object raises ``error`` naming the file and the ``unit`` ("row 3")."""
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                value = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise error(f"{path} {unit} {number}: not valid JSON ({err})") from None
-            if not isinstance(value, dict):
-                raise error(f"{path} {unit} {number}: must be a JSON object, got "
-                            f"{type(value).__name__}")
-            yield number, value
-
-
 def _read_manifest(root: Path) -> list[dict]:
     path = root / MANIFEST_FILE
     if not path.is_file():
@@ -551,37 +85,37 @@ def _read_manifest(root: Path) -> list[dict]:
     for line_no, row in json_lines(path, CacheError):
         missing = [k for k in REQUIRED_ROW_FIELDS if k not in row]
         if missing:
-            raise CacheError(f"{_where(path, line_no, row.get('clip_id'))}: missing "
+            raise CacheError(f"{location(path, line_no, row.get('clip_id'))}: missing "
                              f"field(s) {missing}")
         clip_id = row["clip_id"]
         if not isinstance(clip_id, str) or not CLIP_ID_PATTERN.match(clip_id):
-            raise CacheError(f"{_where(path, line_no)}: clip_id {clip_id!r} must match "
+            raise CacheError(f"{location(path, line_no)}: clip_id {clip_id!r} must match "
                              "[A-Za-z0-9_.-]{1,200}")
         if clip_id in seen:
-            raise CacheError(f"{_where(path, line_no, clip_id)}: duplicate clip_id (first "
+            raise CacheError(f"{location(path, line_no, clip_id)}: duplicate clip_id (first "
                              f"on row {seen[clip_id]})")
         seen[clip_id] = line_no
         if row["split"] not in SPLITS:
-            raise CacheError(f"{_where(path, line_no, clip_id)}: split must be one of "
+            raise CacheError(f"{location(path, line_no, clip_id)}: split must be one of "
                              f"{list(SPLITS)}, got {row['split']!r}")
         for key in ("n_visual", "n_audio"):
             value = row[key]
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise CacheError(f"{_where(path, line_no, clip_id)}: {key} must be an int "
+                raise CacheError(f"{location(path, line_no, clip_id)}: {key} must be an int "
                                  f">= 0, got {value!r}")
         for key in ("refs_av", "refs_v", "refs_a"):
             refs = row[key]
             if not isinstance(refs, list) or not all(isinstance(r, str) and r.strip()
                                                      for r in refs):
-                raise CacheError(f"{_where(path, line_no, clip_id)}: {key} must be a list "
+                raise CacheError(f"{location(path, line_no, clip_id)}: {key} must be a list "
                                  f"of non-empty strings, got {refs!r}")
         for key in ("info", "prompt"):
             if key in row and not isinstance(row[key], dict):
-                raise CacheError(f"{_where(path, line_no, clip_id)}: {key} must be an "
+                raise CacheError(f"{location(path, line_no, clip_id)}: {key} must be an "
                                  f"object, got {row[key]!r}")
         shard = row["shard"]
         if not isinstance(shard, str) or Path(shard).is_absolute() or ".." in Path(shard).parts:
-            raise CacheError(f"{_where(path, line_no, clip_id)}: shard must be a path "
+            raise CacheError(f"{location(path, line_no, clip_id)}: shard must be a path "
                              f"inside the cache, got {shard!r}")
         row["_line"] = line_no
         rows.append(row)
@@ -606,14 +140,10 @@ def _read_stamp(path: Path, version: str) -> dict:
 def _write_stamp(path: Path, version: str, shards: dict) -> bool:
     """Write the stamp atomically (a temporary file, then a rename); False where the cache
     can't be written."""
-    temporary = path.with_name(f"{path.name}.tmp-{os.getpid()}")
     try:
-        temporary.write_text(json.dumps({"format": STAMP_FORMAT, "avex_version": version,
-                                         "shards": shards}, indent=1, sort_keys=True) + "\n",
-                             encoding="utf-8")
-        os.replace(temporary, path)
+        write_json_atomically(path, {"format": STAMP_FORMAT, "avex_version": version,
+                                     "shards": shards}, indent=1, sort_keys=True)
     except OSError:
-        temporary.unlink(missing_ok=True)
         return False
     return True
 
@@ -681,7 +211,7 @@ class FeatureCache:
                                  f"clips but {MANIFEST_FILE} names it in {rows} rows")
 
     def _row_where(self, row: dict) -> str:
-        return _where(self.root / MANIFEST_FILE, row["_line"], row["clip_id"])
+        return location(self.root / MANIFEST_FILE, row["_line"], row["clip_id"])
 
     def _shard_path(self, row: dict) -> Path:
         path = self.root / row["shard"]
@@ -808,7 +338,7 @@ class FeatureCache:
         if expected is None:
             raise CacheError(f"{path}: meta.json records no sha256 for this shard; cannot "
                              f"verify it (named by {self._row_where(row)})")
-        if _sha256(path) != expected:
+        if file_sha256(path) != expected:
             raise CacheError(f"{path}: corrupted shard, SHA-256 differs from meta.json (named by "
                              f"{self._row_where(row)})")
         self._hashed.add(row["shard"])
@@ -908,7 +438,7 @@ class FeatureCache:
             raise CacheError(f"{where} has dtype {tensor.dtype} but meta.json 'dtype' is "
                              f"{self.meta.dtype}")
         try:
-            _check_finite(tensor, where)
+            check_finite(tensor, where)
         except ValueError as err:
             raise CacheError(str(err) + "; the cache is corrupt, rebuild or re-export it") from None
 

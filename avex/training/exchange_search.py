@@ -122,7 +122,7 @@ def propose(scores: torch.Tensor, keep: torch.Tensor, modality: torch.Tensor,
 
 class Rewards(NamedTuple):
     """Rewards of sets [B, S] as the reward function gives them: ``reward``, and ``cider`` /
-    ``fidelity`` where computed (:class:`avex.train_steps.SetRewards` has these fields)."""
+    ``fidelity`` where computed (:class:`avex.training.steps.SetRewards` has these fields)."""
     reward: torch.Tensor
     cider: torch.Tensor | None
     fidelity: torch.Tensor | None

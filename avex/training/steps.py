@@ -25,19 +25,19 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from avex.config import TrainConfig
-from avex.distributed import unwrap
-from avex.exchange_diagnostics import anchor_statistics, exchange_statistics, grad_norm
-from avex.exchange_search import distill_loss, run_search, swap_delta_f
 from avex.fidelity import break_ties, fidelity_reward
 from avex.kernels import build_exchanges, gumbel_topk
-from avex.losses import (SATURATION_POINTS, anchored_policy_gradient_loss_unchecked,
-                         exchange_terms_unchecked, group_normalized_loss_unchecked,
-                         leave_one_out_loss_unchecked, saturation_for,
-                         set_level_loss_unchecked)
 from avex.modality import AUDIO, VISUAL
 from avex.scoring import caption_split, keep_all
 from avex.selection import AVLayout, balanced_attention_keep, indices_to_keep, topk_keep
+from avex.training.config import TrainConfig
+from avex.training.distributed import unwrap
+from avex.training.exchange_diagnostics import anchor_statistics, exchange_statistics, grad_norm
+from avex.training.exchange_search import distill_loss, run_search, swap_delta_f
+from avex.training.losses import (SATURATION_POINTS, anchored_policy_gradient_loss_unchecked,
+                                  exchange_terms_unchecked, group_normalized_loss_unchecked,
+                                  leave_one_out_loss_unchecked, saturation_for,
+                                  set_level_loss_unchecked)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -61,7 +61,7 @@ def batch_indices(step: int, batch_size: int, n: int, seed: int, phase: str) -> 
 
 def micro_batches(indices: list[int], micro: int, procs) -> list[list[int]]:
     """This rank's micro-batches of a global batch (rank r takes chunks r, r + W, ...;
-    ``procs``: an :class:`avex.distributed.Processes`)."""
+    ``procs``: an :class:`avex.training.distributed.Processes`)."""
     chunks = [indices[i:i + micro] for i in range(0, len(indices), micro)]
     return chunks[procs.rank::procs.world]
 
@@ -89,8 +89,9 @@ def warmup_targets(scores: dict, clips, retentions) -> list[torch.Tensor]:
     """Per clip, float [M]: the share of ``retentions`` at which each AV token is in the
     balanced keep-set of the teacher's scores (:func:`avex.selection.balanced_attention_keep`).
     One retention gives the 0/1 set; several give a graded target whose order serves every one
-    of them. ``scores`` maps clip_id -> float [M] (:func:`avex.teachers.teacher_scores`: by
-    default ``FrozenCaptioner.cached_text_to_av_attention``)."""
+    of them. ``scores`` maps clip_id -> float [M]
+    (:func:`avex.training.warmup_teachers.teacher_scores`: by default
+    ``FrozenCaptioner.cached_text_to_av_attention``)."""
     return [torch.stack([balanced_attention_keep(scores[clip.clip_id], clip.n_visual,
                                                  clip.n_audio, r, av_modality=_av_order(clip)
                                                  ).float()
@@ -380,8 +381,8 @@ def search_loss(cfg: TrainConfig, policy, captioner, cider, batch, clips, seed: 
                 saturation: float = SATURATION_POINTS, full_tokens: list | None = None,
                 diagnose: bool = False) -> dict:
     """The exchange-search arm's losses of one micro-batch (``cfg.exchange_search``;
-    :mod:`avex.exchange_search`): a search from the policy's Top-K set, every swap it scored
-    trained with the exchange term's pairwise loss (w's ``saturation``), plus
+    :mod:`avex.training.exchange_search`): a search from the policy's Top-K set, every swap it
+    scored trained with the exchange term's pairwise loss (w's ``saturation``), plus
     ``cfg.distill_weight`` x the loss toward the final set on the clips where the search beat
     Top-K. Every set is rewarded by ``cfg.reward`` (:func:`set_rewards`); ``diagnose`` also
     captions the first call's sets for CIDEr under a fidelity reward. The terms' ``search_*``

@@ -41,8 +41,7 @@ import numpy as np
 import torch
 
 from avex.figures import save_figure
-from avex.run_files import (EXCHANGE_DIAGNOSTICS_FIGURE, EXCHANGE_DIAGNOSTICS_FILE,
-                             METRICS_FILE)
+from avex.run_files import EXCHANGE_DIAGNOSTICS_FIGURE, EXCHANGE_DIAGNOSTICS_FILE, METRICS_FILE
 
 STATISTICS = ("zero", "disagree", "positive", "g_over_k", "valid", "cider_zero", "agree")
 ANCHOR_STATISTICS = ("tied", "cider_tied", "agree", "cider_mean")
@@ -211,6 +210,24 @@ def _type_label(name: str) -> str:
     return "L_ex" if name == "total" else f"{name[0].upper()}>{name[1].upper()}"
 
 
+def _panels(reward_records: list, exchange_records: list) -> list[tuple[str, str]]:
+    """(statistic, title) of each panel :func:`plot` draws for these records."""
+    panels = []
+    if reward_records:
+        panels.append(("ties", "share of RL groups whose anchors all tie"))
+    if exchange_records:
+        panels += [("zero", "share of dR = 0"), ("disagree", "share disagreeing with the ranking"),
+                   ("g_over_k", "mean g / K"),
+                   ("grad_ratio", "||grad lambda L_ex,type|| / ||grad L_RL||")]
+    has_agreement = any(m.get("agree") is not None for r in reward_records
+                        for m in r["reward_diagnostics"]) or any(
+        t.get("agree") is not None for r in exchange_records for m in r["exchange_diagnostics"]
+        for t in m["types"].values())
+    if has_agreement:
+        panels.append(("agree", "share of dense dR with CIDEr's sign (CIDEr dR != 0)"))
+    return panels
+
+
 def plot(metrics_path, path) -> Path | None:
     """Panels against the RL step (10-step running means): the share of RL groups whose anchors
     all tie, per retention (CIDEr's dashed, where computed); with exchanges, per type, the
@@ -225,19 +242,7 @@ def plot(metrics_path, path) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = []
-    if reward_records:
-        panels.append(("ties", "share of RL groups whose anchors all tie"))
-    if exchange_records:
-        panels += [("zero", "share of dR = 0"), ("disagree", "share disagreeing with the ranking"),
-                   ("g_over_k", "mean g / K"),
-                   ("grad_ratio", "||grad lambda L_ex,type|| / ||grad L_RL||")]
-    has_agreement = any(m.get("agree") is not None for r in reward_records
-                        for m in r["reward_diagnostics"]) or any(
-        t.get("agree") is not None for r in exchange_records for m in r["exchange_diagnostics"]
-        for t in m["types"].values())
-    if has_agreement:
-        panels.append(("agree", "share of dense dR with CIDEr's sign (CIDEr dR != 0)"))
+    panels = _panels(reward_records, exchange_records)
     columns = 1 if len(panels) == 1 else 2 if len(panels) <= 4 else 3
     rows = -(-len(panels) // columns)
     fig, axes = plt.subplots(rows, columns, figsize=(5.5 * columns, 3.5 * rows), squeeze=False)

@@ -14,13 +14,13 @@ import torch
 from safetensors.torch import load_file
 
 from avex import metrics
-from avex.config import TrainConfig
 from avex.fidelity import fidelity_split, full_captions
-from avex.judge import judge_line, judge_record
+from avex.judge_identity import judge_line, judge_record
 from avex.methods import label, load_policy, make_selector, policy_selector
 from avex.run_files import RESULTS_JSON, RESULTS_MD, WARMUP_POLICY_FILE
 from avex.scoring import caption_and_score, keep_all
 from avex.tables import markdown_table
+from avex.training.config import TrainConfig
 
 
 @torch.no_grad()

@@ -10,7 +10,7 @@ Every public function checks its shapes, dtypes (``valid`` is bool) and devices 
 refuses NaN or inf where it would reach the loss; values in slots that ``valid`` masks out are
 never read, so they can't reach the loss or its gradient. The ``*_unchecked`` forms are the same
 arithmetic without the checks (whose host syncs cost every micro-batch), for a caller whose
-inputs are built by this package: training's step (:mod:`avex.train_steps`), as the kernels'
+inputs are built by this package: training's step (:mod:`avex.training.steps`), as the kernels'
 ``*_unchecked`` forms are.
 """
 from __future__ import annotations

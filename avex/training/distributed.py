@@ -8,7 +8,7 @@ from contextlib import nullcontext
 import torch
 import torch.distributed as torch_dist
 
-from avex.config import TrainConfig
+from avex.training.config import TrainConfig
 
 
 class Processes:

@@ -1,5 +1,5 @@
 """Warmup teachers (issue #36 item 6): the per-token scores whose balanced keep-sets the policy's
-warmup imitates (:func:`avex.train_steps.warmup_targets`). ``--warmup-teacher`` picks one:
+warmup imitates (:func:`avex.training.steps.warmup_targets`). ``--warmup-teacher`` picks one:
 
 * ``prompt-attention`` (the default): the prompt suffix's attention to each AV token in the
   full-token prefill (:meth:`FrozenCaptioner.cached_text_to_av_attention`);
@@ -20,22 +20,21 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import zlib
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
 from avex import _checks
-from avex.config import WARMUP_TEACHERS
 from avex.fidelity import fidelity_reward, full_captions, full_captions_key
+from avex.files import save_tensors_atomically
 from avex.modality import AUDIO, PAD, VISUAL
 from avex.paths import warmup_teachers_dir
 from avex.progress import progress_bar
 from avex.pruning import forward
 from avex.selection import AVLayout, num_kept
+from avex.training.config import WARMUP_TEACHERS
 
 __all__ = ["WARMUP_TEACHERS", "GAIN_BASE_RETENTION", "GAIN_BASE_SETS", "teacher_scores",
            "teacher_scores_path", "caption_attention", "fidelity_gains", "gain_bases"]
@@ -168,9 +167,7 @@ def teacher_scores(teacher: str, captioner, cache, split: str, *, num_beams: int
                          max_new_tokens=max_new_tokens, cache_dir=cache_dir, progress=progress)
     scores = _compute(teacher, captioner, cache.split(split), full, batch_size, progress)
     path.parent.mkdir(parents=True, exist_ok=True)
-    staging = path.with_suffix(f".tmp-{os.getpid()}")
-    save_file(scores, str(staging), metadata={"identity": json.dumps(identity)})
-    os.replace(staging, path)
+    save_tensors_atomically(path, scores, metadata={"identity": json.dumps(identity)})
     return scores
 
 

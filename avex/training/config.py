@@ -22,7 +22,7 @@ EXCHANGE_TYPES = ("vv", "aa", "va", "av")
 #: what a kept set is rewarded by (docs/training.md, "Rewards"; avex.fidelity)
 REWARDS = ("cider", "fidelity", "cider+fidelity")
 FIDELITY_FORMS = ("logp", "margin")
-#: what the warmup imitates (docs/training.md, "Warmup teachers"; avex.teachers.WARMUP_TEACHERS)
+#: what the warmup imitates (docs/training.md, "Warmup teachers"; warmup_teachers.py beside this)
 WARMUP_TEACHERS = ("prompt-attention", "caption-attention", "fidelity-gain")
 
 PRESETS = {
@@ -114,12 +114,12 @@ class TrainConfig:
     lambda_target: float = 0.0        # weight of the warmup BCE kept on during RL (an anchor)
     lambda_best: float = 0.0          # weight of a BCE toward each clip's best-rewarded anchor
     warmup_from: str | None = None    # a run directory: start from its warmup policy, skip ours
-    # the scores whose balanced keep-sets the warmup imitates (avex/teachers.py): the prompt's
+    # the scores whose balanced keep-sets the warmup imitates (warmup_teachers.py): the prompt's
     # attention to the AV tokens in the full-token prefill ("prompt-attention"), y_full's
     # teacher-forced attention to them ("caption-attention") or each token's counterfactual
     # gain under the fidelity reward ("fidelity-gain"); issue #36 item 6
     warmup_teacher: str = "prompt-attention"
-    # exchange search + distillation (issue #36 item 4; avex/exchange_search.py), instead of
+    # exchange search + distillation (issue #36 item 4; training/exchange_search.py), instead of
     # L_RL: per clip, a local search of exchanges from the policy's Top-K set, the pairwise
     # exchange loss on every swap it scores, and a loss toward the set it ends on.
     # 1 + search_candidates sets rewarded per clip per step, in search_rounds reward calls
@@ -273,7 +273,7 @@ class TrainConfig:
                              f"--{arm.replace('_', '-')}")
 
     def _validate_search(self) -> None:
-        """The exchange search's settings (:mod:`avex.exchange_search`)."""
+        """The exchange search's settings (:mod:`avex.training.exchange_search`)."""
         _checks.flag("exchange_search", self.exchange_search)
         _checks.int_at_least("search_rounds", self.search_rounds, 1)
         _checks.int_at_least("search_candidates", self.search_candidates, 1)
