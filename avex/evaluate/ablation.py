@@ -36,9 +36,9 @@ TABLE3_EXCHANGES = {"exchanges": True, "anchors": 4, "exchange_anchors": "first"
 PAPER_OBJECTIVE = {"exchanges": True, "rl_estimator": "paper", "lambda_ex": 1.0, "tau": 1.0,
                    "anchors": 4, "exchange_anchors": "each", "g_fraction": 0.125,
                    "exchange_saturation": None, "normalize_exchange": True}
-#: The exchange search arm at the matched budget (avex/exchange_search.py): 1 + 7 rewarded
-#: sets per clip per step, in 2 reward calls (4 candidates, then 3). Distillation weight 0
-#: (the pairwise loss over every evaluated swap alone): the best of 1, 0.1 and 0 in the
+#: The exchange search arm at the matched budget (avex/training/exchange_search.py): 1 + 7
+#: rewarded sets per clip per step, in 2 reward calls (4 candidates, then 3). Distillation
+#: weight 0 (the pairwise loss over every evaluated swap alone): the best of 1, 0.1 and 0 in the
 #: one-seed val pilot (results/exchange-search-pilot.md), the only one level with arm A at 20%.
 EXCHANGE_SEARCH = {"exchanges": False, "exchange_search": True, "search_rounds": 2,
                    "search_candidates": 7, "distill_weight": 0.0}
@@ -82,8 +82,9 @@ ABLATIONS = {
     "D": (f"D: A with set-aware selection (redundancy {SET_AWARE['redundancy']:g})",
           "✗ ✗ ✗ ✗", SET_AWARE),
 }
-#: issue #36 item 6: the warmup alone, from each of the other warmup teachers (avex/teachers.py);
-#: each trains its own warmup and is scored at its warmup checkpoint, as "warmup" is
+#: issue #36 item 6: the warmup alone, from each of the other warmup teachers
+#: (avex/training/warmup_teachers.py); each trains its own warmup and is scored at its warmup
+#: checkpoint, as "warmup" is
 ABLATIONS["warmup-capattn"] = ("Warmup only, caption-attention teacher", "✗ ✗ ✗ ✗",
                                {"warmup_only": True, "warmup_teacher": "caption-attention"})
 ABLATIONS["warmup-fidgain"] = ("Warmup only, fidelity-gain teacher", "✗ ✗ ✗ ✗",
