@@ -101,3 +101,18 @@ def test_a_missing_arm_is_named(decider, tmp_path):
     ablation, sweep = write(tmp_path, {})
     with pytest.raises(ValueError, match=r"lacks the arms \['D-fid'\]"):
         run(decider, ablation, sweep)
+
+
+def test_a_sweep_without_a_recorded_split_is_read_by_its_command(decider, tmp_path):
+    _, sweep = write(tmp_path, {"D-fid": {}})
+    data = json.loads(sweep.read_text())
+    del data["settings"]["split"]
+    for command, ok in (("python -m avex.evaluate sweep --seeds 0,1,2", True),
+                        ("python -m avex.evaluate sweep --split test", True),
+                        ("python -m avex.evaluate sweep --split val --seeds 0", False)):
+        sweep.write_text(json.dumps({**data, "command": command}))
+        if ok:
+            assert decider.load(sweep, "sweep")["kind"] == "sweep"
+        else:
+            with pytest.raises(ValueError, match="split 'val'"):
+                decider.load(sweep, "sweep")

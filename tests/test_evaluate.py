@@ -48,7 +48,9 @@ def test_relative_performance_is_the_papers_definition():
 @pytest.mark.slow
 def test_sweep_writes_table_json_figure_and_examples(trained_sweep):
     out, result = trained_sweep
-    rows = json.loads((out / "sweep.json").read_text())["rows"]
+    saved = json.loads((out / "sweep.json").read_text())
+    rows = saved["rows"]
+    assert saved["settings"]["split"] == "test"    # what was scored, for readers of the file
     assert [r["method"] for r in rows[:1]] == ["full"] and rows[0]["Rel"] == 100.0
     assert len(rows) == 1 + len(SELECTORS) * 2
     assert {(r["method"], r["retention"]) for r in rows[1:]} == \
