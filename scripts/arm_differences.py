@@ -11,7 +11,8 @@ of the project's decision rule (docs/evaluation.md, "Paired intervals"). ``--wit
 of arms the file lacks from another ablation.json of the same judge, split and clips (its
 full-token scores must be the file's, clip for clip), so an arm scored before need not be scored
 again; ``--with FILE@TAG`` adds every arm of FILE as ``ARM@TAG`` (an arm both files hold, trained
-two ways). Prints Markdown.
+two ways). ``--seeds 0`` keeps only those training seeds' rows of every arm (a one-seed
+setting against the same seed of the arm it varies). Prints Markdown.
 """
 from __future__ import annotations
 
@@ -66,6 +67,18 @@ def merge_rows(result: dict, other: dict, name: str, tag: str = "") -> dict:
                                                 if r["variant"] not in have]}
 
 
+def only_seeds(result: dict, seeds: str) -> dict:
+    """``result`` with the rows of the training seeds in ``seeds`` ("0,2") alone."""
+    try:
+        keep = {int(s) for s in seeds.split(",") if s.strip()}
+    except ValueError:
+        raise ValueError(f"--seeds must be comma-separated integers, got {seeds!r}") from None
+    rows = [r for r in result["rows"] if r.get("seed") in keep]
+    if not rows:
+        raise ValueError(f"--seeds {seeds}: no row has those training seeds")
+    return {**result, "rows": rows}
+
+
 def arm_differences(result: dict, pairs) -> str:
     """One table per first arm of ``pairs``: X − each of its Y at every retention of
     ``result`` (an ablation.json's contents), then each cell's verdict under the rule."""
@@ -96,6 +109,8 @@ def main(argv=None) -> str:
     parser.add_argument("--with", dest="others", action="append", default=[],
                         help="another ablation.json whose arms the file lacks are added; "
                              "FILE@TAG adds all of its arms as ARM@TAG")
+    parser.add_argument("--seeds", default=None,
+                        help="keep only these training seeds' rows (comma-separated)")
     args = parser.parse_args(argv)
     split = (o.rpartition("@") if "@" in o else (o, "", "") for o in args.others)
     others = [(Path(path), tag) for path, _, tag in split]
@@ -106,6 +121,8 @@ def main(argv=None) -> str:
         result = json.loads(args.file.read_text())
         for path, tag in others:
             result = merge_rows(result, json.loads(path.read_text()), str(path), tag)
+        if args.seeds is not None:
+            result = only_seeds(result, args.seeds)
         text = arm_differences(result, args.pairs)
     except ValueError as err:
         parser.error(str(err))

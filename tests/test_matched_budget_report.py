@@ -144,3 +144,21 @@ def test_arm_differences_take_missing_arms_from_another_file_of_the_same_judge(a
         arm_script.main([str(tmp_path / "new.json"), "--with", str(tmp_path / "other.json"),
                          "--pairs", "B:A"])
     assert "its full-token scores differ from the file's" in capsys.readouterr().err
+
+
+def test_arm_differences_restricted_to_one_seed_pair_that_seed_alone(arm_script, tmp_path,
+                                                                      capsys):
+    """--seeds 1: the interval is seed 1's own B − A (one row a side), not the 3-seed one."""
+    path = ablation_json(tmp_path, 6.0)
+    data = json.loads(path.read_text())
+    one = arm_script.only_seeds(data, "1")
+    assert {r["seed"] for r in one["rows"]} == {1}
+    text = arm_script.main([str(path), "--pairs", "B:A", "--seeds", "1"])
+    b = [r for r in data["rows"] if r["variant"] == "B" and r["seed"] == 1
+         and r["retention"] == 0.4][0]["C_av"]
+    a = [r for r in data["rows"] if r["variant"] == "A" and r["seed"] == 1
+         and r["retention"] == 0.4][0]["C_av"]
+    assert f"{b - a:+.1f} [" in text
+    with pytest.raises(SystemExit):
+        arm_script.main([str(path), "--pairs", "B:A", "--seeds", "7"])
+    assert "no row has those training seeds" in capsys.readouterr().err
