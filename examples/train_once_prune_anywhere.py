@@ -296,11 +296,10 @@ def serve(model, processor, policy, media_file: Path, retention: float = RETENTI
     policy's Top-K and compaction, then generate. Returns (adapted inputs, pruned inputs,
     generated ids)."""
     from avex.adapters import adapt, processor_inputs
-    from avex.data.export import ExportSettings
-    from avex.data.media import read_media
+    from avex.data.media import MediaSettings, read_media
     from avex.pruning import generate
 
-    settings = ExportSettings()   # what python -m avex.data export used: its defaults
+    settings = MediaSettings()    # how python -m avex.data export read the media: its defaults
     rate = processor.feature_extractor.sampling_rate if hasattr(processor,
                                                                 "feature_extractor") else None
     media = read_media(media_file, fps=settings.fps, max_frames=settings.max_frames,

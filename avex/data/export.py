@@ -57,7 +57,7 @@ from avex.adapters._export import family_processor_inputs, unusable_kind
 from avex.data.cache import CacheWriter, FeatureCache, check_replaceable
 from avex.data.captions import CaptionRow, ExportError, media_rows, read_captions
 from avex.data.identity import settings_sha256, tokenizer_record, weights_sha256
-from avex.data.media import MediaError, check_media, probe, read_media
+from avex.data.media import MediaError, MediaSettings, check_media, probe, read_media
 from avex.data.parts import ExportLock, merge_parts, partial_dir, remove_stale
 from avex.data.processor import with_frames_video_processor
 from avex.files import save_tensors_atomically, write_json_atomically
@@ -87,24 +87,15 @@ class ExportInterrupted(KeyboardInterrupt):
 
 
 @dataclass
-class ExportSettings:
-    """How media become processor inputs. ``prompt``: the text after the media (the request
-    the model answers with a caption); ``fps`` / ``max_frames``: video frame sampling (a video
-    too long for ``max_frames`` frames at ``fps`` is sampled evenly at a lower rate, and the
-    processor is told that rate); ``use_audio_in_video``: a video's audio track goes in with
-    it (Qwen2.5-Omni interleaves the two); ``dtype``: the cache's float type."""
-    prompt: str = "Describe what you see and hear."
-    fps: float = 2.0
-    max_frames: int | None = 32
-    use_audio_in_video: bool = True
+class ExportSettings(MediaSettings):
+    """How media become the cache's processor inputs: :class:`~avex.data.media.MediaSettings`
+    (prompt, frame sampling, audio in video: what a server reads a request with too), plus
+    ``dtype``: the cache's float type, and ``clips_per_shard``."""
     dtype: str = "float32"
     clips_per_shard: int = 256
 
     def validate(self) -> "ExportSettings":
-        _checks.text("prompt", self.prompt)
-        _checks.positive_float("fps", self.fps)
-        _checks.optional_int_at_least("max_frames", self.max_frames, 1)
-        _checks.flag("use_audio_in_video", self.use_audio_in_video)
+        super().validate()
         _checks.choice("dtype", self.dtype, tuple(DTYPES))
         _checks.int_at_least("clips_per_shard", self.clips_per_shard, 1)
         return self

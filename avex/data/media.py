@@ -13,13 +13,37 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["MediaError", "Media", "KINDS", "media_kind", "probe", "read_media", "check_media"]
+from avex import _checks
+
+__all__ = ["MediaError", "MediaSettings", "Media", "KINDS", "media_kind", "probe", "read_media",
+           "check_media"]
 
 VIDEO_SUFFIXES = (".mp4", ".mkv", ".webm", ".mov", ".avi", ".m4v")
 AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".mp3", ".m4a", ".aac", ".opus")
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".gif")
 SOUNDFILE_SUFFIXES = (".wav", ".flac", ".ogg")   # read with soundfile; the rest with PyAV
 KINDS = {"video": VIDEO_SUFFIXES, "audio": AUDIO_SUFFIXES, "image": IMAGE_SUFFIXES}
+
+
+@dataclass
+class MediaSettings:
+    """How a media file becomes a model's request, as ``python -m avex.data export`` reads it
+    and a server answering with the exported policy should too. ``prompt``: the text after the
+    media (the request the model answers with a caption); ``fps`` / ``max_frames``: video frame
+    sampling (a video too long for ``max_frames`` frames at ``fps`` is sampled evenly at a lower
+    rate, and the processor is told that rate); ``use_audio_in_video``: a video's audio track
+    goes in with it (Qwen2.5-Omni interleaves the two)."""
+    prompt: str = "Describe what you see and hear."
+    fps: float = 2.0
+    max_frames: int | None = 32
+    use_audio_in_video: bool = True
+
+    def validate(self) -> "MediaSettings":
+        _checks.text("prompt", self.prompt)
+        _checks.positive_float("fps", self.fps)
+        _checks.optional_int_at_least("max_frames", self.max_frames, 1)
+        _checks.flag("use_audio_in_video", self.use_audio_in_video)
+        return self
 
 
 class MediaError(ValueError):
