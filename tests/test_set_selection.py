@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 import avex
-from avex.evaluate.__main__ import main as evaluate_main
+from avex.evaluate.diagnose import sample_keep_sets
 from avex.kernels import gumbel_topk
 from avex.kernels.gumbel_topk_ref import gumbel_noise, shifted_logits
 from avex.methods.learned import policy_selector
@@ -440,17 +440,29 @@ def test_bad_settings_are_refused(tmp_path):
         avex.load_policy(tmp_path / "p", model=llm)
 
 
-def test_diagnose_refuses_a_set_aware_run(tmp_path, capsys):
-    """diagnose's oracles and samples rank tokens by score alone: a set-aware run is refused
-    before any work, naming the setting."""
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / "metrics.jsonl").write_text("")
-    (run / "config.json").write_text(json.dumps({"selection": "set-aware", "redundancy": 2.0}))
-    with pytest.raises(SystemExit):
-        evaluate_main(["diagnose", "--run", str(run), "--out", str(tmp_path / "out")])
-    assert "trained with selection 'set-aware'" in capsys.readouterr().err
-    assert not (tmp_path / "out").exists()
+def test_diagnose_samples_a_set_aware_policy_by_its_own_law():
+    """diagnose's best-of-N draws a set-aware policy's samples from the step-wise set-aware
+    law (its training anchors' distribution), and a Top-K policy's by Gumbel-Top-K."""
+    scores, hidden, _ = ragged_scores(5, rows=1, width=23, dim=6)
+    scores, hidden = scores[0], hidden[0]
+    for selection, redundancy in (("set-aware", 3.0), ("topk", 0.0)):
+        policy = AVEXPolicy(PolicyConfig(input_size=8, hidden_size=8, num_heads=2,
+                                         selection=selection, redundancy=redundancy))
+        keep = sample_keep_sets(scores, 7, 5, 0.5, 11, policy=policy, hidden=hidden)
+        rows = scores[None].expand(5, -1).contiguous()
+        budget = torch.full((5,), 7)
+        if selection == "set-aware":
+            expected = set_aware_indices(rows, hidden[None].expand(5, -1, -1).contiguous(),
+                                         budget, redundancy=3.0, tau=0.5, seed=11)
+        else:
+            expected, _ = gumbel_topk(rows, budget, tau=0.5, seed=11)
+        assert torch.equal(keep, indices_to_keep(expected, 23))
+        assert keep.sum(1).tolist() == [7] * 5
+    set_aware = AVEXPolicy(PolicyConfig(input_size=8, hidden_size=8, num_heads=2,
+                                        selection="set-aware", redundancy=3.0))
+    plain = sample_keep_sets(scores, 7, 5, 0.5, 11, policy=policy, hidden=hidden)
+    assert not torch.equal(plain, sample_keep_sets(scores, 7, 5, 0.5, 11, policy=set_aware,
+                                                   hidden=hidden))
 
 
 def tiny_run_args(cache_dir, run_dir, *extra):

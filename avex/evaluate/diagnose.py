@@ -15,10 +15,11 @@ At each retention, over the clips of one split:
   method may): "every role" keeps every subject, event and music token, "one per role" keeps
   one coloured subject token and each event's onset, then music; either is cut or filled to
   exactly K by the policy's scores;
-* **reference-free best-of-N**: N Gumbel-Top-K samples of the policy at the same K (its
-  training temperature); per clip, the sample under which the frozen captioner gives y_full the
-  highest mean teacher-forced log-likelihood, beside the mean sample and the best sample by
-  CIDEr (an oracle: it reads the references);
+* **reference-free best-of-N**: N samples of the policy at the same K (its training
+  temperature; Gumbel-Top-K, or the set-aware law for a policy trained with it); per clip,
+  the sample under which the frozen captioner gives y_full the highest mean teacher-forced
+  log-likelihood, beside the mean sample and the best sample by CIDEr (an oracle: it reads
+  the references);
 * **ties in training**: the share of RL groups whose anchors all tied, per retention, from the
   run's ``metrics.jsonl`` (``reward_diagnostics``, logged by ``python -m avex.train``).
 
@@ -50,7 +51,7 @@ from avex.methods.learned import recipe
 from avex.metrics import PER_CLIP, caption_metrics_by_reference_type
 from avex.paths import portable_command, relative_path
 from avex.progress import progress_bar
-from avex.run_files import CONFIG_FILE, METRICS_FILE, read_run_config, run_policy_weights
+from avex.run_files import METRICS_FILE, read_run_config, run_policy_weights
 from avex.selection import AVLayout, indices_to_keep
 from avex.training.exchange_diagnostics import summarize
 
@@ -73,10 +74,10 @@ ORACLES = ("every-role", "one-per-role")
 @dataclass
 class DiagnoseSettings(ExperimentSettings):
     """The diagnosis of the policy of ``run`` (a ``python -m avex.train`` run directory, its
-    latest checkpoint) at each of ``retentions`` on ``split``: ``samples`` (N) Gumbel-Top-K
-    samples per clip at temperature ``tau`` (None: the run's own), drawn from ``seed``;
-    ``ties_run``: the run whose ``metrics.jsonl`` gives the ties in training (default:
-    ``run``); the report is ``<out>/<name>.md``, ``.json`` and ``-ties.png``."""
+    latest checkpoint) at each of ``retentions`` on ``split``: ``samples`` (N) policy samples
+    per clip (by its own selection rule) at temperature ``tau`` (None: the run's own), drawn
+    from ``seed``; ``ties_run``: the run whose ``metrics.jsonl`` gives the ties in training
+    (default: ``run``); the report is ``<out>/<name>.md``, ``.json`` and ``-ties.png``."""
 
     run: str | None = None
     retentions: list = field(default_factory=lambda: list(RETENTIONS))
@@ -113,12 +114,6 @@ class DiagnoseSettings(ExperimentSettings):
         if not (Path(ties) / METRICS_FILE).is_file():
             flag = "ties_run" if self.ties_run is not None else "run"
             raise FileNotFoundError(f"{flag}: no {METRICS_FILE} in {ties!r}")
-        selection = (read_run_config(self.run).get("selection", "topk")
-                     if (Path(self.run) / CONFIG_FILE).is_file() else "topk")
-        if selection != "topk":  # the oracles and the samples rank tokens by score alone
-            raise ValueError(f"run: diagnose reads a policy's scores as a Top-K ranking, but "
-                             f"{self.run} trained with selection {selection!r}; diagnose a "
-                             "Top-K policy")
         if self.data != "embedded":
             check_annotated(FeatureCache(self.data), "data")
 
@@ -214,15 +209,20 @@ def tiered_keep(scores: torch.Tensor, valid: torch.Tensor, tiers, k: int) -> tor
     return keep
 
 
-def sample_keep_sets(scores: torch.Tensor, k: int, samples: int, tau: float,
-                     seed: int) -> torch.Tensor:
-    """bool [samples, M]: ``samples`` Gumbel-Top-K draws of ``k`` tokens from one row of policy
-    scores [M] at temperature ``tau`` (the training anchors' distribution), noise from
-    ``seed``."""
+def sample_keep_sets(scores: torch.Tensor, k: int, samples: int, tau: float, seed: int, *,
+                     policy=None, hidden: torch.Tensor | None = None) -> torch.Tensor:
+    """bool [samples, M]: ``samples`` draws of ``k`` tokens from one row of policy scores [M]
+    at temperature ``tau`` (the training anchors' distribution), noise from ``seed``: Gumbel-
+    Top-K, or the step-wise set-aware law of a ``policy`` trained with it (``hidden`` [M, D]:
+    the row's hidden states)."""
     _checks.tensor("scores", scores, ndim=1, floating=True)
     rows = scores[None].expand(samples, -1).contiguous()
     budget = torch.full((samples,), int(k), dtype=torch.long, device=scores.device)
-    indices, _ = gumbel_topk(rows, budget, tau=tau, seed=seed)
+    if policy is not None and policy.set_aware:
+        vectors = hidden[None].expand(samples, -1, -1).contiguous()
+        indices, _ = policy.select(rows, vectors, budget, tau=tau, seed=seed, sample=True)
+    else:
+        indices, _ = gumbel_topk(rows, budget, tau=tau, seed=seed)
     return indices_to_keep(indices, scores.shape[0])
 
 
@@ -374,7 +374,7 @@ def per_clip_cider(captions: list[str], clips) -> np.ndarray:
 @torch.no_grad()
 def caption_retention(settings, captioner, policy, clips, full, retention: float, tau: float,
                       colours: dict) -> dict:
-    """Every set of every clip at ``retention``: the policy's Top-K, the role oracles and
+    """Every set of every clip at ``retention``: the policy's own set, the role oracles and
     ``settings.samples`` policy samples, captioned in one generation per batch and scored by
     y_full's teacher-forced log-likelihood in one forward. Returns {"captions": name -> [clip]
     (``samples``: [clip][N]), "log_prob": name -> [clip] (``samples``: [clip, N]), "k": K}."""
@@ -388,10 +388,16 @@ def caption_retention(settings, captioner, policy, clips, full, retention: float
         chunk = clips[start:start + settings.batch_size]
         batch = captioner.embed(chunk)
         layout = AVLayout.of(batch.modality)
-        scores = layout.gather(policy.score(batch.inputs_embeds, batch.modality)).float()
+        hidden = None
+        if policy.set_aware:  # its sets read the hidden states too
+            scores, hidden = policy.score(batch.inputs_embeds, batch.modality, with_hidden=True)
+            hidden = layout.gather_vectors(hidden).float()
+        else:
+            scores = policy.score(batch.inputs_embeds, batch.modality)
+        scores = layout.gather(scores).float()
         budget = layout.budget(retention)
         valid = layout.modality >= 0
-        top, _ = gumbel_topk(scores, budget, sample=False)
+        top, _ = policy.select(scores, hidden, budget)   # the deployed set, by its own rule
         sets = [indices_to_keep(top, scores.shape[1])[:, None]]
         for rule in ORACLES:
             sets.append(torch.stack([
@@ -401,7 +407,8 @@ def caption_retention(settings, captioner, policy, clips, full, retention: float
                         .to(scores.device))
         sets.append(torch.stack([
             sample_keep_sets(scores[b], int(budget[b]), n, tau,
-                             sample_seed(settings.seed, clip.clip_id, retention))
+                             sample_seed(settings.seed, clip.clip_id, retention), policy=policy,
+                             hidden=None if hidden is None else hidden[b])
             for b, clip in enumerate(chunk)]))
         keep = torch.cat(sets, dim=1)                                      # [B, 3 + N, M]
         captions = captioner.caption_keep_sets(
