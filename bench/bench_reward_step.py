@@ -37,7 +37,7 @@ def step_inputs():
     if not (bench / "meta.json").is_file():
         pytest.skip(f"the default embedded benchmark is not built at {bench}; run "
                     "`python -m avex.train` (or avex.data.ensure_benchmark()) once first")
-    cfg = TrainConfig(progress=False)
+    cfg = TrainConfig(progress=False, selection="topk")   # the rewards on one selection
     cache, captioner, policy = load_run_inputs(cfg, bench, ensure_captioner(progress=False), DEVICE)
     train = cache.split("train")
     clips = [train[i] for i in range(cfg.micro_batch_size)]

@@ -272,8 +272,11 @@ def part_p9(rows: Rows, steps: int, preset: str, cache_dir: str | None, batch: i
     from avex.training.loop import load_run_inputs
     from avex.training.steps import batch_indices, rl_loss, sample_seed
 
+    # arm A's step (CIDEr, Top-K), the recipe P9's committed figure measured; the default's
+    # fidelity reward needs y_full per clip first (python -m avex.train caches it)
     cfg = TrainConfig(benchmark_preset=preset, captioner_preset=preset, cache_dir=cache_dir,
-                      batch_size=batch, micro_batch_size=micro, progress=False)
+                      batch_size=batch, micro_batch_size=micro, progress=False,
+                      reward="cider", selection="topk")
     t0 = time.perf_counter()
     data_path, captioner_path = resolve_asset_paths(
         cfg.data, cfg.captioner, benchmark_preset=preset, captioner_preset=preset,

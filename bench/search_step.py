@@ -116,8 +116,8 @@ def main(argv=None) -> None:
         parser.error(f"--rewards must name rewards from {list(REWARDS)}, got {args.rewards!r}")
     load = os.getloadavg()
     with tempfile.TemporaryDirectory() as scratch:
-        rows = measure(TrainConfig(cache_dir=args.cache_dir, progress=False), rewards,
-                       args.rounds, scratch)
+        rows = measure(TrainConfig(cache_dir=args.cache_dir, progress=False, selection="topk"),
+                       rewards, args.rounds, scratch)
     load_after = os.getloadavg()
     table = markdown_table(
         ["reward", "arm", "sets rewarded a clip", "reward calls", "median step", "IQR",

@@ -421,7 +421,7 @@ def test_label_free_cache_trains_on_fidelity_and_is_refused_cider(tiny, tiny_cap
                     "--eval-retentions", "0.4", "--eval-methods", "random"])
     rows = {r["method"]: r for r in results["rows"]}
     assert set(rows) == {"Full tokens", "Random", "warmup only",
-                         "AVEX, L_RL (RLOO), fidelity reward (this run)"}
+                         "AVEX, L_RL (RLOO), fidelity reward, set-aware selection (this run)"}
     assert rows["Full tokens"]["exact"] == 100.0 and rows["Full tokens"]["log_prob"] < 0
     for row in rows.values():
         assert 0 <= row["exact"] <= 100 and row["log_prob"] <= 0
@@ -436,7 +436,7 @@ def test_reward_settings_are_checked_before_any_work(tiny, tmp_path, capsys):
     with pytest.raises(ValueError, match="fidelity_form must be one of"):
         TrainConfig(reward="fidelity", fidelity_form="hinge").validate()
     with pytest.raises(SystemExit):
-        main(tiny_args(root, tmp_path / "run", "--fidelity-form", "margin"))
+        main(tiny_args(root, tmp_path / "run", "--fidelity-form", "margin", "--reward", "cider"))
     assert "fidelity_form = 'margin' has no effect with reward 'cider'" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
     assert dataclasses.replace(TrainConfig(), reward="cider+fidelity").validate().reward == \

@@ -423,9 +423,16 @@ def test_bad_settings_are_refused(tmp_path):
     with pytest.raises(ValueError, match=r"selection must be one of .*got 'greedy'"):
         TrainConfig(selection="greedy").validate()
     with pytest.raises(ValueError, match="selection 'set-aware' with redundancy 0 is Top-K"):
-        TrainConfig(selection="set-aware").validate()
+        TrainConfig(selection="set-aware", redundancy=0.0).validate()
     with pytest.raises(ValueError, match="redundancy = 1.0 has no effect with selection 'topk'"):
-        TrainConfig(redundancy=1.0).validate()
+        TrainConfig(selection="topk", redundancy=1.0).validate()
+    # the defaults: set-aware at 4; with the exchange term or search, Top-K (they rank tokens
+    # by score alone); a selection without a redundancy takes its own
+    assert (TrainConfig().selection, TrainConfig().redundancy) == ("set-aware", 4.0)
+    for arm in ("exchanges", "exchange_search"):
+        cfg = TrainConfig(**{arm: True}).validate()
+        assert (cfg.selection, cfg.redundancy) == ("topk", 0.0)
+    assert TrainConfig(selection="topk").validate().redundancy == 0.0
     for arm in ("exchanges", "exchange_search"):
         with pytest.raises(ValueError, match=f"selection 'set-aware' can't train with {arm}"):
             TrainConfig(selection="set-aware", redundancy=1.0, **{arm: True}).validate()
@@ -476,7 +483,7 @@ def test_a_set_aware_run_trains_and_saves_its_rule(tiny_cache_dir, tmp_path, cap
     """python -m avex.train --selection set-aware: the anchors are set-aware draws (the
     policy ends elsewhere than a Top-K run from the same seed and warmup), and the saved
     policy serves with the same rule."""
-    train_main(tiny_run_args(tiny_cache_dir, tmp_path / "topk"))
+    train_main(tiny_run_args(tiny_cache_dir, tmp_path / "topk", "--selection", "topk"))
     train_main(tiny_run_args(tiny_cache_dir, tmp_path / "aware", "--warmup-from",
                              str(tmp_path / "topk"), "--selection", "set-aware",
                              "--redundancy", "2"))
@@ -491,7 +498,8 @@ def test_a_set_aware_run_trains_and_saves_its_rule(tiny_cache_dir, tmp_path, cap
     assert any(not torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
     capsys.readouterr()
     with pytest.raises(SystemExit) as exit_info:
-        train_main(tiny_run_args(tiny_cache_dir, tmp_path / "bad", "--selection", "set-aware"))
+        train_main(tiny_run_args(tiny_cache_dir, tmp_path / "bad", "--selection", "set-aware",
+                                 "--redundancy", "0"))
     assert exit_info.value.code == 2
     assert "selection 'set-aware' with redundancy 0 is Top-K" in capsys.readouterr().err
     assert not (tmp_path / "bad").exists()

@@ -15,6 +15,8 @@ from safetensors.torch import load_file
 
 from avex import metrics
 from avex.train import main
+from avex.training.config import TrainConfig
+from avex.training.run_records import resumed_config
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -44,12 +46,14 @@ def test_tiny_end_to_end_run(cache_dir, tmp_path):
     assert methods == [("Full tokens", 1.0), ("Random", 0.4),
                        ("Attention-AV (balanced; privileged reference)", 0.4),
                        ("CaCoVID-AV", 0.4), ("warmup only", 0.4),
-                       ("AVEX, L_RL (RLOO) (this run)", 0.4)]
+                       ("AVEX, L_RL (RLOO), fidelity reward, set-aware selection (this run)",
+                        0.4)]
     assert results["rows"][0]["C_av"] > 0  # the captioner says something sensible
     log = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
     rl = [r for r in log if r["phase"] == "rl"]
     assert rl and not any("valid_exchanges" in r for r in rl)   # the default: no exchanges
-    assert any(r["reward"] > 0 for r in rl)
+    # the default reward: 100 x the mean log p of y_full, finite and below 0
+    assert all(math.isfinite(r["reward"]) and r["reward"] < 0 for r in rl)
     assert (tmp_path / "run" / "results.md").read_text().startswith("Results on the test split")
     assert json.loads((tmp_path / "run" / "config.json").read_text())["g"] == 8
     # every RL micro-batch draws its retention from train_retentions; each captions
@@ -76,7 +80,7 @@ def test_exchange_run_logs_its_diagnostics_and_calibration(cache_dir, tmp_path):
 
     run = tmp_path / "run"
     main(tiny_args(cache_dir, run, "--exchanges", "--lambda-ex", "0.5", "--diagnostics-every",
-                   "2", "--no-evaluate"))
+                   "2", "--no-evaluate", "--reward", "cider"))
     calibration = json.loads((run / "exchange_calibration.json").read_text())
     assert calibration["saturation"] == pytest.approx(
         saturation_for(calibration["full_token_reward"]))
@@ -323,9 +327,27 @@ def test_the_callable_trains_what_the_command_line_trains(cache_dir, tmp_path):
     assert api["run_dir"] == str(tmp_path / "api")
     assert json.dumps(api["rows"]) == json.dumps(cli["rows"])
     assert [row["method"] for row in api["rows"]] == [
-        "Full tokens", "Random", "warmup only", "AVEX, L_RL (RLOO) (this run)"]
+        "Full tokens", "Random", "warmup only",
+        "AVEX, L_RL (RLOO), fidelity reward, set-aware selection (this run)"]
     for name in ("warmup_policy.safetensors", "policy/model.safetensors"):
         assert (tmp_path / "api" / name).read_bytes() == (tmp_path / "cli" / name).read_bytes()
     got, want = final_weights(tmp_path / "api"), final_weights(tmp_path / "cli")
     assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in got)
     assert cfg.to_dict() == asked   # the caller's settings are not changed
+
+
+def test_a_run_saved_before_reward_and_selection_existed_resumes_with_cider_and_topk(tmp_path):
+    """Its config.json lacks the settings, so it trained with CIDEr and Top-K: a resume keeps
+    those, not today's defaults (the fidelity reward, set-aware selection)."""
+    run = tmp_path / "old"
+    run.mkdir()
+    saved = TrainConfig(run_dir=str(run), reward="cider", selection="topk").to_dict()
+    for name in ("reward", "selection", "redundancy"):
+        del saved[name]
+    (run / "config.json").write_text(json.dumps(saved))
+    cfg = resumed_config(TrainConfig(run_dir=str(run)))
+    assert (cfg.reward, cfg.selection, cfg.redundancy) == ("cider", "topk", 0.0)
+    (run / "config.json").write_text(json.dumps({**saved, "reward": "fidelity",
+                                                 "selection": "set-aware", "redundancy": 2.0}))
+    cfg = resumed_config(TrainConfig(run_dir=str(run), selection="topk"))
+    assert (cfg.reward, cfg.selection, cfg.redundancy) == ("fidelity", "set-aware", 2.0)

@@ -21,7 +21,7 @@ from avex.run_files import (CHECKPOINTS_DIR, CONFIG_FILE, METRICS_FILE, POLICY_F
                             POLICY_RECORD_FILE, WARMUP_POLICY_FILE, latest_checkpoint,
                             read_run_config, read_state)
 from avex.training.checkpoint import rng_state, save_checkpoint
-from avex.training.config import TrainConfig
+from avex.training.config import SETTINGS_BEFORE_THEY_EXISTED, TrainConfig
 from avex.training.distributed import unwrap
 from avex.training.stopping import TrainingInterrupted
 
@@ -68,7 +68,7 @@ def resumed_config(cfg: TrainConfig, explicit: dict | None = None) -> TrainConfi
                            for name, (asked, had) in sorted(conflicts.items()))
         raise ValueError(f"--resume continues {run_dir} with its own settings, but the command "
                          f"line asks for {listed}; drop those flags, or start a new run")
-    return TrainConfig(**{**saved, **overrides}).validate()
+    return TrainConfig(**{**SETTINGS_BEFORE_THEY_EXISTED, **saved, **overrides}).validate()
 
 
 def check_owner(checkpoint: Path, cfg: TrainConfig) -> None:
