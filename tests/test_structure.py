@@ -150,8 +150,7 @@ def test_settings_load_nothing_they_name():
 MODULE_LINES = 600
 FUNCTION_LINES = 80
 #: functions allowed over FUNCTION_LINES, each with its reason in docs/workflow.md
-LONG_FUNCTIONS = {"avex/training/config.py:validate", "avex/training/steps.py:rl_loss",
-                  "avex/training/loop.py:run_rl"}
+LONG_FUNCTIONS = {"avex/training/steps.py:rl_loss", "avex/training/loop.py:run_rl"}
 
 
 def _function_lengths(path: Path):

@@ -175,6 +175,20 @@ class TrainConfig:
     def validate(self) -> "TrainConfig":
         """Check every setting (type, range, choice) before any file is written; the error
         names the setting and the value it got."""
+        self._validate_run()
+        self._validate_optimiser()
+        self._validate_exchange_terms()
+        self._validate_reward_and_table()
+        self._validate_sources()
+        self._validate_selection()
+        self._validate_rl()
+        self._validate_search()
+        _checks.choice("benchmark_preset", self.benchmark_preset, set(BENCHMARK_PRESETS))
+        _checks.choice("captioner_preset", self.captioner_preset, set(CAPTIONER_PRESETS))
+        return self
+
+    def _validate_run(self) -> None:
+        """The data, the captioner's presets, where files go, the schedule's lengths."""
         for name in ("data", "benchmark_preset", "captioner", "captioner_preset"):
             _checks.text(name, getattr(self, name))
         for name in ("cache_dir", "run_dir"):  # a prebuilt cache may be read-only
@@ -194,6 +208,9 @@ class TrainConfig:
         if self.warmup_only and self.warmup_epochs == 0:
             raise ValueError("warmup_only with warmup_epochs 0 trains nothing; give "
                              "--warmup-epochs > 0")
+
+    def _validate_optimiser(self) -> None:
+        """Batch sizes and learning rates."""
         _checks.int_at_least("batch_size", self.batch_size, 1)
         _checks.int_at_least("micro_batch_size", self.micro_batch_size, 1)
         _checks.positive_float("lr", self.lr)
@@ -202,6 +219,9 @@ class TrainConfig:
         if self.batch_size % self.micro_batch_size:
             raise ValueError(f"batch_size ({self.batch_size}) must be a multiple of "
                              f"micro_batch_size ({self.micro_batch_size})")
+
+    def _validate_exchange_terms(self) -> None:
+        """The exchange groups and types, and the on/off flags."""
         _checks.int_at_least("g", self.g, 1)
         _checks.str_list("exchange_types", self.exchange_types)
         for name in ("exchanges", "warmup_only", "rl", "normalize_rl", "evaluate",
@@ -217,6 +237,9 @@ class TrainConfig:
         if len(set(self.exchange_types)) != len(self.exchange_types):
             raise ValueError(f"exchange_types has duplicates: {self.exchange_types}")
         _checks.choice("exchange_selection", self.exchange_selection, {"confidence", "random"})
+
+    def _validate_reward_and_table(self) -> None:
+        """The reward, the warmup teacher, decoding and the end-of-run table."""
         _checks.choice("reward", self.reward, REWARDS)
         _checks.choice("warmup_teacher", self.warmup_teacher, WARMUP_TEACHERS)
         _checks.choice("fidelity_form", self.fidelity_form, FIDELITY_FORMS)
@@ -232,6 +255,9 @@ class TrainConfig:
         _checks.int_at_least("checkpoint_every", self.checkpoint_every, 1)
         _checks.real("lambda_target", self.lambda_target, low=0)
         _checks.real("lambda_best", self.lambda_best, low=0)
+
+    def _validate_sources(self) -> None:
+        """The files the run reads, the table's methods, the retentions it trains at."""
         if self.data != "embedded" and not Path(self.data).exists():
             raise FileNotFoundError(f"data: no feature cache at {self.data!r}")
         if self.warmup_from is not None:
@@ -252,7 +278,9 @@ class TrainConfig:
         for r in self.train_retentions:
             _checks.ratio("train_retentions", r)
         _checks.flag("policy_positional", self.policy_positional)
-        self._validate_selection()
+
+    def _validate_rl(self) -> None:
+        """The RL estimator, its anchors and the exchange term's calibration."""
         _checks.text("warmup_from", self.warmup_from, optional=True)
         _checks.choice("rl_estimator", self.rl_estimator, {"paper", "rloo", "group"})
         _checks.int_at_least("anchors", self.anchors, 1)
@@ -270,10 +298,6 @@ class TrainConfig:
                              "pass --no-normalize-exchange for L_ex alone")
         if not 0 <= self.g_fraction <= 1:
             raise ValueError(f"g_fraction must be in [0, 1], got {self.g_fraction}")
-        self._validate_search()
-        _checks.choice("benchmark_preset", self.benchmark_preset, set(BENCHMARK_PRESETS))
-        _checks.choice("captioner_preset", self.captioner_preset, set(CAPTIONER_PRESETS))
-        return self
 
     def _validate_selection(self) -> None:
         """The selection rule's settings (:mod:`avex.set_selection`)."""
