@@ -2,6 +2,7 @@
 (tests/badinput.py): what an engine asks for, checked from its Hugging Face config before
 any weights load. Runs without vLLM (the checks import none); tests/test_vllm_engine.py
 sends the same requests through vLLM's own ``LLM(...)``."""
+import types
 from pathlib import Path
 
 import pytest
@@ -154,3 +155,19 @@ def test_no_policy_weights_is_refused(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"no model.safetensors beside config.json"):
         check_engine(vl_config(avex_policy=policy, avex_retention=0.4), ARCHITECTURE,
                      version=VLLM_VERSION)
+
+
+def test_the_checks_hold_once_vllm_has_imported_the_plugins_model_module(tmp_path,
+                                                                        monkeypatch):
+    """vLLM imports avex.integrations.vllm.qwen2_5_vl (the model class), which then sits on
+    the package as the attribute ``qwen2_5_vl``: the checks must not read the family's facts
+    through that name (they did, and every engine failed with an AttributeError)."""
+    import avex.integrations.vllm as package
+
+    monkeypatch.setattr(package, "qwen2_5_vl", types.ModuleType("avex.integrations.vllm."
+                                                                "qwen2_5_vl"), raising=False)
+    assert ask(tmp_path).retention == 0.4
+    with pytest.raises(ValueError, match="serves Qwen2.5-VL checkpoints"):
+        bad = vl_config()
+        bad.model_type = "qwen2_vl"
+        ask(tmp_path, config=bad)

@@ -31,7 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from avex import _checks
-from avex.adapters import qwen2_5_omni, qwen2_5_vl
+# the family facts under other names: this package's own submodule qwen2_5_vl (the vLLM model)
+# becomes the package attribute ``qwen2_5_vl`` once vLLM imports it, and would shadow them
+from avex.adapters import qwen2_5_omni as omni_family
+from avex.adapters import qwen2_5_vl as vl_family
 from avex.policy import ACCEPTED_LAYOUTS, LAYOUTS, read_saved_policy
 
 __all__ = ["VLLM_VERSION", "ARCHITECTURE", "POLICY_KEY", "RETENTION_KEY", "Settings",
@@ -48,9 +51,9 @@ ARCHITECTURE = "AVEXQwen2_5_VLForConditionalGeneration"
 POLICY_KEY = "avex_policy"
 RETENTION_KEY = "avex_retention"
 #: vLLM architecture -> the plugin's architecture for it (the family facts are the adapters')
-COVERED = {qwen2_5_vl.VLLM_ARCHITECTURE: ARCHITECTURE}
-OMNI_ARCHITECTURES = qwen2_5_omni.VLLM_ARCHITECTURES
-OMNI_REFUSAL = qwen2_5_omni.VLLM_REFUSED
+COVERED = {vl_family.VLLM_ARCHITECTURE: ARCHITECTURE}
+OMNI_ARCHITECTURES = omni_family.VLLM_ARCHITECTURES
+OMNI_REFUSAL = omni_family.VLLM_REFUSED
 
 
 @dataclass(frozen=True)
@@ -129,7 +132,7 @@ def check_engine(config, architecture: str | None, *, version: str | None = None
         raise ValueError(f"avex's vLLM plugin covers Qwen2.5-VL only ({sorted(COVERED)}); the "
                          f"model's architecture is {architecture} (model_type {model_type!r}). "
                          "Prune other families with avex.adapters and avex.generate")
-    if model_type not in qwen2_5_vl.MODEL_TYPES:
+    if model_type not in vl_family.MODEL_TYPES:
         raise ValueError(f"architecture {architecture} serves Qwen2.5-VL checkpoints "
                          f"(model_type 'qwen2_5_vl'), got model_type {model_type!r}")
     check_policy(settings, config, architecture)
