@@ -41,7 +41,6 @@ verifies it.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -62,6 +61,7 @@ from avex.data.parts import ExportLock, merge_parts, partial_dir, remove_stale
 from avex.data.processor import with_frames_video_processor
 from avex.files import save_tensors_atomically, write_json_atomically
 from avex.modality import AUDIO, PAD, VISUAL
+from avex.processes import TorchrunProcess
 from avex.progress import progress_bar
 from avex.stop_signals import StopSignals
 
@@ -306,17 +306,12 @@ def _check_out(out: Path, overwrite: bool, inputs: list) -> None:
             from None
 
 
-class _Ranks:
+class _Ranks(TorchrunProcess):
     """This process's place in a torchrun job (one process outside torchrun), and the
     agreement of every process on each step: one process's error stops them all, naming it."""
 
     def __init__(self):
-        self.world = int(os.environ.get("WORLD_SIZE", "1"))
-        self.rank = int(os.environ.get("RANK", "0"))
-        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        self.owns_group = self.world > 1 and not torch_dist.is_initialized()
-        if self.owns_group:   # messages only: gloo, whatever the devices
-            torch_dist.init_process_group("gloo")
+        super().__init__("gloo")   # messages only: gloo, whatever the devices
 
     def agree(self, step, *args):
         """Run ``step`` on this process and raise, on every process, the first error any of
@@ -340,14 +335,6 @@ class _Ranks:
                 raise ExportError(f"process {rank} of {self.world} stopped the export: "
                                   f"{message}")
         return result
-
-    def barrier(self):
-        if self.world > 1:
-            torch_dist.barrier()
-
-    def close(self):
-        if self.owns_group and torch_dist.is_initialized():
-            torch_dist.destroy_process_group()
 
 
 def export_cache(media_dir, captions, out, *, model, processor,

@@ -2,39 +2,20 @@
 wrapper's two helpers: a single process outside torchrun."""
 from __future__ import annotations
 
-import os
 from contextlib import nullcontext
 
 import torch
-import torch.distributed as torch_dist
 
+from avex.processes import TorchrunProcess
 from avex.training.config import TrainConfig
 
 
-class Processes:
-    """This process's place in a torchrun job (a single process outside torchrun)."""
+class Processes(TorchrunProcess):
+    """This process's place in a torchrun job (a single process outside torchrun): NCCL
+    between CUDA processes, gloo otherwise."""
 
     def __init__(self, device_kind: str):
-        self.world = int(os.environ.get("WORLD_SIZE", "1"))
-        self.rank = int(os.environ.get("RANK", "0"))
-        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        # a run started inside another (a comparison policy trained for its table) joins the
-        # process group of the first, which alone ends it
-        self.owns_group = self.world > 1 and not torch_dist.is_initialized()
-        if self.owns_group:
-            torch_dist.init_process_group("nccl" if device_kind == "cuda" else "gloo")
-
-    @property
-    def main(self) -> bool:
-        return self.rank == 0
-
-    def barrier(self):
-        if self.world > 1:
-            torch_dist.barrier()
-
-    def close(self):
-        if self.owns_group and torch_dist.is_initialized():
-            torch_dist.destroy_process_group()
+        super().__init__("nccl" if device_kind == "cuda" else "gloo")
 
 
 def pick_device(cfg: TrainConfig, procs: Processes) -> torch.device:
