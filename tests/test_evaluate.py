@@ -157,6 +157,7 @@ def test_ablation_trains_variants_and_reuses_given_runs(trained_sweep, cache_dir
     assert json.loads((runs / "warmup" / "config.json").read_text())["warmup_only"]
     md = (tmp_path / "ablation.md").read_text()
     assert "| Random exchange | ✗ | ✗ | mixed | mixed |" in md
+    assert "s (training of 2 run(s) included)." in md   # the warmup and random; full reused
     assert all(r["C_av"] >= 0 for r in result["rows"])
     exits_with_usage_error(main, ["ablation", *tiny(cache_dir, tmp_path / "x", "--run",
                                                     "nope=/tmp")], "--run must be VARIANT=DIR",
@@ -226,7 +227,9 @@ def test_matched_budget_arms_at_several_retentions_and_a_sweep_of_their_runs(
     assert a["warmup_from"] == c["warmup_from"] == str(abl / "runs" / "seed0" / "warmup")
     md = (abl / "ablation.md").read_text()
     assert "| variant | 40% | 20% | seeds |" in md and "C_av / full tokens:" in md
+    assert "s (training of 3 run(s) included)." in md   # the warmup, A and C
     saved = json.loads((abl / "ablation.json").read_text())
+    assert saved["runs_trained"] == 3
     assert saved["full"]["C_av"] > 0 and saved["judge"]["benchmark"]["sha256"]
     ratio = result["rows"][0]["C_av"] / result["full"]["C_av"]
     assert f"{ratio:.3f}" in md
@@ -285,3 +288,4 @@ def test_results_record_no_machine_path(trained_sweep, cache_dir, tmp_path):
     assert {r["run"] for r in result["rows"]} == {os.path.relpath(run, tmp_path / "abl")}
     md = (tmp_path / "abl" / "ablation.md").read_text()
     assert "| A − variant | 20% |" in md and "| Warmup only | " in md
+    assert "s (scoring only: every run was reused)." in md

@@ -167,20 +167,21 @@ def run_ablation(settings: AblationSettings) -> dict:
     rows = []
     jobs = [(seed, name) for seed in settings.seeds for name in settings.variants]
     warmups = {}
+    trained = []  # the runs trained here, not reused: what "Took N s" includes
     for seed, name in progress_bar(jobs, desc="ablation variants", unit="run",
                                    disable=not settings.progress):
         label, marks, variant = ABLATIONS[name]
         if seed not in warmups:
-            warmups[seed] = given.get("warmup") or base.warmup_from or train_variant(
-                base, out / "runs" / f"seed{seed}" / "warmup", seed=seed,
+            warmups[seed] = given.get("warmup") or base.warmup_from or trained_here(
+                trained, base, out / "runs" / f"seed{seed}" / "warmup", seed=seed,
                 retention=settings.retention, **ABLATIONS["warmup"][2])
         run_dir = given.get(name)
         if run_dir is None and name == "warmup":
             run_dir = warmups[seed]
         elif run_dir is None:
-            run_dir = train_variant(base, out / "runs" / f"seed{seed}" / name,
-                                    warmup_from=None if own_warmup(name) else warmups[seed],
-                                    seed=seed, retention=settings.retention, **variant)
+            run_dir = trained_here(trained, base, out / "runs" / f"seed{seed}" / name,
+                                   warmup_from=None if own_warmup(name) else warmups[seed],
+                                   seed=seed, retention=settings.retention, **variant)
         policy = load_policy(run_dir, captioner,
                              checkpoint="warmup" if own_warmup(name) else "latest")
         cfg = read_run_config(run_dir)
@@ -198,11 +199,12 @@ def run_ablation(settings: AblationSettings) -> dict:
     full = scored(caption_split(captioner, clips, keep_all, 1.0, **decode), clips)
     intervals = arm_differences(rows, full, retentions)
     seconds = time.perf_counter() - started
+    took = took_line(seconds, len(trained))
     judge = judge_record(cache.root, captioner.path, cache_dir=settings.cache_dir)
     if len(retentions) == 1:
-        table = ablation_table(rows, settings.retention, settings.split, len(clips), seconds)
+        table = ablation_table(rows, settings.retention, settings.split, len(clips), took)
     else:
-        table = comparison_table(rows, full, retentions, settings.split, len(clips), seconds)
+        table = comparison_table(rows, full, retentions, settings.split, len(clips), took)
     table = "\n".join([table, "", *differences_markdown(intervals, rows, retentions),
                        judge_line(judge)])
     (out / "ablation.md").write_text(table + "\n")
@@ -214,9 +216,24 @@ def run_ablation(settings: AblationSettings) -> dict:
                        **(v.as_dict() if isinstance(v, Interval) else {"none": v})}
                       for (other, retention), v in intervals.items()],
         "bootstrap": {"level": LEVEL, "replicates": REPLICATES, "seed": SEED},
-        "seconds": round(seconds, 1)}))
+        "seconds": round(seconds, 1), "runs_trained": len(trained)}))
     print(table)
     return {"rows": rows, "full": full, "table": table, "out": str(out)}
+
+
+def trained_here(trained: list, base, run_dir, **settings):
+    """:func:`train_variant`, with ``run_dir`` appended to ``trained`` (the runs this call
+    trained, which its wall time includes)."""
+    trained.append(run_dir)
+    return train_variant(base, run_dir, **settings)
+
+
+def took_line(seconds: float, runs_trained: int) -> str:
+    """"Took N s", saying whether training is in it: with every run reused, the time is
+    scoring alone."""
+    what = (f"training of {runs_trained} run(s) included" if runs_trained
+            else "scoring only: every run was reused")
+    return f"Took {seconds:.0f} s ({what})."
 
 
 def scored(captions, clips) -> dict:
@@ -248,7 +265,7 @@ def differences_markdown(intervals: dict, rows, retentions) -> list[str]:
             difference_table(intervals, "A", labels, retentions, others="variant"), ""]
 
 
-def ablation_table(rows, retention, split, clip_count, seconds) -> str:
+def ablation_table(rows, retention, split, clip_count, took: str) -> str:
     """One line per variant: its C_av, C_v and C_a, mean ± std over the seeds it ran with."""
     variants = list(dict.fromkeys(r["variant"] for r in rows))
     lines = []
@@ -264,10 +281,10 @@ def ablation_table(rows, retention, split, clip_count, seconds) -> str:
                        lines), "",
         "With several seeds: mean ± std (population std) over the training seeds. Every "
         "variant of a seed starts from that seed's warmup (the Warmup only row).", "",
-        f"Took {seconds:.0f} s (training included)."])
+        took])
 
 
-def comparison_table(rows, full, retentions, split, clip_count, seconds) -> str:
+def comparison_table(rows, full, retentions, split, clip_count, took: str) -> str:
     """Every variant at every retention: C_av mean ± std over the seeds, C_av over full tokens,
     and each seed's C_av (the matched-budget comparison of issue #25)."""
     variants = list(dict.fromkeys(r["variant"] for r in rows))
@@ -298,4 +315,4 @@ def comparison_table(rows, full, retentions, split, clip_count, seconds) -> str:
         markdown_table(header, mean_lines), "",
         "C_av / full tokens:", "", markdown_table(header, ratio_lines), "",
         "Per training seed (C_av):", "", markdown_table(header, seed_lines), "",
-        f"Took {seconds:.0f} s (training included)."])
+        took])
