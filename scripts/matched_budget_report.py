@@ -6,9 +6,11 @@
 
 Each ``SEED=FILE`` is the ablation.json that ``python -m avex.evaluate ablation --variants
 warmup,A,B,C,paper --seeds 0,1,2 --retentions 0.5,0.4,0.3,0.2,0.1`` wrote for that benchmark
-seed. Writes ``OUT.md`` (per benchmark: C_av mean ± std and per training seed for every arm,
-C_av / full tokens, A − every other arm with its paired bootstrap 95% interval; the exchange
-term's diagnostics of arm B; the decision) and ``OUT.json``.
+seed (issue #33's re-scoring adds C-fid and D-fid to the variants). Writes ``OUT.md`` (per
+benchmark: C_av mean ± std and per training seed for every arm, C_av / full tokens, A − every
+other arm with its paired bootstrap 95% interval, and the default recipe (D-fid) − every other
+arm where a file scores it; the exchange term's diagnostics of arm B; the decision) and
+``OUT.json``.
 
 The rule (docs/evaluation.md, "Paired intervals"): arm X beats arm Y at a retention when the
 95% paired bootstrap interval of X − Y (clips and training seeds resampled together,
@@ -37,7 +39,11 @@ from avex.tables import markdown_table
 from avex.training.exchange_diagnostics import summarize
 
 # rows absent from a file are skipped
-ARMS = ("warmup", "rloo", "A", "B", "C", "paper", "S", "A-fid", "B-fid", "C-fid", "S-fid")
+ARMS = ("warmup", "rloo", "A", "B", "C", "paper", "S", "D", "A-fid", "B-fid", "C-fid", "S-fid",
+        "D-fid")
+#: the default recipe since issue #36: where a file scores it, the report also gives the
+#: default − every other arm
+DEFAULT_ARM = "D-fid"
 STATS = ("zero", "disagree", "positive", "g_over_k", "grad_ratio")
 
 
@@ -80,12 +86,14 @@ def decide(rows, retentions) -> dict:
             "exchange_term_becomes_default": wins >= 2 and not worse}
 
 
-def arm_intervals(data) -> dict:
-    """(arm, retention) -> A − arm with its paired 95% interval (or why there is none), for
-    every other arm of the file and full tokens."""
-    arms = [a for a in ARMS if a != "A" and any(r["variant"] == a for r in data["rows"])]
-    return differences(data["rows"], "A", arms + ["full"], data["retentions"], "C_av",
-                       key="variant", full=data.get("full"))
+def arm_intervals(data, ours: str = "A") -> dict:
+    """(arm, retention) -> ``ours`` − arm with its paired 95% interval (or why there is none),
+    for every other arm of the file and full tokens; {} when the file lacks ``ours``."""
+    present = [a for a in ARMS if any(r["variant"] == a for r in data["rows"])]
+    if ours not in present:
+        return {}
+    return differences(data["rows"], ours, [a for a in present if a != ours] + ["full"],
+                       data["retentions"], "C_av", key="variant", full=data.get("full"))
 
 
 def run_path(run: str, source: Path) -> Path:
@@ -122,12 +130,15 @@ def provenance(files, benchmarks: dict) -> str:
                 if line.startswith("model name")), platform.processor()) \
         if Path("/proc/cpuinfo").exists() else platform.processor()
     counts = sorted({clip_count(data) for data in benchmarks.values()}, key=str)
+    splits = sorted({data.get("split", "test") for data in benchmarks.values()})
+    variants = [a for a in ARMS if any(r["variant"] == a for data in benchmarks.values()
+                                       for r in data["rows"])]
     return (f"Written {datetime.date.today()} at commit {commit} on {cpu} from "
             + ", ".join(f"`{portable_command([f.partition('=')[2]])}`" for f in files)
-            + " (`python -m avex.evaluate ablation --variants warmup,A,B,C,paper --seeds 0,1,2 "
-            "--retentions 0.5,0.4,0.3,0.2,0.1`, each with its benchmark's `--data` and shipped "
-            f"`--captioner`; test split, {' / '.join(map(str, counts))} clips, greedy decoding, "
-            "24 new tokens).")
+            + f" (`python -m avex.evaluate ablation --variants {','.join(variants)} --seeds "
+            "0,1,2 --retentions 0.5,0.4,0.3,0.2,0.1`, each with its benchmark's `--data` and "
+            f"shipped `--captioner`; {' / '.join(splits)} split, "
+            f"{' / '.join(map(str, counts))} clips, greedy decoding, 24 new tokens).")
 
 
 def clip_count(data) -> int | str:
@@ -183,12 +194,17 @@ def main(argv=None) -> None:
                          and x["seed"] == train_seed]) for r in retentions)])
         verdict = decide(rows, retentions)
         intervals = arm_intervals(data)
+        default_intervals = arm_intervals(data, DEFAULT_ARM)
         diag = diagnostics(rows, sources[seed])
         report["benchmarks"][seed] = {
             "full": full, "judge": data.get("judge"), "decision": verdict,
             "intervals": [{"ours": "A", "arm": arm, "retention": r, "metric": "C_av",
                            **(v.as_dict() if isinstance(v, Interval) else {"none": v})}
                           for (arm, r), v in intervals.items()],
+            "default_intervals": [
+                {"ours": DEFAULT_ARM, "arm": arm, "retention": r, "metric": "C_av",
+                 **(v.as_dict() if isinstance(v, Interval) else {"none": v})}
+                for (arm, r), v in default_intervals.items()],
             "diagnostics": diag}
         arm_labels = {a: ABLATIONS[a][0] for a in dict.fromkeys(a for a, _ in intervals)
                       if a != "full"}
@@ -206,6 +222,13 @@ def main(argv=None) -> None:
                   "seeds resampled together):", "",
                   difference_table(intervals, "A", arm_labels, retentions, others="arm"), "",
                   decision_line(verdict), ""]
+        if default_intervals:
+            labels = {a: ABLATIONS[a][0] for a, _ in default_intervals if a != "full"}
+            labels["full"] = method_label("full")
+            lines += [f"The default recipe ({DEFAULT_ARM}) − arm, C_av, with its paired "
+                      "bootstrap 95% interval:", "",
+                      difference_table(default_intervals, DEFAULT_ARM, labels, retentions,
+                                       others="arm"), ""]
         diag_lines = []
         for name in ("vv", "aa", "va", "av"):
             for key in ("0.5", "0.4", "0.3", "0.2", "0.1"):
@@ -240,7 +263,7 @@ def main(argv=None) -> None:
             + ("becomes the default." if decision["exchange_term_becomes_default"] else
                "stays off by default (behind --exchanges and --preset paper)."))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out + ".md").write_text("# Matched-budget comparison (issue #25)\n\n"
+    Path(args.out + ".md").write_text("# Matched-budget comparison (issues #25 and #33)\n\n"
                                       + provenance(args.files, benchmarks) + "\n\n"
                                       + "\n".join(lines) + "\n")
     Path(args.out + ".json").write_text(results_json(report))

@@ -13,8 +13,9 @@
 # time and the load average, and copies its reports into results/.
 #
 # The comparison tables (sweep, benchmarks, matched-budget, ablation) score every test clip: 1000
-# on the embedded benchmark, with per-clip scores and paired 95% intervals. MAX_CLIPS=200
-# scores the first 200, which reproduces the figures of the 200-clip benchmark cell for cell.
+# on the embedded benchmark, with per-clip scores and paired 95% intervals. The 200-clip tables
+# of issue #25 (AVEX-Prune = arm A) are reproduced by this script at df6c475 with MAX_CLIPS=200,
+# which scores the first 200 clips.
 # A stage whose runs exist under RUNS reuses them (scoring only). The gates stay on the first 200
 # test clips, as committed; make train's table too (its own default).
 set -euo pipefail
@@ -43,10 +44,11 @@ bench_flags() {  # the embedded benchmark of seed $1 and its shipped reference c
          --captioner "$cache/captioners/embedded-default-seed$1-default"
 }
 
-sweep_benchmark() {  # seed, out name: every method, training seeds 0-2; the comparison's A and C
-    local b=$1 runs="$RUNS/matched-budget/b$1/runs/seed{seed}"  # runs where they exist
+sweep_benchmark() {  # seed, out name: every method, training seeds 0-2; the comparison's
+    # D-fid (the default recipe) and C (CaCoVID-AV), where they exist
+    local b=$1 runs="$RUNS/matched-budget/b$1/runs/seed{seed}"
     local given=()
-    [ -d "$RUNS/matched-budget/b$b/runs/seed0/A" ] && given=(--avex-run "$runs/A" --cacovid-run "$runs/C")
+    [ -d "$RUNS/matched-budget/b$b/runs/seed0/D-fid" ] && given=(--avex-run "$runs/D-fid" --cacovid-run "$runs/C")
     run_stage "sweep-b$b" "$PY" -m avex.evaluate sweep --seeds 0,1,2 $(bench_flags "$b") \
         "${given[@]}" "${clips[@]}" --out "$RUNS/sweep-b$b" --no-progress
     for ext in md json png; do cp "$RUNS/sweep-b$b/sweep.$ext" "results/$2.$ext"; done
@@ -67,14 +69,17 @@ for stage in "${stages[@]}"; do
         train)      # the default recipe, as `make train` runs it (fresh cache: builds data and captioner)
             run_stage train "$PY" -m avex.train --run-dir "$RUNS/default" --no-progress
             for ext in md json; do cp "$RUNS/default/results.$ext" "results/evaluation-make-train.$ext"; done ;;
-        matched-budget)   # issue #25: arms A, B, C and the paper's objective on benchmarks 0-3
+        matched-budget)   # issue #25's arms A, B, C and the paper's objective, with the
+            # default recipe D-fid and its control C-fid (issue #36), on benchmarks 0-3
             files=()
             for b in 0 1 2 3; do
                 judge_assets "$b"
                 run_stage "matched-budget-b$b" "$PY" -m avex.evaluate ablation --seeds 0,1,2 \
-                    --variants warmup,A,B,C,paper --retentions "$RETENTIONS" $(bench_flags "$b") \
+                    --variants warmup,A,B,C,paper,C-fid,D-fid --retentions "$RETENTIONS" $(bench_flags "$b") \
                     "${clips[@]}" --out "$RUNS/matched-budget/b$b" --no-progress
                 files+=("$b=$RUNS/matched-budget/b$b/ablation.json")
+                # the per-clip scores behind the intervals (the report keeps the summaries)
+                cp "$RUNS/matched-budget/b$b/ablation.json" "results/matched-budget-test-benchmark$b.json"
             done
             run_stage matched-budget-report "$PY" scripts/matched_budget_report.py --deciding 3 \
                 "${files[@]}" --out results/matched-budget ;;

@@ -24,9 +24,11 @@ def report():
     return load_file(SCRIPT)
 
 
-def ablation_json(folder: Path, b_gain: float, *, per_clip: bool = True, clips: int = 80):
+def ablation_json(folder: Path, b_gain: float, *, per_clip: bool = True, clips: int = 80,
+                  default_gain: float | None = None):
     """An ablation.json of arms warmup, A, B, C over seeds 0-2: B = A + ``b_gain`` on every
-    clip (plus noise); B's runs (relative to the file) hold a metrics.jsonl."""
+    clip (plus noise); B's runs (relative to the file) hold a metrics.jsonl. With
+    ``default_gain``, also the default recipe's arm D-fid = A + ``default_gain``."""
     rng = np.random.default_rng(0)
     base = rng.normal(450, 100, clips)
     rows = []
@@ -35,6 +37,8 @@ def ablation_json(folder: Path, b_gain: float, *, per_clip: bool = True, clips: 
             a = base - 100 * (0.5 - retention) + rng.normal(0, 5, clips)
             arms = {"warmup": a - 10 + rng.normal(0, 5, clips), "A": a,
                     "B": a + b_gain + rng.normal(0, 2, clips), "C": a + rng.normal(0, 5, clips)}
+            if default_gain is not None:
+                arms["D-fid"] = a + default_gain + rng.normal(0, 2, clips)
             for arm, values in arms.items():
                 row = {"variant": arm, "seed": seed, "retention": retention,
                        "run": f"runs/seed{seed}/{arm}", "C_av": float(np.mean(values))}
@@ -80,6 +84,25 @@ def test_b_beats_a_where_its_interval_lies_above_zero(report, tmp_path):
     intervals = saved["benchmarks"]["0"]["intervals"]
     assert {(i["arm"], i["retention"]) for i in intervals} == \
         {(arm, r) for arm in ("warmup", "B", "C", "full") for r in RETENTIONS}
+
+
+def test_where_the_default_recipe_is_scored_it_is_compared_with_every_arm(report, tmp_path):
+    """Issue #33's re-scoring adds D-fid (the default since issue #36): the report gives
+    D-fid − every other arm beside A − arm, and names the variants it read."""
+    files = [f"0={ablation_json(tmp_path / 'b0', 0.0, default_gain=8.0)}",
+             f"1={ablation_json(tmp_path / 'b1', 0.0)}"]
+    report.main([*files, "--deciding", "0", "--out", str(tmp_path / "out")])
+    md = (tmp_path / "out.md").read_text()
+    saved = json.loads((tmp_path / "out.json").read_text())
+    ours = saved["benchmarks"]["0"]["default_intervals"]
+    assert {(i["arm"], i["retention"]) for i in ours} == \
+        {(arm, r) for arm in ("warmup", "A", "B", "C", "full") for r in RETENTIONS}
+    over_a = [i for i in ours if i["arm"] == "A"]
+    assert all(i["ours"] == "D-fid" and i["low"] > 0 for i in over_a)
+    assert "| D-fid − arm | 40% | 20% |" in md
+    assert md.count("| D-fid − arm |") == 1   # benchmark 1 has no D-fid: no table, no error
+    assert saved["benchmarks"]["1"]["default_intervals"] == []
+    assert "--variants warmup,A,B,C,D-fid --seeds" in md
 
 
 def test_files_without_per_clip_scores_give_no_interval_and_no_decision(report, tmp_path):
