@@ -8,22 +8,20 @@ CIDEr-D). Compared: ``fidelity`` (one teacher-forced forward of y_full per set, 
 generation) and ``cider+fidelity`` (both). ``bench/reward_step.py`` measures the same step with
 the rewards alternating within one process; this is pytest-benchmark's view of it.
 
-Skips unless the default benchmark is already built in the avex cache ($AVEX_CACHE, default
-~/.cache/avex): building it takes minutes (``python -m avex.train`` does it on first use).
+The default benchmark and its captioner are built in the avex cache ($AVEX_CACHE, default
+~/.cache/avex) first if missing, as ``python -m avex.train`` builds them on first use: a few
+minutes, once.
 """
 import dataclasses
 
 import pytest
 import torch
 
-from avex.captioner import ensure_captioner
-from avex.data.embedded import default_benchmark_path
-from avex.reward import CiderD
+import reward_step
 from avex.selection import AVLayout
 from avex.training.config import TrainConfig
-from avex.training.loop import load_run_inputs
 from avex.training.steps import rl_loss, sample_seed
-from conftest import DEVICE, label, synchronized
+from conftest import label, synchronized
 
 RETENTION = 0.4
 GROUP = "RL micro-batch: 16 clips x 8 anchors at 40%, default benchmark, shipped captioner"
@@ -33,16 +31,10 @@ REWARDS = {"cider (baseline)": "cider", "fidelity": "fidelity",
 
 @pytest.fixture(scope="module")
 def step_inputs():
-    bench = default_benchmark_path()
-    if not (bench / "meta.json").is_file():
-        pytest.skip(f"the default embedded benchmark is not built at {bench}; run "
-                    "`python -m avex.train` (or avex.data.ensure_benchmark()) once first")
     cfg = TrainConfig(progress=False, selection="topk")   # the rewards on one selection
-    cache, captioner, policy = load_run_inputs(cfg, bench, ensure_captioner(progress=False), DEVICE)
-    train = cache.split("train")
-    clips = [train[i] for i in range(cfg.micro_batch_size)]
-    cider = CiderD(corpus_references=[c.refs_av for c in (train[i] for i in range(len(train)))],
-                   tokenize=True)
+    inputs = reward_step.step_inputs(cfg, progress=True)
+    captioner, policy, cider, clips = (inputs.captioner, inputs.policy, inputs.cider,
+                                       inputs.batch_clips)
     batch = captioner.embed(clips)
     everything = AVLayout.of(batch.modality).modality >= 0
     targets = [row[0] for row in captioner.keep_set_tokens(   # y_full of the 16 clips

@@ -77,16 +77,41 @@ def commit() -> str:
     return head + (" (uncommitted changes)" if dirty else " (clean tree)")
 
 
-def measure(cfg: TrainConfig, rounds: int, progress: bool,
-            full_captions_dir: str) -> tuple[list[dict], dict]:
-    """Rows (one per reward) and the set-up's facts; y_full is generated into (or read from)
-    ``full_captions_dir``, and timed."""
+@dataclasses.dataclass
+class StepInputs:
+    """What one RL micro-batch of ``cfg`` needs, as ``python -m avex.train`` loads it: the
+    benchmark (built first if missing) and its captioner, a freshly initialised policy, the
+    train split's clips, CIDEr-D over their AV references, and the micro-batch's clips."""
+    data_path: Path
+    captioner_path: Path
+    cache: object
+    captioner: object
+    policy: torch.nn.Module
+    clips: list
+    cider: CiderD
+    batch_clips: list
+
+
+def step_inputs(cfg: TrainConfig, progress: bool = False) -> StepInputs:
+    """:class:`StepInputs` on this machine's device (CUDA where there is one)."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     data_path, captioner_path = resolve_asset_paths(cfg.data, cfg.captioner,
                                                     cache_dir=cfg.cache_dir, progress=progress)
     cache, captioner, policy = load_run_inputs(cfg, data_path, captioner_path, device)
     train = cache.split("train")
     clips = [train[i] for i in range(len(train))]
+    cider = CiderD(corpus_references=[c.refs_av for c in clips], tokenize=True)
+    return StepInputs(data_path, captioner_path, cache, captioner, policy, clips, cider,
+                      clips[:cfg.micro_batch_size])
+
+
+def measure(cfg: TrainConfig, rounds: int, progress: bool,
+            full_captions_dir: str) -> tuple[list[dict], dict]:
+    """Rows (one per reward) and the set-up's facts; y_full is generated into (or read from)
+    ``full_captions_dir``, and timed."""
+    inputs = step_inputs(cfg, progress)
+    cache, captioner, policy = inputs.cache, inputs.captioner, inputs.policy
+    clips, cider, batch_clips = inputs.clips, inputs.cider, inputs.batch_clips
     decoding = dict(num_beams=cfg.num_beams, max_new_tokens=cfg.max_new_tokens,
                     cache_dir=full_captions_dir)
     cached = full_captions_path(captioner, cache, "train", **decoding).is_file()
@@ -95,10 +120,8 @@ def measure(cfg: TrainConfig, rounds: int, progress: bool,
     full = full_captions(captioner, cache, "train", progress=progress, **decoding)
     sync()
     setup = {"full_captions_s": time.perf_counter() - t0, "full_captions_cached": cached,
-             "train_clips": len(clips), "benchmark": data_path.name,
-             "captioner": captioner_path.name}
-    cider = CiderD(corpus_references=[c.refs_av for c in clips], tokenize=True)
-    batch_clips = clips[:cfg.micro_batch_size]
+             "train_clips": len(clips), "benchmark": inputs.data_path.name,
+             "captioner": inputs.captioner_path.name}
     targets = full.targets(batch_clips)
     generation = Stopwatch(captioner, "generate_tokens")
     forcing = Stopwatch(captioner, "teacher_forced")

@@ -31,31 +31,21 @@ import tempfile
 import time
 from pathlib import Path
 
-import torch
-
-from avex.cache_and_captioner import resolve_asset_paths
 from avex.fidelity import full_captions
-from avex.reward import CiderD
 from avex.tables import markdown_table
 from avex.training.config import REWARDS, TrainConfig
-from avex.training.loop import load_run_inputs
 from avex.training.steps import draw_retention, rl_loss, sample_seed
 from first_light import Stopwatch, sync
-from reward_step import commit, iqr, machine
+from reward_step import commit, iqr, machine, step_inputs
 
 ARMS = {"A": {}, "S": {"exchange_search": True, "search_rounds": 2, "search_candidates": 7}}
 
 
 def measure(cfg: TrainConfig, rewards: list[str], rounds: int, scratch: str) -> list[dict]:
     """One row per (reward, arm): median step, IQR, time in the captioner, ratio to A."""
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    data_path, captioner_path = resolve_asset_paths(cfg.data, cfg.captioner,
-                                                    cache_dir=cfg.cache_dir, progress=False)
-    cache, captioner, policy = load_run_inputs(cfg, data_path, captioner_path, device)
-    train = cache.split("train")
-    clips = [train[i] for i in range(len(train))]
-    batch_clips = clips[:cfg.micro_batch_size]
-    cider = CiderD(corpus_references=[c.refs_av for c in clips], tokenize=True)
+    inputs = step_inputs(cfg)
+    cache, captioner, policy = inputs.cache, inputs.captioner, inputs.policy
+    cider, batch_clips = inputs.cider, inputs.batch_clips
     targets = None
     if any(r != "cider" for r in rewards):
         targets = full_captions(captioner, cache, "train", num_beams=cfg.num_beams,
