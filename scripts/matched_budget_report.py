@@ -96,6 +96,12 @@ def arm_intervals(data, ours: str = "A") -> dict:
                        data["retentions"], "C_av", key="variant", full=data.get("full"))
 
 
+def interval_labels(intervals: dict) -> dict:
+    """arm -> printed label, in the intervals' order, full tokens last."""
+    labels = {a: ABLATIONS[a][0] for a in dict.fromkeys(a for a, _ in intervals) if a != "full"}
+    return {**labels, "full": method_label("full")}
+
+
 def run_path(run: str, source: Path) -> Path:
     """A row's run: relative to the folder of the ablation.json that records it (absolute in
     files written before results recorded no machine paths)."""
@@ -206,9 +212,6 @@ def main(argv=None) -> None:
                  **(v.as_dict() if isinstance(v, Interval) else {"none": v})}
                 for (arm, r), v in default_intervals.items()],
             "diagnostics": diag}
-        arm_labels = {a: ABLATIONS[a][0] for a in dict.fromkeys(a for a, _ in intervals)
-                      if a != "full"}
-        arm_labels["full"] = method_label("full")
         judge = data.get("judge") or {}
         lines += [f"## Benchmark seed {seed}" + (" (deciding)" if seed == args.deciding else ""),
                   "", f"Full tokens: {full:.1f}. Judge: benchmark sha256 "
@@ -220,14 +223,14 @@ def main(argv=None) -> None:
                   markdown_table(header, seed_lines), "",
                   "A − arm, C_av, with its paired bootstrap 95% interval (clips and training "
                   "seeds resampled together):", "",
-                  difference_table(intervals, "A", arm_labels, retentions, others="arm"), "",
+                  difference_table(intervals, "A", interval_labels(intervals), retentions,
+                                   others="arm"), "",
                   decision_line(verdict), ""]
         if default_intervals:
-            labels = {a: ABLATIONS[a][0] for a, _ in default_intervals if a != "full"}
-            labels["full"] = method_label("full")
             lines += [f"The default recipe ({DEFAULT_ARM}) − arm, C_av, with its paired "
                       "bootstrap 95% interval:", "",
-                      difference_table(default_intervals, DEFAULT_ARM, labels, retentions,
+                      difference_table(default_intervals, DEFAULT_ARM,
+                                       interval_labels(default_intervals), retentions,
                                        others="arm"), ""]
         diag_lines = []
         for name in ("vv", "aa", "va", "av"):

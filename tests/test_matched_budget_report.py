@@ -58,12 +58,17 @@ def ablation_json(folder: Path, b_gain: float, *, per_clip: bool = True, clips: 
     return path
 
 
+def written_report(report, tmp_path, files, deciding):
+    """Run the report on ``files`` (SEED=FILE) and return its Markdown and its JSON."""
+    report.main([*files, "--deciding", str(deciding), "--out", str(tmp_path / "out")])
+    return ((tmp_path / "out.md").read_text(),
+            json.loads((tmp_path / "out.json").read_text()))
+
+
 def test_b_beats_a_where_its_interval_lies_above_zero(report, tmp_path):
     files = [f"0={ablation_json(tmp_path / 'b0', 6.0)}",
              f"3={ablation_json(tmp_path / 'b3', 0.0)}"]
-    report.main([*files, "--deciding", "0", "--out", str(tmp_path / "out")])
-    md = (tmp_path / "out.md").read_text()
-    saved = json.loads((tmp_path / "out.json").read_text())
+    md, saved = written_report(report, tmp_path, files, 0)
     decision = saved["benchmarks"]["0"]["decision"]
     assert decision["wins"] == 2 and decision["worse_at"] == []
     assert decision["exchange_term_becomes_default"] is True
@@ -91,9 +96,7 @@ def test_where_the_default_recipe_is_scored_it_is_compared_with_every_arm(report
     D-fid − every other arm beside A − arm, and names the variants it read."""
     files = [f"0={ablation_json(tmp_path / 'b0', 0.0, default_gain=8.0)}",
              f"1={ablation_json(tmp_path / 'b1', 0.0)}"]
-    report.main([*files, "--deciding", "0", "--out", str(tmp_path / "out")])
-    md = (tmp_path / "out.md").read_text()
-    saved = json.loads((tmp_path / "out.json").read_text())
+    md, saved = written_report(report, tmp_path, files, 0)
     ours = saved["benchmarks"]["0"]["default_intervals"]
     assert {(i["arm"], i["retention"]) for i in ours} == \
         {(arm, r) for arm in ("warmup", "A", "B", "C", "full") for r in RETENTIONS}
@@ -107,12 +110,11 @@ def test_where_the_default_recipe_is_scored_it_is_compared_with_every_arm(report
 
 def test_files_without_per_clip_scores_give_no_interval_and_no_decision(report, tmp_path):
     old = ablation_json(tmp_path / "b3", 6.0, per_clip=False)
-    report.main([f"3={old}", "--deciding", "3", "--out", str(tmp_path / "out")])
-    md = (tmp_path / "out.md").read_text()
+    md, saved = written_report(report, tmp_path, [f"3={old}"], 3)
     assert "no interval: per-clip scores not recorded" in md
     assert "No decision on the deciding benchmark (seed 3): no interval: per-clip scores not " \
            "recorded" in md
-    decision = json.loads((tmp_path / "out.json").read_text())["benchmarks"]["3"]["decision"]
+    decision = saved["benchmarks"]["3"]["decision"]
     assert decision["exchange_term_becomes_default"] is None
     assert "an unrecorded number of clips" in md
 
