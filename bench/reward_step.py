@@ -61,12 +61,15 @@ def machine() -> str:
     if Path("/proc/cpuinfo").exists():
         cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
                     if line.startswith("model name")), cpu)
-    return (f"{cpu}, {os.cpu_count()} cores, python {platform.python_version()}, torch "
+    gpu = f"{torch.cuda.get_device_name()}; " if torch.cuda.is_available() else ""
+    return (f"{gpu}{cpu}, {os.cpu_count()} cores, python {platform.python_version()}, torch "
             f"{torch.__version__}, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}"
             f" (torch threads {torch.get_num_threads()})")
 
 
 def commit() -> str:
+    if os.environ.get("AVEX_COMMIT"):   # a device machine's copy carries stale git metadata
+        return os.environ["AVEX_COMMIT"][:7]
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True, check=True).stdout.strip()
@@ -202,7 +205,7 @@ def main(argv=None) -> None:
             sections.append(table(rows, exchanges))
     load_after = os.getloadavg()
     report = "\n".join([
-        "# RL step time by reward (CPU)", "",
+        f"# RL step time by reward ({'CUDA' if torch.cuda.is_available() else 'CPU'})", "",
         f"- date: {datetime.date.today()}",
         f"- machine: {machine()}; load average {load[0]:.1f} before, {load_after[0]:.1f} after",
         f"- commit: {commit()}",
