@@ -60,11 +60,13 @@ def resolve_backend(backend: str, device: torch.device, *, op: str,
 
 
 def resolve_row_backend(backend: str, scores: torch.Tensor, *, op: str, max_width: int,
-                        cuda_library: bool = False, cuda_max_width: int = 0) -> str:
+                        cuda_max_width: int | None = None) -> str:
     """``resolve_backend`` for kernels that hold one float32 row of ``scores`` in registers.
 
     Under ``"auto"``, float64 scores and rows wider than ``max_width`` go to the reference; a
     forced ``"triton"`` (or ``"cuda"``, up to ``cuda_max_width``) says why it can't take them.
+    ``cuda_max_width``: the widest row the op's CUDA C++ library path takes; None where the op
+    has no such path (one argument, so that a caller can't offer the library without its limit).
     """
     # The dtype is refused before the device is looked at: the same call gets the same
     # error with or without a GPU on the machine.
@@ -74,7 +76,8 @@ def resolve_row_backend(backend: str, scores: torch.Tensor, *, op: str, max_widt
     if scores.dtype == torch.float64 and backend == "triton":
         raise TypeError(f"{op}: the Triton path computes in float32; got scores of dtype "
                         "torch.float64 (use backend='torch' for float64)")
-    path = resolve_backend(backend, scores.device, op=op, cuda_library=cuda_library)
+    path = resolve_backend(backend, scores.device, op=op,
+                           cuda_library=cuda_max_width is not None)
     if path == "cuda":
         if scores.shape[1] > cuda_max_width:
             raise ValueError(f"{op}: the CUDA library sorts a row in shared memory and takes at "

@@ -92,7 +92,7 @@ def gumbel_topk(scores: torch.Tensor, k, *, tau: float = 1.0, lengths=None, seed
     scores, k_rows, kmax, lengths = _check_common(scores, k, lengths, tau)
     seed = _check_seed(seed) if sample else 0
     path = resolve_row_backend(backend, scores, op="gumbel_topk", max_width=MAX_TRITON_WIDTH,
-                               cuda_library=True, cuda_max_width=CUDA_TOPK_MAX_WIDTH)
+                               cuda_max_width=CUDA_TOPK_MAX_WIDTH)
     if path == "torch":
         if not log_prob:
             return gumbel_topk_indices_ref(scores, k_rows, kmax, lengths, tau, seed,
@@ -129,7 +129,7 @@ def _topk_inference(scores, k, tau, backend):
     on_cpu = backend == "auto" and scores.is_cpu  # the PyTorch path, as resolved
     if not on_cpu and resolve_row_backend(backend, scores, op="gumbel_topk",
                                           max_width=MAX_TRITON_WIDTH,
-                                          cuda_library=True) != "torch":
+                                          cuda_max_width=CUDA_TOPK_MAX_WIDTH) != "torch":
         return None
     batch, width = scores.shape
     k_rows = None

@@ -21,6 +21,7 @@ import torch
 
 from avex.kernels import compact, gumbel_topk, plackett_luce_log_prob
 from avex.kernels.compact_ref import compact_ref
+from avex.kernels.gumbel_topk import MAX_TRITON_WIDTH
 from avex.kernels.gumbel_topk_ref import gumbel_topk_ref
 
 from conftest import poisoned_alloc, requires_cuda
@@ -516,10 +517,28 @@ def test_cuda_topk_matches_reference_and_triton(library, seed, batch, width, opt
     got, logp = gumbel_topk(s, kd, tau=tau, lengths=ld, sample=False, backend="cuda",
                             log_prob=True)
     library.check_device_errors()
-    triton_idx, _ = gumbel_topk(s, kd, tau=tau, lengths=ld, sample=False, backend="triton")
     assert torch.equal(got.cpu(), want)
-    assert torch.equal(triton_idx.cpu(), want)
     torch.testing.assert_close(logp.cpu(), want_logp, rtol=1e-5, atol=1e-4)
+    if width <= MAX_TRITON_WIDTH:   # wider rows: the Triton path refuses (tested on the CPU)
+        triton_idx, _ = gumbel_topk(s, kd, tau=tau, lengths=ld, sample=False, backend="triton")
+        assert torch.equal(triton_idx.cpu(), want)
+
+
+@requires_cuda
+@pytest.mark.parametrize("width,k", [(1, 1), (320, 128), (1000, 1000), (5000, 37)])
+def test_cuda_topk_without_lengths_or_log_prob(library, width, k):
+    """The call inference makes (no lengths, no log-probability) takes gumbel_topk's shortcut
+    through torch.topk: with backend="cuda" it must still reach the library, at any width the
+    library takes. It once refused every width there (the shortcut asked the dispatch for the
+    library without its width limit)."""
+    gen = torch.Generator().manual_seed(width)
+    scores = torch.randn(3, width, generator=gen)
+    want, _ = gumbel_topk_ref(scores, torch.full((3,), k), k, torch.full((3,), width), 1.0, 0,
+                              False)
+    got, logp = gumbel_topk(scores.cuda(), k, sample=False, backend="cuda")
+    library.check_device_errors()
+    assert logp is None
+    assert torch.equal(got.cpu(), want)
 
 
 @requires_cuda

@@ -508,6 +508,28 @@ def test_rows_wider_than_the_kernel_limit_go_to_the_reference():
         kernel_utils.resolve_row_backend("triton", on_cuda(limit + 1), op="t", max_width=limit)
 
 
+def test_the_cuda_library_takes_rows_up_to_its_own_limit():
+    """backend="cuda" is offered only with the library's width limit: rows up to it go to the
+    library (wider than the Triton limit too), wider ones are refused, and an op without a
+    library path refuses the backend."""
+    cuda_limit = gt.CUDA_TOPK_MAX_WIDTH
+    assert cuda_limit > gt.MAX_TRITON_WIDTH
+
+    def on_cuda(width):
+        return SimpleNamespace(device=torch.device("cuda"), dtype=torch.float32,
+                               shape=(2, width))
+
+    for width in (1, 320, gt.MAX_TRITON_WIDTH + 1, cuda_limit):
+        assert kernel_utils.resolve_row_backend(
+            "cuda", on_cuda(width), op="t", max_width=gt.MAX_TRITON_WIDTH,
+            cuda_max_width=cuda_limit) == "cuda"
+    with pytest.raises(ValueError, match=f"at most {cuda_limit} tokens, got {cuda_limit + 1}"):
+        kernel_utils.resolve_row_backend("cuda", on_cuda(cuda_limit + 1), op="t",
+                                         max_width=gt.MAX_TRITON_WIDTH, cuda_max_width=cuda_limit)
+    with pytest.raises(ValueError, match="backend must be one of"):
+        kernel_utils.resolve_row_backend("cuda", on_cuda(8), op="t", max_width=8)
+
+
 @pytest.mark.parametrize("sample", [True, False])
 def test_unchecked_path_equals_the_public_one(sample):
     gen = torch.Generator().manual_seed(21)
