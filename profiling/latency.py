@@ -12,9 +12,10 @@ taken within each round: the figures are the median of the per-round ratios and 
 interquartile range (:func:`spread`).
 
 **Stages.** One end-to-end run is timed with marks between its stages: the policy (AVEX), the
-selection and compaction (``prune_inputs``), the prefill (until the model's first forward
-returns, ``generate``'s set-up included) and the decode (the remaining forwards; per step:
-divided by their number). The compaction alone (``prune_inputs`` with the chosen keep-set) is
+selection and compaction (``prune_inputs``), the prefill (until the forward that yields the
+first new token returns, ``generate``'s set-up included: on the packed path, the packed pass
+over all but the prompt's last column and then ``model.generate``'s forward of that column) and
+the decode (the remaining forwards; per step: divided by their number). The compaction alone (``prune_inputs`` with the chosen keep-set) is
 timed in the same round and split off the selection. On CUDA the marks are CUDA events; on a
 CPU with one thread, the thread's CPU time (:class:`Clock`; the wall-time ratio is reported
 beside it), else ``time.perf_counter``.
@@ -239,7 +240,11 @@ def _staged_run(model, select, inputs_embeds, modality, decode_tokens, device):
     clock = Clock(device)
     forwards = []
 
-    def after_forward(*_):
+    def after_forward(_module, _args, kwargs, _output):
+        # The packed prefill's pass (it alone takes cu_seq_lens_q) yields no token: the prefill
+        # ends with the first forward after it, which does.
+        if "cu_seq_lens_q" in kwargs:
+            return
         forwards.append(1)
         if len(forwards) == 1:
             clock.mark("prefill")
@@ -250,7 +255,7 @@ def _staged_run(model, select, inputs_embeds, modality, decode_tokens, device):
         clock.start()
         pruned = select(clock.mark)
         clock.mark("selection")
-        handle = model.register_forward_hook(after_forward)
+        handle = model.register_forward_hook(after_forward, with_kwargs=True)
         try:
             tokens = generate(model, pruned, **_generate_kwargs(decode_tokens))
         finally:

@@ -10,6 +10,7 @@ from transformers import Qwen2Config
 from avex.kernels import compact, gumbel_topk
 from avex.profiling import ProfileSettings, profile, token_layout
 from avex.profiling import flops as F
+from avex.profiling import latency
 from avex.profiling import suite
 from avex.profiling import methods as M
 from avex.profiling.__main__ import main
@@ -430,3 +431,34 @@ def test_provenance_takes_the_callers_commit(monkeypatch):
     assert suite._provenance()["commit"] == "0123456789ab"
     monkeypatch.delenv("AVEX_COMMIT")
     assert suite._provenance()["commit"] != "0123456789ab"
+
+
+
+@pytest.mark.parametrize("attention", ["padded", "varlen"])
+def test_prefill_ends_with_the_forward_that_yields_the_first_token(monkeypatch, attention):
+    """On the packed path ``generate`` prefills in two forwards (the packed pass over all but
+    the prompt's last column, then ``model.generate``'s forward of that column): the prefill
+    stage holds both, and the decode the remaining decode_tokens - 1 forwards, as on the padded
+    path. (The packed path is the default on a GPU, where the count was once one off.)"""
+    forwards = []
+    original = latency.generate
+
+    def generate(model, pruned, **kwargs):
+        handle = model.register_forward_hook(
+            lambda _m, _a, kw, _o: forwards.append("cu_seq_lens_q" in kw), with_kwargs=True)
+        try:
+            return original(model, pruned, attention=attention, **kwargs)
+        finally:
+            handle.remove()
+    monkeypatch.setattr(latency, "generate", generate)
+    model, policy, embeds, modality = suite.latency_inputs(
+        tiny_config(), 64, token_layout(ProfileSettings(visual_tokens=12, audio_tokens=6,
+                                                        text_before=3, text_after=4)))
+    rows = measure(model, policy, embeds, modality, retention=0.5, decode_tokens=5, runs=1,
+                   warmup=0, memory=False)
+    for row in rows.values():
+        assert row["decode_steps"] == 4 and row["generated_tokens"] == 5
+    # one run per method; each: 5 forwards that yield a token, plus the packed pass if packed
+    packed = attention == "varlen"
+    assert forwards.count(True) == (2 if packed else 0)
+    assert forwards.count(False) == 2 * 5
