@@ -120,16 +120,19 @@ def _topk_inference(scores, k, tau, backend):
     (the key turns NaN) and on a row with fewer than K selectable tokens (the key turns
     -inf). Returns None to hand such calls, and any argument this path doesn't take, to the
     general path, which ranks ties and raises the errors.
+
+    Taken under ``backend="auto"`` on any device and ``"torch"``; a forced ``"triton"`` or
+    ``"cuda"`` runs what it names. On an H100 at B=64, M=320 this path took 57-101 us against
+    354-686 us for the checked Triton call (``bench/results/kernels-h100.md``).
     """
     if not (isinstance(scores, torch.Tensor) and scores.dim() == 2 and scores.is_floating_point()
             and scores.numel() > 0):
         return None
     if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not 0 < tau < math.inf:
         return None
-    on_cpu = backend == "auto" and scores.is_cpu  # the PyTorch path, as resolved
-    if not on_cpu and resolve_row_backend(backend, scores, op="gumbel_topk",
-                                          max_width=MAX_TRITON_WIDTH,
-                                          cuda_max_width=CUDA_TOPK_MAX_WIDTH) != "torch":
+    if backend != "auto" and resolve_row_backend(backend, scores, op="gumbel_topk",
+                                                 max_width=MAX_TRITON_WIDTH,
+                                                 cuda_max_width=CUDA_TOPK_MAX_WIDTH) != "torch":
         return None
     batch, width = scores.shape
     k_rows = None

@@ -362,6 +362,23 @@ def test_inference_fast_path_is_taken_exactly_without_ties(kind, check, monkeypa
     assert taken_by_k[32] == (kind != "ties")   # the fast path does get used
 
 
+@pytest.mark.parametrize("backend", ["auto", "torch"])
+def test_inference_takes_the_fast_path_on_every_device(backend, monkeypatch):
+    """gumbel_topk(sample=False) without lengths or log-probability: on this machine's device
+    (CUDA on a GPU) the auto and torch backends answer from torch.topk when no tie can decide,
+    and equal the reference; the general paths are not called."""
+    def general(*args, **kwargs):
+        raise AssertionError("the general path ran")
+    monkeypatch.setattr(gt._GumbelTopK, "apply", general)
+    monkeypatch.setattr(gt, "gumbel_topk_indices_ref", general)
+    gen = torch.Generator().manual_seed(9)
+    for width, k in ((1, 1), (37, 5), (320, 128), (320, 320)):
+        scores = torch.randn(6, width, generator=gen)
+        got, logp = gumbel_topk(scores.to(DEVICE), k, sample=False, backend=backend)
+        assert logp is None and got.device.type == torch.device(DEVICE).type
+        assert torch.equal(got.cpu(), reference_indices(scores, k, None, 1.0))
+
+
 @pytest.mark.parametrize("check", HOST_CHECKS)
 def test_inference_fast_path_sees_ties_the_shift_creates(check, monkeypatch):
     use_host_check(monkeypatch, check)
