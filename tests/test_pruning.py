@@ -285,16 +285,37 @@ def test_gradients_reach_inputs_embeds():
     assert torch.autograd.gradcheck(f, (embeds[:, :, :2].detach().requires_grad_(),))
 
 
-def test_auto_uses_the_padded_path_without_flash_attn(qwen2, monkeypatch):
+@pytest.mark.parametrize("kernel", ["reference", "torch varlen_attn"])
+def test_auto_uses_the_padded_path_without_flash_attn(qwen2, monkeypatch, kernel):
+    """Without flash-attn, "auto" prefills padded, also where PyTorch's varlen_attn would serve
+    (CUDA in bf16, pretended here): that packed path was slower than padded on an H100."""
     embeds, modality, scores = make_batch(11)
     pruned = prune_inputs(embeds, modality, scores=scores, retention=0.5)
     monkeypatch.setattr(generation, "_flash_attn_installed", lambda: False)
+    if kernel == "torch varlen_attn":
+        monkeypatch.setattr(generation, "packed_attention",
+                            lambda *_: generation.VARLEN_TORCH_ATTENTION)
 
     def refuse(*args, **kwargs):
         raise AssertionError("the varlen path ran without flash-attn")
     monkeypatch.setattr(generation, "_varlen_prefill", refuse)
     generate(qwen2, pruned, max_new_tokens=2)
 
+
+
+def test_auto_uses_the_packed_path_with_flash_attn(qwen2, monkeypatch):
+    embeds, modality, scores = make_batch(11)
+    pruned = prune_inputs(embeds, modality, scores=scores, retention=0.5)
+    monkeypatch.setattr(generation, "packed_attention", lambda *_: "flash_attention_2")
+
+    class Packed(Exception):
+        pass
+
+    def packed(*args, **kwargs):
+        raise Packed
+    monkeypatch.setattr(generation, "_varlen_prefill", packed)
+    with pytest.raises(Packed):
+        generate(qwen2, pruned, max_new_tokens=2)
 
 def test_flash_attn_is_imported_only_when_installed(qwen2):
     installed = importlib.util.find_spec("flash_attn") is not None

@@ -44,8 +44,11 @@ def generate(model, pruned: PrunedInputs, *, attention: str = "auto", **generate
             kernel (flash-attention's ``flash_attention_2`` when ``flash_attn`` is installed,
             else PyTorch's own ``torch.nn.attention.varlen.varlen_attn``, same ``cu_seqlens``
             contract), otherwise through a per-sequence SDPA reference, correct but not faster.
-            ``"auto"`` picks ``"varlen"`` when one of those packed kernels serves the inputs'
-            device and the model's dtype (and ``use_cache`` is not off); else ``"padded"``.
+            ``"auto"`` picks ``"varlen"`` only where flash-attn serves the inputs' device and
+            the model's dtype (and ``use_cache`` is not off); else ``"padded"``. On an H100
+            with PyTorch's ``varlen_attn`` the packed prefill took 1.5x the padded one at
+            batch 16 (``bench/results/kernels-h100.md``, P7), and it always costs one more
+            forward (the prompt's last column), so that kernel is used only when asked for.
         **generate_kwargs: passed to ``model.generate`` (``max_new_tokens``, ``num_beams``,
             ``do_sample``, ...). ``inputs_embeds``, ``attention_mask``, ``position_ids`` and
             the KV cache (``past_key_values``, or ``cache`` in newer transformers) come from
@@ -63,9 +66,9 @@ def generate(model, pruned: PrunedInputs, *, attention: str = "auto", **generate
         _check_window_cannot_bind(model, pruned, window, generate_kwargs)
     path = attention
     if path == "auto":
-        packed_kernel = packed_attention(pruned.inputs_embeds.device,
-                                         model.dtype) != VARLEN_REFERENCE_ATTENTION
-        path = ("varlen" if packed_kernel and window is None
+        flash = packed_attention(pruned.inputs_embeds.device,
+                                 model.dtype) == "flash_attention_2"
+        path = ("varlen" if flash and window is None
                 and generate_kwargs.get("use_cache", True) else "padded")
     if path == "varlen" and generate_kwargs.get("use_cache", True) is False:
         raise ValueError("generate(attention='varlen') hands a prefilled cache to model.generate "
