@@ -216,6 +216,7 @@ bench)
     run_budgeted "$OUT/bench.log" "$PY" -m pytest $targets "${args[@]}" || status=1
     if [[ -s $OUT/bench.json ]]; then
         "$PY" bench/summarize.py "$OUT/bench.json" --title "Kernel benchmarks $TITLE_TAIL" \
+            --commit "$commit" \
             > "$OUT/bench-gpu.md" || status=1
         cat "$OUT/bench-gpu.md"
     else

@@ -32,6 +32,9 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("json_file")
     parser.add_argument("--title", default="Benchmark results")
+    parser.add_argument("--commit", default=None,
+                        help="the commit the benchmarks ran at, where the JSON's git record is "
+                             "wrong (a device machine's copy of the tree has stale git metadata)")
     args = parser.parse_args(argv)
     try:  # an unreadable file is a usage error naming it
         with open(args.json_file, encoding="utf-8") as f:
@@ -58,7 +61,10 @@ def main(argv=None):
     extra = data["benchmarks"][0].get("extra_info", {}) if data["benchmarks"] else {}
     if extra.get("device_name"):
         print(f"- device: {extra['device_name']}")
-    print(f"- commit: {commit[:12]} (dirty: {data.get('commit_info', {}).get('dirty', '?')})")
+    if args.commit:
+        print(f"- commit: {args.commit[:12]} (given; the JSON's git record says {commit[:12]})")
+    else:
+        print(f"- commit: {commit[:12]} (dirty: {data.get('commit_info', {}).get('dirty', '?')})")
     if groups:
         print("- medians of pytest-benchmark rounds; ratio = baseline median / entry median\n")
     rows = []

@@ -212,3 +212,21 @@ def test_first_light_bounds_every_part():
     launched = re.findall(r"^    part (\S+) (\d+) (\d+) ", body, flags=re.M)
     assert [name for name, _, _ in launched] == ["tests", "P1", "P2", "P9", "P1-compile"]
     assert sum(int(cap) for _, cap, _ in launched) <= 600
+
+
+def test_summary_names_the_commit_it_is_given(tmp_path):
+    """A device machine's copy of the tree carries stale git metadata, so pytest-benchmark's
+    record of the commit is wrong there; gpu.sh hands summarize.py the right one."""
+    data = {"datetime": "2026-11-27T16:00:00", "commit_info": {"id": "a" * 40, "dirty": True},
+            "machine_info": {"cpu": {"brand_raw": "probe", "count": 2}, "python_version": "3"},
+            "benchmarks": [{"name": "t", "group": "g", "extra_info": {"impl": "x (baseline)",
+                                                                         "baseline": True},
+                            "stats": {"median": 1e-3, "iqr": 1e-4, "rounds": 3}}]}
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(data))
+    script = [sys.executable, str(ROOT / "bench" / "summarize.py"), str(path)]
+    given = subprocess.run(script + ["--commit", "b" * 40], capture_output=True, text=True,
+                           check=True).stdout
+    assert "- commit: bbbbbbbbbbbb (given; the JSON's git record says aaaaaaaaaaaa)" in given
+    plain = subprocess.run(script, capture_output=True, text=True, check=True).stdout
+    assert "- commit: aaaaaaaaaaaa (dirty: True)" in plain
