@@ -122,8 +122,8 @@ def _topk_inference(scores, k, tau, backend):
     general path, which ranks ties and raises the errors.
 
     Taken under ``backend="auto"`` on any device and ``"torch"``; a forced ``"triton"`` or
-    ``"cuda"`` runs what it names. On an H100 at B=64, M=320 this path took 57-101 us against
-    354-686 us for the checked Triton call (``bench/results/kernels-h100.md``).
+    ``"cuda"`` runs what it names. On an H100 at B=64, M=320 this path took 55-101 us against
+    351-686 us for the checked Triton call (``bench/results/kernels-h100.md``).
     """
     if not (isinstance(scores, torch.Tensor) and scores.dim() == 2 and scores.is_floating_point()
             and scores.numel() > 0):
