@@ -230,6 +230,11 @@ def test_matched_budget_arms_at_several_retentions_and_a_sweep_of_their_runs(
     assert "s (training of 3 run(s) included)." in md   # the warmup, A and C
     saved = json.loads((abl / "ablation.json").read_text())
     assert saved["runs_trained"] == 3
+    # the same call again finds its runs finished in its own folder: scoring only
+    main(["ablation", *tiny(cache_dir, abl, "--variants", "A,C", "--retentions", "0.4,0.2",
+                            "--train-args", TRAIN)])
+    assert "s (scoring only: every run was reused)." in (abl / "ablation.md").read_text()
+    assert json.loads((abl / "ablation.json").read_text())["runs_trained"] == 0
     assert saved["full"]["C_av"] > 0 and saved["judge"]["benchmark"]["sha256"]
     ratio = result["rows"][0]["C_av"] / result["full"]["C_av"]
     assert f"{ratio:.3f}" in md
@@ -289,3 +294,20 @@ def test_results_record_no_machine_path(trained_sweep, cache_dir, tmp_path):
     md = (tmp_path / "abl" / "ablation.md").read_text()
     assert "| A − variant | 20% |" in md and "| Warmup only | " in md
     assert "s (scoring only: every run was reused)." in md
+
+
+def test_the_ablation_intervals_keep_full_avex_apart_from_full_tokens():
+    """Table 3's "full" variant (Full AVEX, g = 8) and full tokens each get their own line."""
+    from avex.evaluate.ablation import arm_differences, differences_markdown
+    from avex.evaluate.intervals import compact_per_clip
+
+    rng = np.random.default_rng(5)
+    tokens = rng.normal(450, 100, 30)
+    rows = [{"variant": name, "retention": 0.2, "seed": seed,
+             "per_clip": compact_per_clip({"C_av": tokens - shift + rng.normal(0, 3, 30)})}
+            for name, shift in (("A", 20), ("full", 24), ("g4", 21)) for seed in (0, 1)]
+    full = {"per_clip": compact_per_clip({"C_av": tokens})}
+    intervals = arm_differences(rows, full, [0.2])
+    assert set(intervals) == {("full", 0.2), ("g4", 0.2), ("full tokens", 0.2)}
+    md = "\n".join(differences_markdown(intervals, rows, [0.2]))
+    assert "| Full AVEX (g = 8) | +" in md and "| Full tokens | -" in md and "| g = 4 |" in md

@@ -186,3 +186,26 @@ def test_pooling_refuses_unpaired_or_no_strata():
         pooled_interval([])
     with pytest.raises(ValueError, match=r"strata\[1\]: other has 5 clips but ours has 4"):
         pooled_interval([(np.zeros(4), np.zeros(4)), (np.zeros(4), np.zeros(5))])
+
+
+def test_full_tokens_take_a_name_no_row_carries():
+    """The ablation has a variant called "full" (Full AVEX, g = 8) beside full tokens: full
+    tokens must go by another name there, and a collision is refused, not silently merged."""
+    rng = np.random.default_rng(3)
+    clips = 40
+    full_tokens = rng.normal(450, 100, clips)
+    a = {s: full_tokens - 20 + rng.normal(0, 5, clips) for s in (0, 1)}
+    full_avex = {s: full_tokens - 25 + rng.normal(0, 5, clips) for s in (0, 1)}
+    rows = [{"variant": name, "retention": 0.2, "seed": s,
+             "per_clip": compact_per_clip({"C_av": scores[s]})}
+            for name, scores in (("A", a), ("full", full_avex)) for s in (0, 1)]
+    full = {"per_clip": compact_per_clip({"C_av": full_tokens})}
+    with pytest.raises(ValueError, match="a row's variant is 'full'"):
+        differences(rows, "A", ["full"], [0.2], key="variant", full=full)
+    got = differences(rows, "A", ["full", "full tokens"], [0.2], key="variant", full=full,
+                      full_key="full tokens")
+    ours = np.round(np.stack([a[0], a[1]]), 2)
+    assert got[("full", 0.2)] == paired_interval(ours, np.round(np.stack(
+        [full_avex[0], full_avex[1]]), 2))
+    assert got[("full tokens", 0.2)] == paired_interval(ours, np.round(full_tokens, 2))
+    assert got[("full", 0.2)].above_zero and got[("full tokens", 0.2)].below_zero

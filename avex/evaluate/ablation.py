@@ -17,7 +17,7 @@ from avex.registry import label as method_label
 from avex.run_files import read_run_config
 from avex.scoring import caption_split, keep_all, score_captions
 from avex.tables import markdown_table
-from avex.training.loop import train_variant
+from avex.training.loop import run_finished, train_variant
 
 from .common import (PATHS_NOTE, ExperimentSettings, begin, check_names, check_retentions,
                      check_seeds, check_split, fmt, given_run, load_experiment_inputs,
@@ -223,8 +223,10 @@ def run_ablation(settings: AblationSettings) -> dict:
 
 def trained_here(trained: list, base, run_dir, **settings):
     """:func:`train_variant`, with ``run_dir`` appended to ``trained`` (the runs this call
-    trained, which its wall time includes)."""
-    trained.append(run_dir)
+    trains or resumes, which its wall time includes) unless it holds a finished run, which is
+    reused."""
+    if not run_finished(run_dir):
+        trained.append(run_dir)
     return train_variant(base, run_dir, **settings)
 
 
@@ -242,14 +244,18 @@ def scored(captions, clips) -> dict:
     return {**score, "per_clip": compact_per_clip(score["per_clip"])}
 
 
+# Full tokens' name in the intervals: "full" is a variant here (Full AVEX, g = 8).
+FULL_TOKENS = "full tokens"
+
+
 def arm_differences(rows, full: dict, retentions) -> dict:
     """(variant, retention) -> A − variant in C_av with its paired 95% interval (or why there
     is none), for every other variant and full tokens; {} without an arm A row."""
     variants = list(dict.fromkeys(r["variant"] for r in rows))
     if "A" not in variants:
         return {}
-    return differences(rows, "A", [v for v in variants if v != "A"] + ["full"], retentions,
-                       "C_av", key="variant", full=full)
+    return differences(rows, "A", [v for v in variants if v != "A"] + [FULL_TOKENS], retentions,
+                       "C_av", key="variant", full=full, full_key=FULL_TOKENS)
 
 
 def differences_markdown(intervals: dict, rows, retentions) -> list[str]:
@@ -257,7 +263,7 @@ def differences_markdown(intervals: dict, rows, retentions) -> list[str]:
     if not intervals:
         return []
     labels = {v: ABLATIONS[v][0] for v in dict.fromkeys(r["variant"] for r in rows) if v != "A"}
-    labels["full"] = method_label("full")
+    labels[FULL_TOKENS] = method_label("full")
     return [f"A − variant, C_av, with the paired bootstrap {LEVEL:.0%} interval ({REPLICATES} "
             "replicates resampling clips and training seeds together; docs/evaluation.md, "
             "\"Paired intervals\"). Above 0: arm A is ahead at that retention; below 0: "

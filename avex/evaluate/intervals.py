@@ -221,22 +221,27 @@ def _paired(ours: dict, other: dict, ours_name: str, other_name: str):
 
 
 def differences(rows, ours: str, others, retentions, metric: str = "C_av", *,
-                key: str = "method", full: dict | None = None, **bootstrap) -> dict:
+                key: str = "method", full: dict | None = None, full_key: str = "full",
+                **bootstrap) -> dict:
     """(other, retention) -> :class:`Interval` of ``ours`` − other, or a str saying why there
     is none (no per-clip scores recorded, a row missing, seeds that do not pair).
 
     ``rows``: a results file's rows (``key``, ``retention``, ``seed``, ``per_clip``);
-    ``full``: the full-token row for a table without one among ``rows`` (as "full", used at
-    every retention). ``bootstrap``: :func:`paired_interval`'s settings."""
+    ``full``: the full-token row for a table without one among ``rows`` (named ``full_key``
+    among ``others``, used at every retention; a row of ``rows`` must not carry that name).
+    ``bootstrap``: :func:`paired_interval`'s settings."""
+    if full is not None and any(r.get(key) == full_key for r in rows):
+        raise ValueError(f"differences: a row's {key} is {full_key!r}, the name given to full "
+                         "tokens; pass another full_key")
     full_scores = None if full is None else {None: (full.get("per_clip") or {}).get(metric)}
     out = {}
     for retention in retentions:
         mine = seed_rows(rows, ours, retention, metric, key=key)
         for other in others:
-            if other == "full" and full_scores is not None:
+            if other == full_key and full_scores is not None:
                 theirs = None if full_scores[None] is None else full_scores
             else:
-                theirs = seed_rows(rows, other, 1.0 if other == "full" else retention, metric,
+                theirs = seed_rows(rows, other, 1.0 if other == full_key else retention, metric,
                                    key=key)
             if mine is None or theirs is None:
                 out[(other, retention)] = "no interval: per-clip scores not recorded"

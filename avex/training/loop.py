@@ -396,17 +396,21 @@ def train(cfg: TrainConfig, *, resume: bool = False) -> dict:
     return {"run_dir": run.cfg.run_dir, **run.execute()}
 
 
+def run_finished(run_dir) -> bool:
+    """Whether ``run_dir`` holds a finished run (its latest checkpoint's phase is "done")."""
+    run_dir = Path(run_dir)
+    latest = latest_checkpoint(run_dir) if run_dir.exists() else None
+    return latest is not None and read_state(latest).get("phase") == "done"
+
+
 def ensure_trained(cfg: TrainConfig) -> Path:
     """Train ``cfg`` unless ``cfg.run_dir`` already holds a finished run (then it is reused; an
     unfinished one is resumed)."""
     run_dir = Path(cfg.run_dir)
-    latest = latest_checkpoint(run_dir) if run_dir.exists() else None
-    if latest is not None:
-        state = read_state(latest)
-        if state.get("phase") != "done":
-            train(cfg, resume=True)
-    else:
-        train(cfg)
+    if run_finished(run_dir):
+        return run_dir
+    started = run_dir.exists() and latest_checkpoint(run_dir) is not None
+    train(cfg, resume=started)
     return run_dir
 
 
