@@ -12,6 +12,8 @@
 #   bash bench/gpu.sh profile   # python -m avex.profiling at real size (qwen2-7b, bf16): the
 #                               # timed table, FLOPs by hand, rounds bounded by the budget
 #   bash bench/gpu.sh flops     # the same backbone's FLOPs counted by fvcore (carry .whl)
+#   bash bench/gpu.sh session   # several stages in one call (AVEX_SESSION_STAGES, each with its
+#                               # share of the budget), packed into gpu-session.tgz
 #   bash bench/gpu.sh STAGE --dry-run   # the same logic on a CPU, small sizes; skips only what
 #                                       # needs CUDA (tests/test_gpu_script.py runs it)
 #
@@ -28,8 +30,9 @@ DRY_RUN=${AVEX_GPU_DRY_RUN:-0}
 [[ ${2:-} == "--dry-run" || ${1:-} == "--dry-run" ]] && DRY_RUN=1
 [[ ${1:-} == "--dry-run" ]] && STAGE=${2:-${AVEX_GPU_STAGE:-}}
 case "$STAGE" in
-    first-light|tests|bench|train|profile|flops) ;;
-    *) echo "usage: bash bench/gpu.sh {first-light|tests|bench|train|profile|flops} [--dry-run];" \
+    first-light|tests|bench|train|profile|flops|session) ;;
+    *) echo "usage: bash bench/gpu.sh {first-light|tests|bench|train|profile|flops|session}" \
+            "[--dry-run];" \
             "got '$STAGE'" >&2
        exit 2 ;;
 esac
@@ -209,6 +212,9 @@ bench)
     targets=${AVEX_BENCH_FILES:-bench}
     args=(--benchmark-only -q -p no:cacheprovider --benchmark-json="$OUT/bench.json"
           --benchmark-max-time="${AVEX_BENCH_MAX_TIME:-0.5}")
+    # AVEX_BENCH_K: a pytest -k selection, e.g. "not compile" (torch.compile of the reference
+    # had not compiled in 120 s on an H100)
+    [[ -n ${AVEX_BENCH_K:-} ]] && args+=(-k "$AVEX_BENCH_K")
     if [[ $DRY_RUN == 1 ]]; then
         targets=${AVEX_BENCH_FILES:-bench/bench_reward.py}
         args+=(--benchmark-min-rounds=1 --benchmark-max-time=0.000001 --benchmark-warmup=off)
@@ -272,9 +278,50 @@ num_key_value_heads=2).save_pretrained('$backbone')" || exit 1
     fi
     # profiling-<backbone>-r0.4-cuda.* from `profile`, profiling-<backbone>-r0.4-flops.* here
     [[ $STAGE == flops ]] && name=(--name "$(basename "$backbone")-r0.4-flops")
+    # AVEX_PROFILE_ARGS: more options, e.g. "--methods full,avex --visual-tokens 4096
+    # --audio-tokens 1024 --name qwen2-7b-long-r0.4-cuda" (a long video)
+    read -r -a more <<< "${AVEX_PROFILE_ARGS:-}"
     run_budgeted "$OUT/$STAGE.log" "$PY" -m avex.profiling --backbone "$backbone" \
-        --retention 0.4 --device "$DEVICE" "${sizes[@]}" "${name[@]}" --out-dir "$OUT" \
-        --no-progress || status=1
+        --retention 0.4 --device "$DEVICE" "${sizes[@]}" "${name[@]}" "${more[@]}" \
+        --out-dir "$OUT" --no-progress || status=1
+    ;;
+session)
+    # Several stages in one call: a lent GPU gives 15 minutes in all, start-up included, so
+    # one or two calls. Each stage runs in its own folder with its share of the budget (never
+    # more than is left), then everything is packed into one archive, since at most 8 files
+    # come back. AVEX_SESSION_STAGES: "STAGE:SECONDS ..." in order.
+    plan=${AVEX_SESSION_STAGES:-"tests:110 bench:150 profile:120 train:90"}
+    work=$SCRATCH/stages
+    rm -rf "$work" && mkdir -p "$work"
+    {
+        echo "# GPU session $TITLE_TAIL"; echo
+        echo "| stage | exit | seconds | budget |"; echo "|---|---|---|---|"
+    } > "$OUT/session.md"
+    for item in $plan; do
+        name=${item%%:*} want=${item##*:}
+        case "$name" in
+            first-light|tests|bench|train|profile|flops) ;;
+            *) note "AVEX_SESSION_STAGES: unknown stage '$name' in '$plan'"; status=1; continue ;;
+        esac
+        if ! [[ $want =~ ^[0-9]+$ ]]; then
+            note "AVEX_SESSION_STAGES: '$item' needs STAGE:SECONDS"; status=1; continue
+        fi
+        left=$(( $(seconds_left) - 20 ))   # 20 s kept for the archive
+        if (( left < 30 )); then
+            echo "| $name | not run: the budget was spent | - | - |" >> "$OUT/session.md"
+            status=1; continue
+        fi
+        budget=$(( want < left ? want : left ))
+        t0=$(date +%s)
+        OUT=$work/$name AVEX_STAGE_SECONDS=$budget AVEX_GPU_DRY_RUN=$DRY_RUN \
+            AVEX_SCRATCH=$SCRATCH/$name bash bench/gpu.sh "$name" > "$work/$name.log" 2>&1
+        rc=$?
+        (( rc != 0 )) && status=1
+        echo "| $name | $rc | $(( $(date +%s) - t0 )) | $budget |" >> "$OUT/session.md"
+        tail -3 "$work/$name.log"
+    done
+    tar czf "$OUT/gpu-session.tgz" -C "$work" . || status=1
+    cat "$OUT/session.md"
     ;;
 esac
 

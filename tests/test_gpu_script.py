@@ -46,7 +46,8 @@ def make_wheel(folder: Path) -> Path:
 def test_usage_and_a_machine_without_cuda_are_refused(tmp_path):
     bad = run_stage("benchmarks", tmp_path / "out")
     assert bad.returncode == 2 and \
-        "usage: bash bench/gpu.sh {first-light|tests|bench|train|profile|flops}" in bad.stderr
+        "usage: bash bench/gpu.sh {first-light|tests|bench|train|profile|flops|session}" in \
+        bad.stderr
     no_gpu = run_stage("bench", tmp_path / "out")
     assert no_gpu.returncode == 1 and "no CUDA device here" in no_gpu.stdout
 
@@ -230,3 +231,31 @@ def test_summary_names_the_commit_it_is_given(tmp_path):
     assert "- commit: bbbbbbbbbbbb (given; the JSON's git record says aaaaaaaaaaaa)" in given
     plain = subprocess.run(script, capture_output=True, text=True, check=True).stdout
     assert "- commit: aaaaaaaaaaaa (dirty: True)" in plain
+
+
+@pytest.mark.slow
+def test_session_runs_its_stages_in_one_call_and_packs_them(tmp_path):
+    """One call, several stages, each with its budget: one archive comes back with every
+    stage's files; the selections for bench and profile reach their commands; a stage the
+    plan misnames is reported and fails the call without stopping the others."""
+    import tarfile
+
+    out = tmp_path / "out"
+    done = run_stage("session", out, "--dry-run", env={
+        "AVEX_SESSION_STAGES": "bench:200 nope:10 profile:200",
+        "AVEX_BENCH_K": "fixed", "AVEX_PROFILE_ARGS": "--methods full,avex"})
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "AVEX_SESSION_STAGES: unknown stage 'nope'" in done.stdout
+    assert sorted(p.name for p in out.iterdir()) == ["gpu-session.tgz", "machine.txt",
+                                                     "session.md"]
+    session = (out / "session.md").read_text()
+    assert re.search(r"^\| bench \| 0 \| \d+ \| 200 \|$", session, flags=re.M)
+    assert re.search(r"^\| profile \| 0 \| \d+ \| 200 \|$", session, flags=re.M)
+    with tarfile.open(out / "gpu-session.tgz") as tar:
+        names = {Path(n).as_posix().lstrip("./") for n in tar.getnames()}
+        table = tar.extractfile("./bench/bench-gpu.md").read().decode()
+        profile = tar.extractfile("./profile/profiling-tiny-qwen2-r0.4-cpu.md").read().decode()
+    assert {"bench.log", "bench/bench-gpu.md", "profile.log",
+            "profile/profiling-tiny-qwen2-r0.4-cpu.md"} <= names
+    assert "CiderD, fixed corpus df" in table and "per-call df" not in table   # -k fixed
+    assert "| AVEX-Prune |" in profile and "FastV-AV" not in profile           # two methods
