@@ -15,10 +15,10 @@ interquartile range (:func:`spread`).
 selection and compaction (``prune_inputs``), the prefill (until the forward that yields the
 first new token returns, ``generate``'s set-up included: on the packed path, the packed pass
 over all but the prompt's last column and then ``model.generate``'s forward of that column) and
-the decode (the remaining forwards; per step: divided by their number). The compaction alone (``prune_inputs`` with the chosen keep-set) is
-timed in the same round and split off the selection. On CUDA the marks are CUDA events; on a
-CPU with one thread, the thread's CPU time (:class:`Clock`; the wall-time ratio is reported
-beside it), else ``time.perf_counter``.
+the decode (the remaining forwards; per step: divided by their number). The compaction alone
+(``prune_inputs`` with the chosen keep-set) is timed in the same round and split off the
+selection. On CUDA the marks are CUDA events; on a CPU with one thread, the thread's CPU time
+(:class:`Clock`; the wall-time ratio is reported beside it), else ``time.perf_counter``.
 
 **Threads.** On a CPU the timing runs on ``OMP_NUM_THREADS`` threads when that is set, else on
 one (:func:`timing_threads`): on a shared machine a parallel op waits for its slowest thread,
