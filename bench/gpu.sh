@@ -290,7 +290,7 @@ session)
     # one or two calls. Each stage runs in its own folder with its share of the budget (never
     # more than is left), then everything is packed into one archive, since at most 8 files
     # come back. AVEX_SESSION_STAGES: "STAGE:SECONDS ..." in order.
-    plan=${AVEX_SESSION_STAGES:-"tests:110 bench:150 profile:120 train:90"}
+    plan=${AVEX_SESSION_STAGES:-"tests:110 bench:130 profile:90 train:150"}
     work=$SCRATCH/stages
     rm -rf "$work" && mkdir -p "$work"
     {
