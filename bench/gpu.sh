@@ -291,8 +291,8 @@ session)
     # more than is left), then everything is packed into one archive, since at most 8 files
     # come back. AVEX_SESSION_STAGES: "STAGE:SECONDS ..." in order.
     plan=${AVEX_SESSION_STAGES:-"tests:110 bench:130 profile:90 train:150"}
-    work=$SCRATCH/stages
-    rm -rf "$work" && mkdir -p "$work"
+    # a fresh folder of its own: nothing under an AVEX_SCRATCH the caller chose is removed
+    mkdir -p "$SCRATCH" && work=$(mktemp -d "$SCRATCH/stages.XXXXXX") || exit 1
     {
         echo "# GPU session $TITLE_TAIL"; echo
         echo "| stage | exit | seconds | budget |"; echo "|---|---|---|---|"
