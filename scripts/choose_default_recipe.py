@@ -4,14 +4,17 @@ default recipe"), on the val splits of several benchmarks:
     python scripts/choose_default_recipe.py b0/ablation.json b1/ablation.json ... \
         [--candidates A,A-fid,B-fid] [--exchange-arms B-fid]
 
+The first candidate is the incumbent, the default the others must displace: A in the first
+round (stage 1 of 2026-11-27), D-fid in the second (``--candidates D-fid,E-fid,D8-fid``).
+
 Each file is an ``avex.evaluate ablation`` output scored on a val split (a test split is
 refused: the test split only reports); several files of one benchmark (arms scored at other
-times, on the same judge and clips) are merged. Every candidate is compared with A at every retention,
+times, on the same judge and clips) are merged. Every candidate is compared with the incumbent at every retention,
 pooled over the files (:func:`avex.evaluate.intervals.pooled_interval`: each benchmark's
 clips and seeds resampled on their own, the benchmarks weighted equally). The rule, applied in
 this order:
 
-1. a candidate is eligible when it is worse than A at no retention;
+1. a candidate is eligible when it is worse than the incumbent at no retention;
 2. an exchange arm is eligible only if it also beats A-fid at two or more retentions and is
    worse than it nowhere (the exchange term enters the default only if it wins);
 3. among the eligible, the highest mean C_av over 20% and 10% is chosen;
@@ -111,15 +114,17 @@ def choose(results, candidates, exchange_arms) -> dict:
     missing = [r for r in CHOICE_RETENTIONS if not any(math.isclose(r, x) for x in retentions)]
     if missing:
         raise ValueError(f"the files don't score {missing}, which the choice averages")
-    if candidates[0] != "A":
-        raise ValueError(f"--candidates must start with A (the default), got {candidates}")
-    against_a = {(name, r): pooled(results, name, "A", r)
+    if len(candidates) < 2 or len(set(candidates)) != len(candidates):
+        raise ValueError(f"--candidates must name the incumbent and at least one other arm, "
+                         f"each once, got {candidates}")
+    incumbent = candidates[0]
+    against_incumbent = {(name, r): pooled(results, name, incumbent, r)
                  for name in candidates[1:] for r in retentions}
-    steps, eligible = [], ["A"]
+    steps, eligible = [], [incumbent]
     for name in candidates[1:]:
-        worse = [r for r in retentions if loses(against_a[(name, r)])]
+        worse = [r for r in retentions if loses(against_incumbent[(name, r)])]
         if worse:
-            steps.append(f"{name} is out: worse than A at {fmt_retentions(worse)}")
+            steps.append(f"{name} is out: worse than {incumbent} at {fmt_retentions(worse)}")
             continue
         if name in exchange_arms and "A-fid" in candidates:
             vs = [pooled(results, name, "A-fid", r) for r in retentions]
@@ -148,7 +153,7 @@ def choose(results, candidates, exchange_arms) -> dict:
                 break
             steps.append(f"{chosen} is ahead of the simpler {simpler} at "
                          f"{fmt_retentions(ahead)}")
-    return {"retentions": retentions, "against_a": against_a, "score": score,
+    return {"retentions": retentions, "against_incumbent": against_incumbent, "score": score,
             "eligible": eligible, "steps": steps, "chosen": chosen}
 
 
@@ -167,11 +172,11 @@ def report(results, decision: dict, candidates) -> str:
     for name in candidates:
         cells = [f"{pooled_mean(results, name, r):.1f}" for r in retentions]
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {decision['score'][name]:.1f} |")
-    lines += ["", "Each arm − A, pooled, with its paired 95% interval:", "",
-              "| arm − A | " + " | ".join(f"{r:.0%}" for r in retentions) + " |",
+    lines += ["", f"Each arm − {candidates[0]}, pooled, with its paired 95% interval:", "",
+              f"| arm − {candidates[0]} | " + " | ".join(f"{r:.0%}" for r in retentions) + " |",
               "|---|" + "---|" * len(retentions)]
     for name in candidates[1:]:
-        lines.append(f"| {name} | " + " | ".join(decision["against_a"][(name, r)].text()
+        lines.append(f"| {name} | " + " | ".join(decision["against_incumbent"][(name, r)].text()
                                                 for r in retentions) + " |")
     lines += ["", f"The rule: {RULE}.", ""] + [f"- {step}" for step in decision["steps"]]
     lines += ["", f"**Stage 1 chooses {decision['chosen']}.**"]
@@ -182,7 +187,8 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("files", nargs="+", help="ablation.json of each benchmark (val split)")
     parser.add_argument("--candidates", default=",".join(CANDIDATES),
-                        help="candidates, simplest first, starting with A (default %(default)s)")
+                        help="candidates, simplest first, starting with the incumbent "
+                             "(default %(default)s)")
     parser.add_argument("--exchange-arms", default=",".join(EXCHANGE_ARMS),
                         help="candidates that carry the exchange term (default %(default)s)")
     args = parser.parse_args(argv)

@@ -57,7 +57,7 @@ def test_a_candidate_ahead_at_low_retention_is_chosen_and_a_level_exchange_arm_i
     assert decision["chosen"] == "A-fid"
     assert decision["eligible"] == ["A", "A-fid"]
     assert any(step.startswith("B-fid is out: an exchange arm") for step in decision["steps"])
-    assert decision["against_a"][("A-fid", 0.1)].low > 0
+    assert decision["against_incumbent"][("A-fid", 0.1)].low > 0
     assert "**Stage 1 chooses A-fid.**" in chooser.report(chooser.load_results(paths),
                                                           decision, ["A", "A-fid", "B-fid"])
 
@@ -123,3 +123,29 @@ def test_arms_scored_apart_on_one_benchmark_are_merged(chooser, tmp_path):
     later[0].write_text(json.dumps(data))
     with pytest.raises(ValueError, match=r"differ in judge"):
         chooser.load_results(paths + later)
+
+
+def test_a_later_round_compares_with_its_incumbent(chooser, tmp_path):
+    """Round 2: D-fid is the incumbent. A candidate ahead of A but level with D-fid stays
+    out of the default; one ahead of D-fid at 10% and worse nowhere is chosen; one worse than
+    D-fid at 50% is out whatever it gains at 10%."""
+    paths = write_results(tmp_path, {"D-fid": {0.2: 5.0, 0.1: 15.0},
+                                     "E-fid": {0.2: 5.0, 0.1: 30.0},
+                                     "D8-fid": {0.5: -12.0, 0.2: 5.0, 0.1: 40.0}})
+    decision = decide(chooser, paths, ("D-fid", "E-fid", "D8-fid"))
+    assert decision["eligible"] == ["D-fid", "E-fid"]
+    assert "D8-fid is out: worse than D-fid at 50%" in decision["steps"]
+    assert decision["chosen"] == "E-fid"
+    assert decision["against_incumbent"][("E-fid", 0.1)].difference == pytest.approx(15, abs=3)
+    text = chooser.report(chooser.load_results(paths), decision, ["D-fid", "E-fid", "D8-fid"])
+    assert "| arm − D-fid |" in text and "**Stage 1 chooses E-fid.**" in text
+    level = write_results(tmp_path, {"D-fid": {0.1: 15.0}, "E-fid": {0.1: 15.4}}, name="lvl",
+                          clips=200)
+    assert decide(chooser, level, ("D-fid", "E-fid"))["chosen"] == "D-fid"
+
+
+def test_candidates_must_name_an_incumbent_and_a_challenger(chooser, tmp_path):
+    paths = write_results(tmp_path, {"A-fid": {}})
+    for bad in (["A"], ["A", "A-fid", "A"]):
+        with pytest.raises(ValueError, match="--candidates must name the incumbent"):
+            decide(chooser, paths, bad)

@@ -8,6 +8,7 @@ import torch
 
 from avex.methods import SELECTORS, Selection, make_selector
 from avex.evaluate.ablation import ABLATIONS
+from avex.training.config import TrainConfig
 from avex.methods.fastav import attention_rollout
 from avex.methods.learned import recipe
 from avex.methods.tome import merge_modality
@@ -224,6 +225,16 @@ def test_every_arm_pins_its_reward_and_selection_and_cacovid_its_reward():
         assert {"reward", "selection", "redundancy"} <= set(settings), name
     assert ABLATIONS["A"][2]["reward"] == "cider" and ABLATIONS["A-fid"][2]["reward"] == "fidelity"
     assert ABLATIONS["D-fid"][2]["selection"] == "set-aware"
+    # E-fid is D-fid but for RL's retention draw, which weights 10% three in seven
+    e, d = ABLATIONS["E-fid"][2], ABLATIONS["D-fid"][2]
+    assert {k: v for k, v in e.items() if k != "train_retentions"} == d
+    assert sorted(e["train_retentions"]) == [0.1, 0.1, 0.1, 0.2, 0.3, 0.4, 0.5]
+    TrainConfig(**e).validate()
+    # D8-fid differs from D-fid in the redundancy alone, C10-fid from C-fid in E's draw alone
+    assert {**ABLATIONS["D8-fid"][2], "redundancy": 4.0} == d
+    assert {**ABLATIONS["C10-fid"][2], "train_retentions": ABLATIONS["C-fid"][2].get(
+        "train_retentions")} == {**ABLATIONS["C-fid"][2], "train_retentions": None}
+    assert ABLATIONS["C10-fid"][2]["train_retentions"] == e["train_retentions"]
     assert ABLATIONS["A"][2]["selection"] == "topk"
     assert METHODS["cacovid"].train["reward"] == "cider"
     assert METHODS["cacovid"].train["selection"] == "topk"

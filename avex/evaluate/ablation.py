@@ -48,6 +48,11 @@ EXCHANGE_SEARCH = {"exchanges": False, "exchange_search": True, "search_rounds":
 #: Redundancy 4: the better of the two the one-seed val pilot tried (2 and 4; fidelity
 #: reward, benchmark 0; results/set-aware-pilot.md).
 SET_AWARE = {"exchanges": False, "anchors": 8, "selection": "set-aware", "redundancy": 4.0}
+#: Set-aware selection with RL's retentions drawn 10% three times in seven (the others once):
+#: the draw that raised arm A's 10% over 3 seeds on benchmark 0 (docs/results.md, "What was
+#: tried for the quality targets"), a candidate for the next stage 1 (issue #36).
+LOW_RETENTION_DRAW = [0.5, 0.4, 0.3, 0.2, 0.1, 0.1, 0.1]
+SET_AWARE_LOW = {**SET_AWARE, "train_retentions": LOW_RETENTION_DRAW}
 
 #: Table 3's rows and the matched-budget arms (issue #25): name -> (label, V-V, A-A, V-A, A-V
 #: marks, TrainConfig settings). "rloo" is L_RL alone over 4 anchors; the arms caption 8 sets
@@ -81,6 +86,13 @@ ABLATIONS = {
     # issue #36 item 5: arm A with set-aware selection, in training and at inference
     "D": (f"D: A with set-aware selection (redundancy {SET_AWARE['redundancy']:g})",
           "✗ ✗ ✗ ✗", SET_AWARE),
+    # issue #36, round 2 (docs/evaluation.md): candidates against D-fid, and E's control
+    "E": ("E: D with RL's retentions drawn 10% three times in seven", "✗ ✗ ✗ ✗",
+          SET_AWARE_LOW),
+    "D8": ("D8: D at redundancy 8", "✗ ✗ ✗ ✗", {**SET_AWARE, "redundancy": 8.0}),
+    "C10": ("C10: C with E's retention draw (control)", "✗ ✗ ✗ ✗",
+            {"exchanges": False, "rl_estimator": "group", "anchors": 8,
+             "train_retentions": LOW_RETENTION_DRAW}),
 }
 #: issue #36 item 6: the warmup alone, from each of the other warmup teachers
 #: (avex/training/warmup_teachers.py); each trains its own warmup and is scored at its warmup
@@ -91,7 +103,7 @@ ABLATIONS["warmup-fidgain"] = ("Warmup only, fidelity-gain teacher", "✗ ✗ �
                                {"warmup_only": True, "warmup_teacher": "fidelity-gain"})
 #: issue #36's matched-budget arms under the fidelity reward: each arm's settings above, with
 #: reward="fidelity" (the table still scores C_av, CIDEr against the references)
-for _arm in ("A", "B", "C", "S", "D"):
+for _arm in ("A", "B", "C", "S", "D", "E", "D8", "C10"):
     _label, _marks, _settings = ABLATIONS[_arm]
     ABLATIONS[f"{_arm}-fid"] = (f"{_label}, fidelity reward", _marks,
                                 {**_settings, "reward": "fidelity"})
