@@ -29,13 +29,14 @@ STAGE=${1:-${AVEX_GPU_STAGE:-}}
 DRY_RUN=${AVEX_GPU_DRY_RUN:-0}
 [[ ${2:-} == "--dry-run" || ${1:-} == "--dry-run" ]] && DRY_RUN=1
 [[ ${1:-} == "--dry-run" ]] && STAGE=${2:-${AVEX_GPU_STAGE:-}}
-case "$STAGE" in
-    first-light|tests|bench|train|profile|flops|session) ;;
-    *) echo "usage: bash bench/gpu.sh {first-light|tests|bench|train|profile|flops|session}" \
-            "[--dry-run];" \
-            "got '$STAGE'" >&2
-       exit 2 ;;
-esac
+# the stages one call can run; "session" runs several of them in one call
+STAGES=(first-light tests bench train profile flops)
+is_stage() { local s; for s in "${STAGES[@]}"; do [[ $1 == "$s" ]] && return 0; done; return 1; }
+if ! is_stage "$STAGE" && [[ $STAGE != session ]]; then
+    usage=$(IFS='|'; echo "${STAGES[*]}|session")
+    echo "usage: bash bench/gpu.sh {$usage} [--dry-run]; got '$STAGE'" >&2
+    exit 2
+fi
 
 PY=${PYTHON:-python3}
 OUT=${OUT:-bench/results/gpu-run}
@@ -299,10 +300,9 @@ session)
     } > "$OUT/session.md"
     for item in $plan; do
         name=${item%%:*} want=${item##*:}
-        case "$name" in
-            first-light|tests|bench|train|profile|flops) ;;
-            *) note "AVEX_SESSION_STAGES: unknown stage '$name' in '$plan'"; status=1; continue ;;
-        esac
+        if ! is_stage "$name"; then
+            note "AVEX_SESSION_STAGES: unknown stage '$name' in '$plan'"; status=1; continue
+        fi
         if ! [[ $want =~ ^[0-9]+$ ]]; then
             note "AVEX_SESSION_STAGES: '$item' needs STAGE:SECONDS"; status=1; continue
         fi
