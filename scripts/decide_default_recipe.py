@@ -7,13 +7,15 @@ default recipe"), on the deciding benchmark's test split, once:
 ``--ablation``: an ``avex.evaluate ablation`` output on the test split holding arm A, the
 controls C and C-fid and stage 1's choice, 3 training seeds each. ``--sweep``: an ``avex.evaluate
 sweep`` output on the same judge and clips holding the other methods (Random, FastV-AV, ToMe-AV,
-FastAV and the privileged Attention-AV). The rule:
+FastAV and the privileged Attention-AV). ``--incumbent`` (default A, round 1's; D-fid in
+round 2) is the default the choice must not be worse than; ``--controls`` (default C,C-fid;
+round 2 adds C10-fid) the CaCoVID-AV arms the default is read against. The rule:
 
-1. the chosen recipe becomes the default if it is worse than A at no retention (the paired 95%
-   interval of chosen − A, over clips and training seeds, lies below 0 nowhere); otherwise A
-   stays;
-2. the report gives the default − C and − C-fid with their intervals at every retention, and
-   reads issue #36's targets against the stronger of the two (the higher mean, per retention);
+1. the chosen recipe becomes the default if it is worse than the incumbent at no retention (the
+   paired 95% interval of chosen − incumbent, over clips and training seeds, lies below 0
+   nowhere); otherwise the incumbent stays;
+2. the report gives the default − each control with its interval at every retention, and
+   reads issue #36's targets against the strongest of them (the highest mean, per retention);
 3. "above every efficient method" compares means with every method of both files except
    Attention-AV, a privileged reference.
 
@@ -66,25 +68,30 @@ def scores(data: dict, name: str, retention: float) -> list:
     return [rows[s] for s in sorted(rows, key=str)]
 
 
-def decide(ablation: dict, chosen: str, sweep: dict | None = None) -> dict:
+def decide(ablation: dict, chosen: str, sweep: dict | None = None, *, incumbent: str = "A",
+           controls=CONTROLS) -> dict:
     """The rule of this module's docstring; every interval and mean it read."""
     retentions = list(ablation["retentions"])
+    controls = tuple(controls)
+    if not controls or incumbent in controls or chosen in controls:
+        raise ValueError(f"controls must be CaCoVID-AV arms other than the incumbent "
+                         f"({incumbent}) and the choice ({chosen}), got {list(controls)}")
     names = {row["variant"] for row in ablation["rows"]}
-    missing = [n for n in ("A", *CONTROLS, chosen) if n not in names]
+    arms = tuple(dict.fromkeys((incumbent, *controls, chosen)))
+    missing = [n for n in arms if n not in names]
     if missing:
         raise ValueError(f"{ablation['source']} lacks the arms {missing}")
     if sweep is not None and judge_of(sweep) != judge_of(ablation):
         raise ValueError(f"{sweep['source']} and {ablation['source']} were scored by different "
                          f"judges: {judge_of(sweep)} against {judge_of(ablation)}")
-    vs_a = {r: paired_interval(scores(ablation, chosen, r), scores(ablation, "A", r))
+    vs_incumbent = {r: paired_interval(scores(ablation, chosen, r), scores(ablation, incumbent, r))
             for r in retentions}
-    worse = [r for r in retentions if vs_a[r].high < 0]
-    default = "A" if worse or chosen == "A" else chosen
-    means = {(n, r): float(np.mean(scores(ablation, n, r)))
-             for n in ("A", *CONTROLS, chosen) for r in retentions}
+    worse = [r for r in retentions if vs_incumbent[r].high < 0]
+    default = incumbent if worse or chosen == incumbent else chosen
+    means = {(n, r): float(np.mean(scores(ablation, n, r))) for n in arms for r in retentions}
     vs_controls = {(c, r): paired_interval(scores(ablation, default, r), scores(ablation, c, r))
-                   for c in CONTROLS for r in retentions}
-    stronger = {r: max(CONTROLS, key=lambda c: means[(c, r)]) for r in retentions}
+                   for c in controls for r in retentions}
+    stronger = {r: max(controls, key=lambda c: means[(c, r)]) for r in retentions}
     others = {}
     if sweep is not None:
         for row in sweep["rows"]:
@@ -96,7 +103,7 @@ def decide(ablation: dict, chosen: str, sweep: dict | None = None) -> dict:
     efficient = {m: {r: float(np.mean(v)) for r, v in by_r.items()}
                  for m, by_r in others.items() if not METHODS[m].privileged}
     # per retention, the efficient methods whose mean is above the default's
-    ahead_of_default = {r: [c for c in CONTROLS if means[(c, r)] > means[(default, r)]]
+    ahead_of_default = {r: [c for c in controls if means[(c, r)] > means[(default, r)]]
                         + [METHODS[m].label for m, by_r in efficient.items()
                            if r in by_r and by_r[r] > means[(default, r)]]
                         for r in retentions}
@@ -108,7 +115,8 @@ def decide(ablation: dict, chosen: str, sweep: dict | None = None) -> dict:
         "every_efficient": {r: not behind for r, behind in ahead_of_default.items()},
     }
     return {"retentions": retentions, "chosen": chosen, "default": default, "worse": worse,
-            "vs_a": vs_a, "means": means, "vs_controls": vs_controls, "stronger": stronger,
+            "incumbent": incumbent, "controls": controls, "arms": arms,
+            "vs_incumbent": vs_incumbent, "means": means, "vs_controls": vs_controls, "stronger": stronger,
             "others": {m: {r: float(np.mean(v)) for r, v in by_r.items()}
                        for m, by_r in others.items()},
             "targets": targets, "ahead_of_default": ahead_of_default}
@@ -129,7 +137,8 @@ def report(ablation: dict, decision: dict, sweep: dict | None) -> str:
              + (f" Full tokens: {full:.1f}." if isinstance(full, (int, float)) else ""), "",
              "C_av (CIDEr points), mean over training seeds:", "", "| method " + head,
              rule]
-    for name in ("A", *CONTROLS, chosen):
+    incumbent = decision["incumbent"]
+    for name in decision["arms"]:
         lines.append(f"| {name} | " + " | ".join(f"{decision['means'][(name, r)]:.1f}"
                                                  for r in rs) + " |")
     for method, by_r in decision["others"].items():
@@ -137,18 +146,18 @@ def report(ablation: dict, decision: dict, sweep: dict | None) -> str:
             and "privileged" not in METHODS[method].label else ""
         lines.append(f"| {METHODS[method].label}{mark} | "
                      + " | ".join(f"{by_r[r]:.1f}" if r in by_r else "–" for r in rs) + " |")
-    lines += ["", f"{chosen} − A, paired 95% interval (clips and training seeds resampled "
+    lines += ["", f"{chosen} − {incumbent}, paired 95% interval (clips and training seeds resampled "
               "together):", "", "| " + head, rule,
-              "| " + " | ".join(decision["vs_a"][r].text() for r in rs) + " |", ""]
+              "| " + " | ".join(decision["vs_incumbent"][r].text() for r in rs) + " |", ""]
     if decision["worse"]:
-        lines.append(f"{chosen} is worse than A at {pct(decision['worse'])}: **A stays the "
-                     "default.**")
+        lines.append(f"{chosen} is worse than {incumbent} at {pct(decision['worse'])}: "
+                     f"**{incumbent} stays the default.**")
     else:
-        lines.append(f"{chosen} is worse than A at no retention: **{default} becomes the "
-                     "default.**")
+        lines.append(f"{chosen} is worse than {incumbent} at no retention: **{default} becomes "
+                     "the default.**")
     lines += ["", f"The default ({default}) − each CaCoVID-AV control:", "", "| control " + head,
               rule]
-    for c in CONTROLS:
+    for c in decision["controls"]:
         lines.append(f"| {c} | " + " | ".join(decision["vs_controls"][(c, r)].text()
                                               for r in rs) + " |")
     t = decision["targets"]
@@ -165,7 +174,8 @@ def report(ablation: dict, decision: dict, sweep: dict | None) -> str:
                   f"{r:.0%} met" if ok else
                   f"{r:.0%} not met ({', '.join(decision['ahead_of_default'][r])} above)"
                   for r, ok in t["every_efficient"].items())
-              + ("" if sweep is not None else " (no --sweep: against C and C-fid only)"),
+              + ("" if sweep is not None else
+                 f" (no --sweep: against {', '.join(decision['controls'])} only)"),
               "", f"The rule: {RULE}."]
     return "\n".join(lines)
 
@@ -174,8 +184,9 @@ def as_json(decision: dict) -> dict:
     def interval(i: Interval) -> dict:
         return i.as_dict()
     return {"chosen": decision["chosen"], "default": decision["default"],
-            "retentions": decision["retentions"], "worse_than_a_at": decision["worse"],
-            "chosen_minus_a": {f"{r:g}": interval(i) for r, i in decision["vs_a"].items()},
+            "incumbent": decision["incumbent"], "controls": list(decision["controls"]),
+            "retentions": decision["retentions"], "worse_than_incumbent_at": decision["worse"],
+            "chosen_minus_incumbent": {f"{r:g}": interval(i) for r, i in decision["vs_incumbent"].items()},
             "means": {f"{n}@{r:g}": m for (n, r), m in decision["means"].items()},
             "default_minus_control": {f"{c}@{r:g}": interval(i)
                                       for (c, r), i in decision["vs_controls"].items()},
@@ -194,12 +205,17 @@ def main(argv=None) -> None:
                         help="ablation.json of the deciding benchmark's test split")
     parser.add_argument("--sweep", default=None,
                         help="sweep.json of the same test split (the other methods)")
+    parser.add_argument("--incumbent", default="A",
+                        help="the default the choice must not be worse than (default A)")
+    parser.add_argument("--controls", default=",".join(CONTROLS),
+                        help="CaCoVID-AV arms the default is read against (default %(default)s)")
     parser.add_argument("--json", default=None, help="also write the numbers here")
     args = parser.parse_args(argv)
     try:
         ablation = load(args.ablation, "ablation")
         sweep = None if args.sweep is None else load(args.sweep, "sweep")
-        decision = decide(ablation, args.chosen, sweep)
+        decision = decide(ablation, args.chosen, sweep, incumbent=args.incumbent,
+                          controls=[c for c in args.controls.split(",") if c])
     except (ValueError, OSError, KeyError) as err:
         parser.error(str(err))
     print(report(ablation, decision, sweep))

@@ -116,3 +116,40 @@ def test_a_sweep_without_a_recorded_split_is_read_by_its_command(decider, tmp_pa
         else:
             with pytest.raises(ValueError, match="split 'val'"):
                 decider.load(sweep, "sweep")
+
+
+def test_round_two_reads_the_choice_against_its_incumbent_and_a_third_control(decider,
+                                                                             tmp_path):
+    """Round 2: E-fid against the incumbent D-fid (A may be absent), read against C, C-fid and
+    C10-fid. E-fid +8 over D-fid at 10%, level elsewhere: it becomes the default; C10-fid, the
+    strongest control at 10%, is the one its target is read against."""
+    ablation, sweep = write(tmp_path, {"D-fid": {0.1: 10.0}, "E-fid": {0.1: 18.0},
+                                       "C-fid": {0.1: 4.0}, "C10-fid": {0.1: 12.0}})
+    data = json.loads(ablation.read_text())
+    data["rows"] = [row for row in data["rows"] if row["variant"] != "A"]
+    ablation.write_text(json.dumps(data))
+    decision = decider.decide(decider.load(ablation, "ablation"), "E-fid",
+                              decider.load(sweep, "sweep"), incumbent="D-fid",
+                              controls=("C", "C-fid", "C10-fid"))
+    assert decision["default"] == "E-fid" and decision["worse"] == []
+    assert decision["vs_incumbent"][0.1].difference == pytest.approx(8, abs=1.5)
+    assert decision["stronger"][0.1] == "C10-fid"
+    assert decision["vs_controls"][("C10-fid", 0.1)].difference == pytest.approx(6, abs=1.5)
+    text = decider.report(decider.load(ablation, "ablation"), decision, None)
+    assert "E-fid − D-fid, paired 95% interval" in text
+    assert "**E-fid becomes the default.**" in text and "| C10-fid |" in text
+    assert decider.as_json(decision)["incumbent"] == "D-fid"
+    # worse than the incumbent somewhere: the incumbent stays
+    worse, _ = write(tmp_path, {"D-fid": {0.5: 6.0, 0.1: 10.0}, "E-fid": {0.1: 18.0},
+                                "C10-fid": {}})
+    kept = decider.decide(decider.load(worse, "ablation"), "E-fid", incumbent="D-fid",
+                          controls=("C", "C-fid", "C10-fid"))
+    assert kept["default"] == "D-fid" and kept["worse"] == [0.5]
+    (tmp_path / "no-c10").mkdir()
+    without, _ = write(tmp_path / "no-c10", {"D-fid": {}, "E-fid": {}})
+    with pytest.raises(ValueError, match=r"lacks the arms \['C10-fid'\]"):
+        decider.decide(decider.load(without, "ablation"), "E-fid", incumbent="D-fid",
+                       controls=("C", "C10-fid"))
+    with pytest.raises(ValueError, match="controls must be CaCoVID-AV arms other than"):
+        decider.decide(decider.load(ablation, "ablation"), "E-fid", incumbent="D-fid",
+                       controls=("D-fid",))
