@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from avex.methods import SELECTORS, Selection, make_selector
-from avex.evaluate.ablation import ABLATIONS
+from avex.evaluate.ablation import ABLATIONS, own_warmup, scored_checkpoint
 from avex.training.config import TrainConfig
 from avex.methods.fastav import attention_rollout
 from avex.methods.learned import recipe
@@ -235,6 +235,12 @@ def test_every_arm_pins_its_reward_and_selection_and_cacovid_its_reward():
     assert {**ABLATIONS["C10-fid"][2], "train_retentions": ABLATIONS["C-fid"][2].get(
         "train_retentions")} == {**ABLATIONS["C-fid"][2], "train_retentions": None}
     assert ABLATIONS["C10-fid"][2]["train_retentions"] == e["train_retentions"]
+    # Dc-fid is D-fid from a caption-attention warmup of its own, scored at its last checkpoint
+    assert {**ABLATIONS["Dc-fid"][2], "warmup_teacher": "prompt-attention"} == \
+        {**d, "warmup_teacher": "prompt-attention"}
+    assert own_warmup("Dc-fid") and scored_checkpoint("Dc-fid") == "latest"
+    assert own_warmup("warmup-capattn") and scored_checkpoint("warmup-capattn") == "warmup"
+    assert not own_warmup("D-fid") and scored_checkpoint("D-fid") == "latest"
     assert ABLATIONS["A"][2]["selection"] == "topk"
     assert METHODS["cacovid"].train["reward"] == "cider"
     assert METHODS["cacovid"].train["selection"] == "topk"

@@ -17,6 +17,7 @@ from avex.registry import label as method_label
 from avex.run_files import read_run_config
 from avex.scoring import caption_split, keep_all, score_captions
 from avex.tables import markdown_table
+from avex.training.config import TrainConfig
 from avex.training.loop import run_finished, train_variant
 
 from .common import (PATHS_NOTE, ExperimentSettings, begin, check_names, check_retentions,
@@ -93,6 +94,9 @@ ABLATIONS = {
     "C10": ("C10: C with E's retention draw (control)", "✗ ✗ ✗ ✗",
             {"exchanges": False, "rl_estimator": "group", "anchors": 8,
              "train_retentions": LOW_RETENTION_DRAW}),
+    # issue #36, round 3: D from a warmup of its own, imitating caption attention
+    "Dc": ("Dc: D from a caption-attention warmup", "✗ ✗ ✗ ✗",
+           {**SET_AWARE, "warmup_teacher": "caption-attention"}),
 }
 #: issue #36 item 6: the warmup alone, from each of the other warmup teachers
 #: (avex/training/warmup_teachers.py); each trains its own warmup and is scored at its warmup
@@ -103,7 +107,7 @@ ABLATIONS["warmup-fidgain"] = ("Warmup only, fidelity-gain teacher", "✗ ✗ �
                                {"warmup_only": True, "warmup_teacher": "fidelity-gain"})
 #: issue #36's matched-budget arms under the fidelity reward: each arm's settings above, with
 #: reward="fidelity" (the table still scores C_av, CIDEr against the references)
-for _arm in ("A", "B", "C", "S", "D", "E", "D8", "C10"):
+for _arm in ("A", "B", "C", "S", "D", "E", "D8", "C10", "Dc"):
     _label, _marks, _settings = ABLATIONS[_arm]
     ABLATIONS[f"{_arm}-fid"] = (f"{_label}, fidelity reward", _marks,
                                 {**_settings, "reward": "fidelity"})
@@ -146,13 +150,20 @@ class AblationSettings(ExperimentSettings):
             if name not in ABLATIONS:
                 raise ValueError(f"--run must be VARIANT=DIR with VARIANT one of "
                                  f"{list(ABLATIONS)}, got {name!r}")
-            given_run(path, "warmup" if own_warmup(name) else "latest", f"--run {name}")
+            given_run(path, scored_checkpoint(name), f"--run {name}")
 
 
 def own_warmup(name: str) -> bool:
-    """A warmup-only variant: it trains its own warmup (not from the seed's "warmup" run) and
-    is scored at its warmup checkpoint."""
-    return bool(ABLATIONS[name][2].get("warmup_only"))
+    """A variant that trains its own warmup instead of starting from the seed's "warmup" run:
+    a warmup-only variant, or one whose warmup imitates another teacher."""
+    settings = ABLATIONS[name][2]
+    return bool(settings.get("warmup_only")) or settings.get(
+        "warmup_teacher", TrainConfig.warmup_teacher) != TrainConfig.warmup_teacher
+
+
+def scored_checkpoint(name: str) -> str:
+    """A warmup-only variant is scored at its warmup checkpoint, every other at its last."""
+    return "warmup" if ABLATIONS[name][2].get("warmup_only") else "latest"
 
 
 def run_ablation(settings: AblationSettings) -> dict:
@@ -195,7 +206,7 @@ def run_ablation(settings: AblationSettings) -> dict:
                                    warmup_from=None if own_warmup(name) else warmups[seed],
                                    seed=seed, retention=settings.retention, **variant)
         policy = load_policy(run_dir, captioner,
-                             checkpoint="warmup" if own_warmup(name) else "latest")
+                             checkpoint=scored_checkpoint(name))
         cfg = read_run_config(run_dir)
         for retention in retentions:
             captions = caption_split(captioner, clips, make_selector("avex", policy=policy),
