@@ -241,6 +241,9 @@ def test_every_arm_pins_its_reward_and_selection_and_cacovid_its_reward():
     assert own_warmup("Dc-fid") and scored_checkpoint("Dc-fid") == "latest"
     assert own_warmup("warmup-capattn") and scored_checkpoint("warmup-capattn") == "warmup"
     assert not own_warmup("D-fid") and scored_checkpoint("D-fid") == "latest"
+    # Cc-fid, Dc-fid's control, is C-fid from the same kind of warmup
+    assert ABLATIONS["Cc-fid"][2] == {**ABLATIONS["C-fid"][2], "warmup_teacher": "caption-attention"}
+    assert own_warmup("Cc-fid") and scored_checkpoint("Cc-fid") == "latest"
     assert ABLATIONS["A"][2]["selection"] == "topk"
     assert METHODS["cacovid"].train["reward"] == "cider"
     assert METHODS["cacovid"].train["selection"] == "topk"

@@ -97,6 +97,10 @@ ABLATIONS = {
     # issue #36, round 3: D from a warmup of its own, imitating caption attention
     "Dc": ("Dc: D from a caption-attention warmup", "✗ ✗ ✗ ✗",
            {**SET_AWARE, "warmup_teacher": "caption-attention"}),
+    # Dc's control in stage 2: CaCoVID-AV from the same caption-attention warmup
+    "Cc": ("Cc: C from a caption-attention warmup (control)", "✗ ✗ ✗ ✗",
+           {"exchanges": False, "rl_estimator": "group", "anchors": 8,
+            "warmup_teacher": "caption-attention"}),
 }
 #: issue #36 item 6: the warmup alone, from each of the other warmup teachers
 #: (avex/training/warmup_teachers.py); each trains its own warmup and is scored at its warmup
@@ -107,7 +111,7 @@ ABLATIONS["warmup-fidgain"] = ("Warmup only, fidelity-gain teacher", "✗ ✗ �
                                {"warmup_only": True, "warmup_teacher": "fidelity-gain"})
 #: issue #36's matched-budget arms under the fidelity reward: each arm's settings above, with
 #: reward="fidelity" (the table still scores C_av, CIDEr against the references)
-for _arm in ("A", "B", "C", "S", "D", "E", "D8", "C10", "Dc"):
+for _arm in ("A", "B", "C", "S", "D", "E", "D8", "C10", "Dc", "Cc"):
     _label, _marks, _settings = ABLATIONS[_arm]
     ABLATIONS[f"{_arm}-fid"] = (f"{_label}, fidelity reward", _marks,
                                 {**_settings, "reward": "fidelity"})
