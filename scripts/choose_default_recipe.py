@@ -9,9 +9,10 @@ round (stage 1 of 2026-11-27), D-fid in the second (``--candidates D-fid,E-fid,D
 
 Each file is an ``avex.evaluate ablation`` output scored on a val split (a test split is
 refused: the test split only reports); several files of one benchmark (arms scored at other
-times, on the same judge and clips) are merged. Every candidate is compared with the incumbent at every retention,
-pooled over the files (:func:`avex.evaluate.intervals.pooled_interval`: each benchmark's
-clips and seeds resampled on their own, the benchmarks weighted equally). The rule, applied in
+times, on the same judge and clips) are merged. Every candidate is compared with the
+incumbent at every retention, pooled over the files
+(:func:`avex.evaluate.intervals.pooled_interval`: each benchmark's clips and seeds resampled
+on their own, the benchmarks weighted equally). The rule, applied in
 this order:
 
 1. a candidate is eligible when it is worse than the incumbent at no retention;
@@ -119,7 +120,7 @@ def choose(results, candidates, exchange_arms) -> dict:
                          f"each once, got {candidates}")
     incumbent = candidates[0]
     against_incumbent = {(name, r): pooled(results, name, incumbent, r)
-                 for name in candidates[1:] for r in retentions}
+                         for name in candidates[1:] for r in retentions}
     steps, eligible = [], [incumbent]
     for name in candidates[1:]:
         worse = [r for r in retentions if loses(against_incumbent[(name, r)])]

@@ -7,9 +7,9 @@ default recipe"), on the deciding benchmark's test split, once:
 ``--ablation``: an ``avex.evaluate ablation`` output on the test split holding arm A, the
 controls C and C-fid and stage 1's choice, 3 training seeds each. ``--sweep``: an ``avex.evaluate
 sweep`` output on the same judge and clips holding the other methods (Random, FastV-AV, ToMe-AV,
-FastAV and the privileged Attention-AV). ``--incumbent`` (default A, round 1's; D-fid in
-round 2) is the default the choice must not be worse than; ``--controls`` (default C,C-fid;
-round 2 adds C10-fid) the CaCoVID-AV arms the default is read against. The rule:
+FastAV and the privileged Attention-AV). ``--incumbent`` (default A, round 1's; D-fid from
+round 2 on) is the default the choice must not be worse than; ``--controls`` (default C,C-fid;
+round 3 adds Cc-fid) the CaCoVID-AV arms the default is read against. The rule:
 
 1. the chosen recipe becomes the default if it is worse than the incumbent at no retention (the
    paired 95% interval of chosen − incumbent, over clips and training seeds, lies below 0
@@ -84,8 +84,8 @@ def decide(ablation: dict, chosen: str, sweep: dict | None = None, *, incumbent:
     if sweep is not None and judge_of(sweep) != judge_of(ablation):
         raise ValueError(f"{sweep['source']} and {ablation['source']} were scored by different "
                          f"judges: {judge_of(sweep)} against {judge_of(ablation)}")
-    vs_incumbent = {r: paired_interval(scores(ablation, chosen, r), scores(ablation, incumbent, r))
-            for r in retentions}
+    vs_incumbent = {r: paired_interval(scores(ablation, chosen, r),
+                                       scores(ablation, incumbent, r)) for r in retentions}
     worse = [r for r in retentions if vs_incumbent[r].high < 0]
     default = incumbent if worse or chosen == incumbent else chosen
     means = {(n, r): float(np.mean(scores(ablation, n, r))) for n in arms for r in retentions}
@@ -116,7 +116,8 @@ def decide(ablation: dict, chosen: str, sweep: dict | None = None, *, incumbent:
     }
     return {"retentions": retentions, "chosen": chosen, "default": default, "worse": worse,
             "incumbent": incumbent, "controls": controls, "arms": arms,
-            "vs_incumbent": vs_incumbent, "means": means, "vs_controls": vs_controls, "stronger": stronger,
+            "vs_incumbent": vs_incumbent, "means": means, "vs_controls": vs_controls,
+            "stronger": stronger,
             "others": {m: {r: float(np.mean(v)) for r, v in by_r.items()}
                        for m, by_r in others.items()},
             "targets": targets, "ahead_of_default": ahead_of_default}
@@ -146,8 +147,8 @@ def report(ablation: dict, decision: dict, sweep: dict | None) -> str:
             and "privileged" not in METHODS[method].label else ""
         lines.append(f"| {METHODS[method].label}{mark} | "
                      + " | ".join(f"{by_r[r]:.1f}" if r in by_r else "–" for r in rs) + " |")
-    lines += ["", f"{chosen} − {incumbent}, paired 95% interval (clips and training seeds resampled "
-              "together):", "", "| " + head, rule,
+    lines += ["", f"{chosen} − {incumbent}, paired 95% interval (clips and training seeds "
+              "resampled together):", "", "| " + head, rule,
               "| " + " | ".join(decision["vs_incumbent"][r].text() for r in rs) + " |", ""]
     if decision["worse"]:
         lines.append(f"{chosen} is worse than {incumbent} at {pct(decision['worse'])}: "
@@ -186,7 +187,8 @@ def as_json(decision: dict) -> dict:
     return {"chosen": decision["chosen"], "default": decision["default"],
             "incumbent": decision["incumbent"], "controls": list(decision["controls"]),
             "retentions": decision["retentions"], "worse_than_incumbent_at": decision["worse"],
-            "chosen_minus_incumbent": {f"{r:g}": interval(i) for r, i in decision["vs_incumbent"].items()},
+            "chosen_minus_incumbent": {f"{r:g}": interval(i)
+                                       for r, i in decision["vs_incumbent"].items()},
             "means": {f"{n}@{r:g}": m for (n, r), m in decision["means"].items()},
             "default_minus_control": {f"{c}@{r:g}": interval(i)
                                       for (c, r), i in decision["vs_controls"].items()},

@@ -49,11 +49,12 @@ EXCHANGE_SEARCH = {"exchanges": False, "exchange_search": True, "search_rounds":
 #: Redundancy 4: the better of the two the one-seed val pilot tried (2 and 4; fidelity
 #: reward, benchmark 0; results/set-aware-pilot.md).
 SET_AWARE = {"exchanges": False, "anchors": 8, "selection": "set-aware", "redundancy": 4.0}
-#: Set-aware selection with RL's retentions drawn 10% three times in seven (the others once):
-#: the draw that raised arm A's 10% over 3 seeds on benchmark 0 (docs/results.md, "What was
-#: tried for the quality targets"), a candidate for the next stage 1 (issue #36).
+#: CaCoVID-AV's training at the matched budget: 8 samples, group-normalised advantage
+CACOVID_ARM = {"exchanges": False, "rl_estimator": "group", "anchors": 8}
+#: RL's retentions drawn 10% three times in seven (the others once): the draw that raised arm
+#: A's 10% over 3 seeds on benchmark 0 (docs/results.md, "What was tried for the quality
+#: targets"); issue #36's round 2 tried it under set-aware selection (arm E)
 LOW_RETENTION_DRAW = [0.5, 0.4, 0.3, 0.2, 0.1, 0.1, 0.1]
-SET_AWARE_LOW = {**SET_AWARE, "train_retentions": LOW_RETENTION_DRAW}
 
 #: Table 3's rows and the matched-budget arms (issue #25): name -> (label, V-V, A-A, V-A, A-V
 #: marks, TrainConfig settings). "rloo" is L_RL alone over 4 anchors; the arms caption 8 sets
@@ -77,8 +78,7 @@ ABLATIONS = {
     "A": ("A: RLOO over 8 anchors (the default until issue #36)", "✗ ✗ ✗ ✗", {"exchanges": False, "anchors": 8}),
     "B": ("B: RLOO over 4 anchors + calibrated L_ex on 4 exchange sets", "✓ ✓ ✓ ✓",
           {"exchanges": True, "anchors": 4, "exchange_anchors": "each"}),
-    "C": ("C: CaCoVID-AV, 8 samples, group-normalised advantage", "✗ ✗ ✗ ✗",
-          {"exchanges": False, "rl_estimator": "group", "anchors": 8}),
+    "C": ("C: CaCoVID-AV, 8 samples, group-normalised advantage", "✗ ✗ ✗ ✗", CACOVID_ARM),
     "paper": ("the paper's objective (normalised), 4 anchors x 1 exchange", "✓ ✓ ✓ ✓",
               PAPER_OBJECTIVE),
     # issue #36 item 4: the Top-K set and 7 exchange candidates over 2 rounds = 8 sets a clip
@@ -89,18 +89,16 @@ ABLATIONS = {
           "✗ ✗ ✗ ✗", SET_AWARE),
     # issue #36, round 2 (docs/evaluation.md): candidates against D-fid, and E's control
     "E": ("E: D with RL's retentions drawn 10% three times in seven", "✗ ✗ ✗ ✗",
-          SET_AWARE_LOW),
+          {**SET_AWARE, "train_retentions": LOW_RETENTION_DRAW}),
     "D8": ("D8: D at redundancy 8", "✗ ✗ ✗ ✗", {**SET_AWARE, "redundancy": 8.0}),
     "C10": ("C10: C with E's retention draw (control)", "✗ ✗ ✗ ✗",
-            {"exchanges": False, "rl_estimator": "group", "anchors": 8,
-             "train_retentions": LOW_RETENTION_DRAW}),
+            {**CACOVID_ARM, "train_retentions": LOW_RETENTION_DRAW}),
     # issue #36, round 3: D from a warmup of its own, imitating caption attention
     "Dc": ("Dc: D from a caption-attention warmup", "✗ ✗ ✗ ✗",
            {**SET_AWARE, "warmup_teacher": "caption-attention"}),
     # Dc's control in stage 2: CaCoVID-AV from the same caption-attention warmup
     "Cc": ("Cc: C from a caption-attention warmup (control)", "✗ ✗ ✗ ✗",
-           {"exchanges": False, "rl_estimator": "group", "anchors": 8,
-            "warmup_teacher": "caption-attention"}),
+           {**CACOVID_ARM, "warmup_teacher": "caption-attention"}),
 }
 #: issue #36 item 6: the warmup alone, from each of the other warmup teachers
 #: (avex/training/warmup_teachers.py); each trains its own warmup and is scored at its warmup
