@@ -337,16 +337,18 @@ def test_the_callable_trains_what_the_command_line_trains(cache_dir, tmp_path):
 
 
 def test_a_run_saved_before_reward_and_selection_existed_resumes_with_cider_and_topk(tmp_path):
-    """Its config.json lacks the settings, so it trained with CIDEr and Top-K: a resume keeps
-    those, not today's defaults (the fidelity reward, set-aware selection)."""
+    """Its config.json lacks the settings, so it trained with CIDEr, Top-K and the prompt's
+    attention as its warmup teacher: a resume keeps those, not today's defaults."""
     run = tmp_path / "old"
     run.mkdir()
-    saved = TrainConfig(run_dir=str(run), reward="cider", selection="topk").to_dict()
-    for name in ("reward", "selection", "redundancy"):
+    saved = TrainConfig(run_dir=str(run), reward="cider", selection="topk",
+                        warmup_teacher="prompt-attention").to_dict()
+    for name in ("reward", "selection", "redundancy", "warmup_teacher"):
         del saved[name]
     (run / "config.json").write_text(json.dumps(saved))
-    cfg = resumed_config(TrainConfig(run_dir=str(run)))
-    assert (cfg.reward, cfg.selection, cfg.redundancy) == ("cider", "topk", 0.0)
+    cfg = resumed_config(TrainConfig(run_dir=str(run), warmup_teacher="fidelity-gain"))
+    assert (cfg.reward, cfg.selection, cfg.redundancy, cfg.warmup_teacher) == \
+        ("cider", "topk", 0.0, "prompt-attention")
     (run / "config.json").write_text(json.dumps({**saved, "reward": "fidelity",
                                                  "selection": "set-aware", "redundancy": 2.0}))
     cfg = resumed_config(TrainConfig(run_dir=str(run), selection="topk"))

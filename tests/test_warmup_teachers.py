@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 from avex.captioner import FrozenCaptioner
 from avex.data import FeatureCache
 from avex.evaluate.__main__ import main as evaluate
-from avex.evaluate.ablation import ABLATIONS
+from avex.evaluate.ablation import ABLATIONS, own_warmup
 from avex.modality import AUDIO, PAD, VISUAL
 from avex.selection import AVLayout, num_kept
 from avex.train import main
@@ -227,6 +227,18 @@ def test_the_setting_is_recorded_kept_on_resume_and_checked(tiny, tmp_path, caps
     assert "warmup_teacher = 'fidelity-gain' has no effect with warmup_from" in \
         capsys.readouterr().err
     assert TrainConfig().warmup_teacher == "prompt-attention"
+
+
+def test_every_ablation_arm_names_its_warmup_teacher_whatever_the_default():
+    """An arm's warmup is part of its definition: the committed figures were trained with the
+    prompt's attention unless an arm says otherwise, so a change of TrainConfig's default
+    changes no arm, and an arm trains a warmup of its own exactly when its teacher is not the
+    seed's shared warmup's."""
+    teachers = {name: settings["warmup_teacher"] for name, (_, _, settings) in ABLATIONS.items()}
+    assert {name for name, t in teachers.items() if t != "prompt-attention"} == \
+        {"Dc", "Dc-fid", "Cc", "Cc-fid", "warmup-capattn", "warmup-fidgain"}
+    assert {name for name in ABLATIONS if own_warmup(name)} == \
+        {"warmup", "Dc", "Dc-fid", "Cc", "Cc-fid", "warmup-capattn", "warmup-fidgain"}
 
 
 def test_the_ablation_scores_each_teachers_own_warmup(tiny, tmp_path):

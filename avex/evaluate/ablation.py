@@ -17,7 +17,6 @@ from avex.registry import label as method_label
 from avex.run_files import read_run_config
 from avex.scoring import caption_split, keep_all, score_captions
 from avex.tables import markdown_table
-from avex.training.config import TrainConfig
 from avex.training.loop import run_finished, train_variant
 
 from .common import (PATHS_NOTE, ExperimentSettings, begin, check_names, check_retentions,
@@ -114,9 +113,11 @@ for _arm in ("A", "B", "C", "S", "D", "E", "D8", "C10", "Dc", "Cc"):
     ABLATIONS[f"{_arm}-fid"] = (f"{_label}, fidelity reward", _marks,
                                 {**_settings, "reward": "fidelity"})
 del _arm, _label, _marks, _settings
-#: what every arm trains with unless it says otherwise: the reward and selection of the
-#: recipe the arms were defined against, so that changing the recipe's defaults changes no arm
-ARM_BASE = {"reward": "cider", "selection": "topk", "redundancy": 0.0}
+#: what every arm trains with unless it says otherwise: the reward, selection and warmup
+#: teacher of the recipe the arms were defined against, so that changing the recipe's defaults
+#: changes no arm
+ARM_BASE = {"reward": "cider", "selection": "topk", "redundancy": 0.0,
+            "warmup_teacher": "prompt-attention"}
 ABLATIONS = {name: (label, marks, {**ARM_BASE, **settings})
              for name, (label, marks, settings) in ABLATIONS.items()}
 
@@ -159,8 +160,8 @@ def own_warmup(name: str) -> bool:
     """A variant that trains its own warmup instead of starting from the seed's "warmup" run:
     a warmup-only variant, or one whose warmup imitates another teacher."""
     settings = ABLATIONS[name][2]
-    return bool(settings.get("warmup_only")) or settings.get(
-        "warmup_teacher", TrainConfig.warmup_teacher) != TrainConfig.warmup_teacher
+    return bool(settings.get("warmup_only")) or \
+        settings["warmup_teacher"] != ARM_BASE["warmup_teacher"]
 
 
 def scored_checkpoint(name: str) -> str:

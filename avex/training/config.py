@@ -27,7 +27,8 @@ WARMUP_TEACHERS = ("prompt-attention", "caption-attention", "fidelity-gain")
 
 #: what a run whose config.json predates a setting trained with: read into a resumed run so
 #: that a newer default never changes a run half way
-SETTINGS_BEFORE_THEY_EXISTED = {"reward": "cider", "selection": "topk", "redundancy": 0.0}
+SETTINGS_BEFORE_THEY_EXISTED = {"reward": "cider", "selection": "topk", "redundancy": 0.0,
+                                "warmup_teacher": "prompt-attention"}
 
 #: each selection's redundancy when none is given: set-aware's from the val pilot
 #: (results/set-aware-pilot.md), Top-K's none
