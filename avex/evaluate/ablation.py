@@ -17,6 +17,7 @@ from avex.registry import label as method_label
 from avex.run_files import read_run_config
 from avex.scoring import caption_split, keep_all, score_captions
 from avex.tables import markdown_table
+from avex.training.config import SETTINGS_BEFORE_THEY_EXISTED
 from avex.training.loop import run_finished, train_variant
 
 from .common import (PATHS_NOTE, ExperimentSettings, begin, check_names, check_retentions,
@@ -113,11 +114,10 @@ for _arm in ("A", "B", "C", "S", "D", "E", "D8", "C10", "Dc", "Cc"):
     ABLATIONS[f"{_arm}-fid"] = (f"{_label}, fidelity reward", _marks,
                                 {**_settings, "reward": "fidelity"})
 del _arm, _label, _marks, _settings
-#: what every arm trains with unless it says otherwise: the reward, selection and warmup
-#: teacher of the recipe the arms were defined against, so that changing the recipe's defaults
-#: changes no arm
-ARM_BASE = {"reward": "cider", "selection": "topk", "redundancy": 0.0,
-            "warmup_teacher": "prompt-attention"}
+#: what every arm trains with unless it says otherwise: the recipe the arms were defined
+#: against, the one a run trained with before these settings existed, so that changing the
+#: recipe's defaults changes no arm
+ARM_BASE = dict(SETTINGS_BEFORE_THEY_EXISTED)
 ABLATIONS = {name: (label, marks, {**ARM_BASE, **settings})
              for name, (label, marks, settings) in ABLATIONS.items()}
 
