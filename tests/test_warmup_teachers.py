@@ -18,7 +18,7 @@ from avex.modality import AUDIO, PAD, VISUAL
 from avex.selection import AVLayout, num_kept
 from avex.train import main
 from avex.training import warmup_teachers
-from avex.training.config import TrainConfig
+from avex.training.config import PRESETS, TrainConfig
 from avex.training.steps import warmup_targets
 from avex.training.warmup_teachers import (caption_attention, fidelity_gains, gain_bases,
                                            teacher_scores)
@@ -226,7 +226,15 @@ def test_the_setting_is_recorded_kept_on_resume_and_checked(tiny, tmp_path, caps
               "--warmup-teacher", "fidelity-gain"])
     assert "warmup_teacher = 'fidelity-gain' has no effect with warmup_from" in \
         capsys.readouterr().err
-    assert TrainConfig().warmup_teacher == "prompt-attention"
+
+
+def test_the_default_teacher_is_caption_attention_and_the_paper_preset_keeps_the_papers():
+    """Round 3 of the matched-budget comparison chose caption attention (results/round3-stage2.md);
+    the paper preset keeps section 3.4's warmup, the prompt's attention, as it keeps its reward
+    and selection."""
+    assert TrainConfig().warmup_teacher == "caption-attention"
+    assert PRESETS["paper"]["warmup_teacher"] == "prompt-attention"
+    assert TrainConfig(**PRESETS["paper"]).validate().warmup_teacher == "prompt-attention"
 
 
 def test_every_ablation_arm_names_its_warmup_teacher_whatever_the_default():
