@@ -90,8 +90,8 @@ def warmup_targets(scores: dict, clips, retentions) -> list[torch.Tensor]:
     balanced keep-set of the teacher's scores (:func:`avex.selection.balanced_attention_keep`).
     One retention gives the 0/1 set; several give a graded target whose order serves every one
     of them. ``scores`` maps clip_id -> float [M]
-    (:func:`avex.training.warmup_teachers.teacher_scores`: by default
-    ``FrozenCaptioner.cached_text_to_av_attention``)."""
+    (:func:`avex.training.warmup_teachers.teacher_scores`: by default the caption's attention,
+    :func:`avex.training.warmup_teachers.caption_attention`)."""
     return [torch.stack([balanced_attention_keep(scores[clip.clip_id], clip.n_visual,
                                                  clip.n_audio, r, av_modality=_av_order(clip)
                                                  ).float()

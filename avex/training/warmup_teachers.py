@@ -1,9 +1,10 @@
 """Warmup teachers (issue #36 item 6): the per-token scores whose balanced keep-sets the policy's
 warmup imitates (:func:`avex.training.steps.warmup_targets`). ``--warmup-teacher`` picks one:
 
-* ``prompt-attention`` (the default): the prompt suffix's attention to each AV token in the
-  full-token prefill (:meth:`FrozenCaptioner.cached_text_to_av_attention`);
-* ``caption-attention``: the attention to each AV token from the positions that write y_full
+* ``prompt-attention`` (the paper's, and the default before round 3 of issue #36): the prompt
+  suffix's attention to each AV token in the full-token prefill
+  (:meth:`FrozenCaptioner.cached_text_to_av_attention`);
+* ``caption-attention`` (the default): the attention to each AV token from the positions that write y_full
   (the captioner's own full-token caption, :func:`avex.fidelity.full_captions`) when it is
   teacher-forced after the full tokens: the last prompt token and every caption token but the
   last. Averaged over layers, heads and those positions, as the prompt attention is;
