@@ -55,6 +55,21 @@ def test_tiny_end_to_end_run(cache_dir, tmp_path):
     # the default reward: 100 x the mean log p of y_full, finite and below 0
     assert all(math.isfinite(r["reward"]) and r["reward"] < 0 for r in rl)
     assert (tmp_path / "run" / "results.md").read_text().startswith("Results on the test split")
+    # the table is followed by this run minus every other row, paired over the scored clips
+    ours = results["rows"][-1]
+    saved = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert [(d["other"], d["retention"]) for d in saved["differences"]] == \
+        [(name, 0.4) for name, _ in methods[1:-1]]
+    for d, row in zip(saved["differences"], results["rows"][1:-1]):
+        assert len(row["per_clip"]["C_av"]) == len(ours["per_clip"]["C_av"]) > 1
+        mean_gap = (sum(ours["per_clip"]["C_av"]) - sum(row["per_clip"]["C_av"])) \
+            / len(row["per_clip"]["C_av"])
+        assert d["difference"] == pytest.approx(mean_gap, abs=1e-3)
+        assert d["difference"] == pytest.approx(ours["C_av"] - row["C_av"], abs=1e-3)
+        assert d["low"] <= d["difference"] <= d["high"] and d["clips"] == len(row["per_clip"]["C_av"])
+    text = (tmp_path / "run" / "results.md").read_text()
+    assert "paired 95% bootstrap interval over these" in text
+    assert f"| CaCoVID-AV | {saved['differences'][2]['difference']:+.1f} [" in text
     assert json.loads((tmp_path / "run" / "config.json").read_text())["g"] == 8
     # every RL micro-batch draws its retention from train_retentions; each captions
     # its 4 anchors per clip in one call

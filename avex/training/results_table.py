@@ -3,7 +3,11 @@ of ``eval_methods`` and the warmup-only policy, at each of ``eval_retentions``, 
 scored by the sweep's loop (:func:`avex.scoring.caption_and_score`) and written to the run's
 ``results.md`` and ``results.json``. An evaluation split without reference captions is scored
 by fidelity instead: the share of clips whose pruned caption is the full-token caption y_full
-exactly, and the mean log p(y_full | S) (:func:`avex.fidelity.fidelity_split`)."""
+exactly, and the mean log p(y_full | S) (:func:`avex.fidelity.fidelity_split`).
+
+Scored by CIDEr, the table is followed by this run's C_av minus each other row's, with a paired
+95% bootstrap interval over the scored clips (:mod:`avex.evaluate.intervals`): one training seed
+on 200 clips moves by several points, and the interval says which gaps the clips can resolve."""
 from __future__ import annotations
 
 import copy
@@ -14,6 +18,7 @@ import torch
 from safetensors.torch import load_file
 
 from avex import metrics
+from avex.evaluate.intervals import compact_per_clip, difference_table, differences
 from avex.fidelity import fidelity_split, full_captions
 from avex.judge_identity import judge_line, judge_record
 from avex.methods import label, load_policy, make_selector, policy_selector
@@ -47,9 +52,17 @@ def score_run(cfg: TrainConfig, run_dir: Path, policy, captioner, cache,
         methods["warmup only"] = policy_selector(warmup_policy)
     methods[run_label(cfg)] = policy_selector(policy)
     jobs = [(name, retention) for retention in cfg.eval_retentions for name in methods]
+    intervals = []
     if all(clip.refs_av for clip in clips):
         rows = cider_rows(cfg, captioner, clips, methods, jobs)
         table = results_table(rows, f"{cfg.eval_split} split, {len(clips)} clips")
+        ours = run_label(cfg)
+        found = differences(rows, ours, [name for name in methods if name != ours],
+                            cfg.eval_retentions)
+        table += "\n\n" + differences_text(found, ours, methods, cfg.eval_retentions, len(clips))
+        intervals = [{"other": other, "retention": retention,
+                      **(value.as_dict() if not isinstance(value, str) else {"note": value})}
+                     for (other, retention), value in found.items()]
     else:   # no references to score against: how faithfully each selection keeps y_full
         rows = fidelity_rows(cfg, captioner, cache, clips, methods, jobs)
         table = fidelity_table(rows, f"{cfg.eval_split} split, {len(clips)} clips")
@@ -57,22 +70,38 @@ def score_run(cfg: TrainConfig, run_dir: Path, policy, captioner, cache,
         if captioner.path is not None else None
     if judge is not None:
         table += "\n\n" + judge_line(judge)
-    (Path(run_dir) / RESULTS_JSON).write_text(json.dumps({"rows": rows, "judge": judge},
-                                                         indent=2))
+    (Path(run_dir) / RESULTS_JSON).write_text(json.dumps(
+        {"rows": rows, "differences": intervals, "judge": judge}, indent=2))
     (Path(run_dir) / RESULTS_MD).write_text(table + "\n")
     print(table)
     return {"rows": rows, "table": table}
 
 
 def cider_rows(cfg: TrainConfig, captioner, clips, methods: dict, jobs) -> list[dict]:
-    """C_av, C_v, C_a, BLEU-4 and METEOR of full tokens and of every (method, retention): corpus
-    scores only (per-clip scores are the experiments', e.g. the sweep's)."""
+    """C_av, C_v, C_a, BLEU-4 and METEOR of full tokens and of every (method, retention), with
+    each clip's C_av (``per_clip``, rounded as the experiments' files round it) for the paired
+    intervals."""
     scored = caption_and_score(captioner, {"eval": clips}, jobs, methods.__getitem__,
                                num_beams=cfg.num_beams, max_new_tokens=cfg.max_new_tokens,
                                progress=cfg.progress, desc="evaluation")
-    return [{"method": label("full") if key == "full" else key, "retention": retention,
-             **{k: v for k, v in scored[("eval", key, retention)][1].items() if k != "per_clip"}}
-            for key, retention in [("full", 1.0)] + jobs]
+    rows = []
+    for key, retention in [("full", 1.0)] + jobs:
+        got = scored[("eval", key, retention)][1]
+        rows.append({"method": label("full") if key == "full" else key, "retention": retention,
+                     **{k: v for k, v in got.items() if k != "per_clip"},
+                     "per_clip": compact_per_clip({"C_av": got["per_clip"]["C_av"]})})
+    return rows
+
+
+def differences_text(found: dict, ours: str, methods: dict, retentions, clips: int) -> str:
+    """The paired intervals of this run's C_av against every other row, as a table with a
+    sentence on what they do and don't cover."""
+    table = difference_table(found, "this run", {name: name for name in methods if name != ours},
+                             retentions)
+    return (f"This run's C_av minus each method's, with its paired 95% bootstrap interval over "
+            f"these {clips} clips. One training seed: the spread between seeds is not in it, "
+            f"so a gap inside a few points can change sign with the seed "
+            f"(docs/evaluation.md):\n\n{table}")
 
 
 def fidelity_rows(cfg: TrainConfig, captioner, cache, clips, methods: dict, jobs) -> list[dict]:
