@@ -1,0 +1,123 @@
+"""What RL adds to its warmup: each run's warmup policy against the finished run (issue #36).
+
+    python scripts/score_warmups.py CMP/ablation.json --variant Dc-fid --out results/NAME
+
+For every training seed of ``--variant`` in an ablation.json, the run's warmup policy (the
+weights RL started from, ``warmup_policy.safetensors``) is captioned and scored on the file's
+split, clips and retentions, served as the run serves its policy (its selection and
+redundancy). NAME.md gives each retention's C_av of both and VARIANT − its warmup with the
+paired 95% interval (clips and training seeds resampled together; docs/evaluation.md);
+NAME.json keeps the per-clip scores. The benchmark and captioner are the file's judge, read
+from ``--cache-dir`` (default ``$AVEX_CACHE``) and checked by sha256; the runs are the file's,
+relative to its folder. The variant's scores are the file's, not re-scored; full tokens are
+re-scored only to check that the clips, judge and decoding are the file's, clip for clip.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+from avex.cache_and_captioner import load_cache_and_captioner
+from avex.evaluate.ablation import scored
+from avex.evaluate.common import results_json, split_clips
+from avex.evaluate.intervals import difference_table, differences
+from avex.judge_identity import judge_line, judge_record
+from avex.methods import make_selector
+from avex.paths import default_cache_dir
+from avex.policy.load import load_policy
+from avex.scoring import caption_split, keep_all
+from avex.tables import markdown_table
+
+WARMUP = "its warmup"
+#: python -m avex.evaluate ablation's decoding unless told otherwise (checked: full tokens are
+#: re-scored and must match the file's clip for clip)
+NUM_BEAMS, MAX_NEW_TOKENS = 1, 24
+
+
+def score_warmups(ablation: Path, variant: str, cache_dir: Path | None, batch_size: int) -> dict:
+    result = json.loads(ablation.read_text())
+    rows = [r for r in result["rows"] if r["variant"] == variant]
+    if not rows:
+        raise ValueError(f"--variant: {ablation} has no {variant!r} rows (it has "
+                         f"{sorted({r['variant'] for r in result['rows']})})")
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    data = root / result["judge"]["benchmark"]["path"]
+    captioner_path = root / result["judge"]["captioner"]["path"]
+    judge = judge_record(data, captioner_path, cache_dir=root)
+    for part in ("benchmark", "captioner"):
+        if judge[part]["sha256"] != result["judge"][part]["sha256"]:
+            raise ValueError(f"{part} at {judge[part]['path']} has sha256 "
+                             f"{judge[part]['sha256'][:16]}, {ablation} was scored with "
+                             f"{result['judge'][part]['sha256'][:16]}")
+    cache, captioner = load_cache_and_captioner(data, captioner_path)
+    clips = split_clips(cache, result["split"], result["clips"])
+    started = time.perf_counter()
+    decode = dict(batch_size=batch_size, num_beams=NUM_BEAMS, max_new_tokens=MAX_NEW_TOKENS)
+    # full tokens again, clip for clip: the same clips, judge and decoding as the file's
+    full_here = scored(caption_split(captioner, clips, keep_all, 1.0, **decode), clips)
+    if full_here["per_clip"] != result["full"]["per_clip"]:
+        raise ValueError(f"full tokens scored here differ from {ablation}'s, clip for clip: "
+                         f"another decoding than {NUM_BEAMS} beam(s) and {MAX_NEW_TOKENS} "
+                         "tokens, or other clips")
+    warm = []
+    for run in dict.fromkeys(r["run"] for r in rows):
+        run_dir = ablation.parent / run
+        policy = load_policy(run_dir, captioner, checkpoint="warmup")
+        seed = json.loads((run_dir / "config.json").read_text())["seed"]
+        for retention in result["retentions"]:
+            captions = caption_split(captioner, clips, make_selector("avex", policy=policy),
+                                     retention, **decode)
+            warm.append({"variant": WARMUP, "run": run, "seed": seed, "retention": retention,
+                         "selection": policy.config.selection,
+                         "redundancy": policy.config.redundancy, **scored(captions, clips)})
+    seconds = time.perf_counter() - started
+    found = differences(rows + warm, variant, [WARMUP], result["retentions"], key="variant")
+    mean = {(name, retention): sum(r["C_av"] for r in group) / len(group)
+            for name, group_rows in ((variant, rows), (WARMUP, warm))
+            for retention in result["retentions"]
+            for group in [[r for r in group_rows if math.isclose(r["retention"], retention)]]}
+    full = result["full"]["C_av"]
+    table = markdown_table(
+        ["policy", *(f"{r:.0%}" for r in result["retentions"])],
+        [[name, *(f"{mean[(name, r)]:.1f} ({mean[(name, r)] / full:.3f})"
+                  for r in result["retentions"])] for name in (variant, WARMUP)])
+    seeds = sorted({r["seed"] for r in warm})
+    text = "\n".join([
+        f"{variant} against {WARMUP} (the weights its RL started from, served as {variant} "
+        f"serves: {warm[0]['selection']}, redundancy {warm[0]['redundancy']:g}), "
+        f"{result['split']} split, {len(clips)} clips, training seeds "
+        f"{', '.join(map(str, seeds))}. C_av (C_av / full tokens' {full:.1f}), mean over seeds:",
+        "", table, "",
+        difference_table(found, variant, {WARMUP: "C_av, paired 95% interval"},
+                         result["retentions"], others=WARMUP), "",
+        f"Scoring the warmups (and full tokens, to check the file's decoding) took "
+        f"{seconds:.0f} s.", "", judge_line(judge)])
+    return {"text": text, "json": {
+        "variant": variant, "rows": warm, "split": result["split"], "clips": len(clips),
+        "retentions": result["retentions"], "judge": judge, "seconds": round(seconds, 1),
+        "intervals": [{"ours": variant, "other": WARMUP, "retention": r,
+                       **({"none": v} if isinstance(v, str) else v.as_dict())}
+                      for (_, r), v in found.items()]}}
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("ablation", type=Path, help="an ablation.json of python -m avex.evaluate")
+    parser.add_argument("--variant", required=True, help="the variant whose runs' warmups to score")
+    parser.add_argument("--out", type=Path, required=True, help="writes OUT.md and OUT.json")
+    parser.add_argument("--cache-dir", type=Path, default=None,
+                        help="the avex cache the file's judge paths are relative to")
+    parser.add_argument("--batch-size", type=int, default=32)
+    args = parser.parse_args(argv)
+    got = score_warmups(args.ablation, args.variant, args.cache_dir, args.batch_size)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".md").write_text(got["text"] + "\n")
+    args.out.with_suffix(".json").write_text(results_json(got["json"]))
+    print(got["text"])
+
+
+if __name__ == "__main__":
+    main()
