@@ -44,7 +44,7 @@ METHODS = {
         privileged="it reads the frozen captioner's full-token prefill attention at inference "
                    "(a full prefill with eager attention before the pruned one: about 145% of "
                    "the full prefill's FLOPs at real size, results/profiling-*.md), and it is "
-                   "the AVEX warmup's teacher. It is a reference, not an efficient method: "
+                   "the paper's warmup teacher. It is a reference, not an efficient method: "
                    "\"above every efficient method\" excludes it"),
     # CaCoVID's set-level reward at the matched budget (issue #25): 8 sampled sets per clip,
     # as AVEX-Prune captions per step, with a group-normalised advantage

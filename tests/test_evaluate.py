@@ -311,3 +311,42 @@ def test_the_ablation_intervals_keep_full_avex_apart_from_full_tokens():
     assert set(intervals) == {("full", 0.2), ("g4", 0.2), ("full tokens", 0.2)}
     md = "\n".join(differences_markdown(intervals, rows, [0.2]))
     assert "| Full AVEX (g = 8) | +" in md and "| Full tokens | -" in md and "| g = 4 |" in md
+
+
+def test_training_settings_an_experiment_would_override_are_refused_and_others_kept(tmp_path):
+    """--train-args that a trained run would not keep (a variant's or method's own setting, the
+    experiment's seed or retention) are refused before any work; the rest reach every run."""
+    from avex.evaluate.ablation import AblationSettings
+    from avex.evaluate.sweep import SweepSettings
+    from avex.training.config import TrainConfig
+
+    tiny_kw = dict(benchmark_preset="tiny", captioner_preset="tiny", out=str(tmp_path / "o"))
+    kept = AblationSettings(**tiny_kw, variants=["Dc-fid", "D-fid"],
+                            train=TrainConfig(fidelity_form="margin", lr=3e-4)).validate()
+    assert kept.asked_training() == {"fidelity_form": "margin", "lr": 3e-4}
+    assert (kept.base_train_config().fidelity_form, kept.base_train_config().lr) == ("margin", 3e-4)
+    # a run whose settings would be refused when it trains is refused now (S, the exchange
+    # search, draws no anchors for lambda_best to imitate)
+    with pytest.raises(ValueError, match=r"--train-args with variant 'S': lambda_best = 0.5"):
+        AblationSettings(**tiny_kw, variants=["A", "S"],
+                         train=TrainConfig(lambda_best=0.5)).validate()
+    # the variant's own setting would win: refused, naming the variant
+    with pytest.raises(ValueError, match=r"redundancy=8.0 would be overridden: variant "
+                                         r"'Dc-fid' is defined with redundancy=4.0"):
+        AblationSettings(**tiny_kw, variants=["Dc-fid"],
+                         train=TrainConfig(redundancy=8.0)).validate()
+    # a variant given as a run trains nothing, so its definition doesn't matter
+    given = AblationSettings(**tiny_kw, variants=["A"], runs={"A": str(tmp_path)},
+                             train=TrainConfig(anchors=4))
+    assert list(given.trained_definitions()) == ["warmup"]
+    given.check_training_kept(given.trained_definitions(), "variant")
+    with pytest.raises(ValueError, match="anchors=4 would be overridden: variant 'A'"):
+        AblationSettings(**tiny_kw, variants=["A"], train=TrainConfig(anchors=4)).check_training_kept(
+            AblationSettings(**tiny_kw, variants=["A"]).trained_definitions(), "variant")
+    # the sweep: CaCoVID-AV's definition counts only where the sweep trains it
+    with pytest.raises(ValueError, match="redundancy=2.0 would be overridden: method 'CaCoVID-AV' is "
+                                         "defined with redundancy=0.0"):
+        SweepSettings(**tiny_kw, methods=["cacovid"],
+                      train=TrainConfig(selection="set-aware", redundancy=2.0)).check()
+    SweepSettings(**tiny_kw, methods=["avex"],
+                  train=TrainConfig(selection="set-aware", redundancy=2.0)).check()

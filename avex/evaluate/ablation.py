@@ -154,6 +154,23 @@ class AblationSettings(ExperimentSettings):
                 raise ValueError(f"--run must be VARIANT=DIR with VARIANT one of "
                                  f"{list(ABLATIONS)}, got {name!r}")
             given_run(path, scored_checkpoint(name), f"--run {name}")
+        self.check_training_kept(self.trained_definitions(), "variant",
+                                 retention=self.retention)
+        trained = [name for name in self.variants if name not in self.runs]
+        if self.train.warmup_from is not None and any(own_warmup(n) for n in trained):
+            own = [n for n in trained if own_warmup(n)]
+            raise ValueError(f"--train-args: warmup_from={self.train.warmup_from!r} would be "
+                             f"ignored by {own}, which train warmups of their own; drop the "
+                             "flag or those variants")
+
+    def trained_definitions(self) -> dict:
+        """Variant -> the settings of each run this ablation trains: every variant not given
+        by ``runs``, and each seed's shared warmup unless it is given (``runs["warmup"]``, or
+        ``train.warmup_from``)."""
+        names = [name for name in self.variants if name not in self.runs]
+        if "warmup" not in self.runs and self.train.warmup_from is None:
+            names.append("warmup")
+        return {name: ABLATIONS[name][2] for name in dict.fromkeys(names)}
 
 
 def own_warmup(name: str) -> bool:

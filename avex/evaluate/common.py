@@ -129,6 +129,47 @@ class ExperimentSettings:
                                    else str(self.cache_dir),
                                    progress=self.progress and cfg.progress, evaluate=False)
 
+    def asked_training(self) -> dict:
+        """The training settings ``train`` asks for (``--train-args``): those that differ from
+        :class:`TrainConfig`'s defaults. A setting given at its default value can't be told
+        from one not given."""
+        defaults = TrainConfig()
+        return {f.name: getattr(self.train, f.name) for f in dataclasses.fields(TrainConfig)
+                if getattr(self.train, f.name) != getattr(defaults, f.name)}
+
+    def check_training_kept(self, definitions: dict, what: str, **forced) -> None:
+        """Refuse a setting of ``train`` that a run this experiment trains would not keep,
+        because it would be replaced without a word: one the experiment sets for every run
+        (:meth:`base_train_config`, and ``forced``: setting -> the value it is given), or one
+        that the definition of a ``what`` it trains (``definitions``: name -> settings, an
+        ablation's variants, a sweep's methods) sets to another value. Then each of those runs'
+        settings, ``train`` with its definition, is checked as its training will check them."""
+        asked = self.asked_training()
+        forced = {"data": self.data, "captioner": self.captioner,
+                  "benchmark_preset": self.benchmark_preset,
+                  "captioner_preset": self.captioner_preset,
+                  "cache_dir": None if self.cache_dir is None else str(self.cache_dir),
+                  "evaluate": False, **forced}
+        for key, value in asked.items():
+            if key in ("run_dir", "seed"):
+                raise ValueError(f"--train-args: {key}={value!r} is set by the experiment for "
+                                 "each run it trains (from --out and --seeds); drop it")
+            if key in forced and forced[key] != value:
+                raise ValueError(f"--train-args: {key}={value!r} would be replaced by the "
+                                 f"experiment's own {key}, {forced[key]!r}; give the experiment "
+                                 f"--{key.replace('_', '-')} instead")
+            for name, settings in definitions.items():
+                if key in settings and settings[key] != value:
+                    raise ValueError(f"--train-args: {key}={value!r} would be overridden: {what} "
+                                     f"{name!r} is defined with {key}={settings[key]!r}; drop "
+                                     f"the flag, or choose a {what} defined with it")
+        base = self.base_train_config()
+        for name, settings in definitions.items():   # each run's settings as it will train
+            try:
+                dataclasses.replace(base, **settings).validate()
+            except (ValueError, TypeError) as err:
+                raise ValueError(f"--train-args with {what} {name!r}: {err}") from None
+
     def captioner_depth(self) -> int | None:
         """The captioner's layer count from its config.json, when it is already on disk."""
         path = Path(self.captioner) if self.captioner != "embedded" else default_captioner_path(

@@ -67,6 +67,9 @@ class SweepSettings(ExperimentSettings):
             raise ValueError(f"fastv_layer must be <= the captioner's {depth} layers, got "
                              f"{self.fastv_layer}")
         _checks.int_at_least("qualitative", self.qualitative, 0)
+        self.check_training_kept({METHODS[m].label: METHODS[m].train
+                                  for m in trained_methods(self.methods)
+                                  if getattr(self, f"{m}_run") is None}, "method")
 
     def given_runs(self) -> dict:
         """The given runs (``--avex-run``, ``--cacovid-run``, one per seed for a pattern),
