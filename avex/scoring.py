@@ -4,7 +4,7 @@ A *selector* (the interface of :mod:`avex.methods`) maps a micro-batch to a keep
 axis. C_av, C_v and C_a are pycocoevalcap's CIDEr (x 100) of the same captions against the AV,
 visual-only and audio-only references; each clip's own C_av, C_v and C_a come with them (their
 mean is the corpus number), so that paired intervals can be computed from a results file
-(:mod:`avex.evaluate.intervals`). Training's end-of-run table and every experiment of
+(:mod:`avex.intervals`). Training's end-of-run table and every experiment of
 ``python -m avex.evaluate`` caption and score through these functions; the sweep and that
 table through one loop, :func:`caption_and_score`.
 """

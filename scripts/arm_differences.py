@@ -6,7 +6,7 @@
 
 The ablation's own table gives arm A − every other arm; this gives ``X − Y`` for each ``X:Y``
 in ``--pairs``, at every retention the file scored, with the paired bootstrap 95% interval
-(clips and training seeds resampled together, :mod:`avex.evaluate.intervals`) and the verdict
+(clips and training seeds resampled together, :mod:`avex.intervals`) and the verdict
 of the project's decision rule (docs/evaluation.md, "Paired intervals"). ``--with`` adds the rows
 of arms the file lacks from another ablation.json of the same judge, split and clips (its
 full-token scores must be the file's, clip for clip), so an arm scored before need not be scored
@@ -20,7 +20,7 @@ import argparse
 import json
 from pathlib import Path
 
-from avex.evaluate.intervals import Interval, difference_table, differences
+from avex.intervals import Interval, difference_table, differences
 
 
 def pairs_arg(text: str) -> list[tuple[str, str]]:

@@ -11,7 +11,7 @@ Each file is an ``avex.evaluate ablation`` output scored on a val split (a test 
 refused: the test split only reports); several files of one benchmark (arms scored at other
 times, on the same judge and clips) are merged. Every candidate is compared with the
 incumbent at every retention, pooled over the files
-(:func:`avex.evaluate.intervals.pooled_interval`: each benchmark's clips and seeds resampled
+(:func:`avex.intervals.pooled_interval`: each benchmark's clips and seeds resampled
 on their own, the benchmarks weighted equally). The rule, applied in
 this order:
 
@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from avex.evaluate.intervals import RULE, Interval, pooled_interval, seed_rows
+from avex.intervals import RULE, Interval, pooled_interval, seed_rows
 
 CANDIDATES = ("A", "A-fid", "B-fid")
 EXCHANGE_ARMS = ("B-fid", "B", "S", "S-fid")

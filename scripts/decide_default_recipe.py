@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from avex.evaluate.intervals import RULE, Interval, paired_interval, seed_rows
+from avex.intervals import RULE, Interval, paired_interval, seed_rows
 from avex.registry import METHODS
 
 CONTROLS = ("C", "C-fid")

@@ -7,7 +7,7 @@ against arm A and the warmup, one training seed, benchmark 0's val split.
 Reads each ``python -m avex.evaluate ablation`` output folder's ``ablation.json`` (the first
 scores warmup, A and S; the others S alone, under another distillation weight read from the
 run's config.json) and writes C_av per retention with A − each variant's paired bootstrap 95%
-interval over the same 200 val clips (:func:`avex.evaluate.intervals.differences`).
+interval over the same 200 val clips (:func:`avex.intervals.differences`).
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 
 from avex.run_files import read_run_config
-from avex.evaluate.intervals import LEVEL, REPLICATES, differences
+from avex.intervals import LEVEL, REPLICATES, differences
 from avex.tables import markdown_table
 
 

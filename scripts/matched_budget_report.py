@@ -14,7 +14,7 @@ arm where a file scores it; the exchange term's diagnostics of arm B; the decisi
 
 The rule (docs/evaluation.md, "Paired intervals"): arm X beats arm Y at a retention when the
 95% paired bootstrap interval of X − Y (clips and training seeds resampled together,
-``avex.evaluate.intervals``) lies above 0, and is worse when it lies below 0. On the deciding
+``avex.intervals``) lies above 0, and is worse when it lies below 0. On the deciding
 benchmark, B must beat A at two or more retentions and be worse nowhere; then the exchange term
 becomes the default, else it stays off. An ablation.json written before rows recorded per-clip
 scores gives no interval, and no decision, and the report says so.
@@ -32,7 +32,7 @@ import numpy as np
 
 from avex.evaluate.ablation import ABLATIONS
 from avex.evaluate.common import results_json
-from avex.evaluate.intervals import RULE, Interval, difference_table, differences
+from avex.intervals import RULE, Interval, difference_table, differences
 from avex.paths import portable_command
 from avex.registry import label as method_label
 from avex.tables import markdown_table

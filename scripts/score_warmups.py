@@ -23,7 +23,7 @@ from pathlib import Path
 from avex.cache_and_captioner import load_cache_and_captioner
 from avex.evaluate.ablation import scored
 from avex.evaluate.common import results_json, split_clips
-from avex.evaluate.intervals import difference_table, differences
+from avex.intervals import difference_table, differences
 from avex.judge_identity import judge_line, judge_record
 from avex.methods import make_selector
 from avex.paths import default_cache_dir

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from avex.evaluate.intervals import compact_per_clip
+from avex.intervals import compact_per_clip
 from file_module import load_file
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "choose_default_recipe.py"

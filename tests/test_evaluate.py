@@ -299,7 +299,7 @@ def test_results_record_no_machine_path(trained_sweep, cache_dir, tmp_path):
 def test_the_ablation_intervals_keep_full_avex_apart_from_full_tokens():
     """Table 3's "full" variant (Full AVEX, g = 8) and full tokens each get their own line."""
     from avex.evaluate.ablation import arm_differences, differences_markdown
-    from avex.evaluate.intervals import compact_per_clip
+    from avex.intervals import compact_per_clip
 
     rng = np.random.default_rng(5)
     tokens = rng.normal(450, 100, 30)
@@ -338,8 +338,12 @@ def test_training_settings_an_experiment_would_override_are_refused_and_others_k
     # a variant given as a run trains nothing, so its definition doesn't matter
     given = AblationSettings(**tiny_kw, variants=["A"], runs={"A": str(tmp_path)},
                              train=TrainConfig(anchors=4))
-    assert list(given.trained_definitions()) == ["warmup"]
+    assert given.trained_definitions() == {}   # nothing trained, not even a shared warmup
     given.check_training_kept(given.trained_definitions(), "variant")
+    assert list(AblationSettings(**tiny_kw, variants=["A", "Dc-fid"]).trained_definitions()) \
+        == ["A", "Dc-fid", "warmup"]
+    assert list(AblationSettings(**tiny_kw, variants=["Dc-fid"]).trained_definitions()) == \
+        ["Dc-fid"]   # it trains a warmup of its own
     with pytest.raises(ValueError, match="anchors=4 would be overridden: variant 'A'"):
         AblationSettings(**tiny_kw, variants=["A"], train=TrainConfig(anchors=4)).check_training_kept(
             AblationSettings(**tiny_kw, variants=["A"]).trained_definitions(), "variant")

@@ -1,9 +1,9 @@
-"""Paired bootstrap intervals (avex.evaluate.intervals): their contracts on arrays, on a results
+"""Paired bootstrap intervals (avex.intervals): their contracts on arrays, on a results
 file's rows, and their coverage on synthetic data."""
 import numpy as np
 import pytest
 
-from avex.evaluate.intervals import (Interval, compact_per_clip, difference_table, differences,
+from avex.intervals import (Interval, compact_per_clip, difference_table, differences,
                                      paired_interval, pooled_interval, seed_rows)
 
 

@@ -270,3 +270,18 @@ def test_the_ablation_scores_each_teachers_own_warmup(tiny, tmp_path):
         ("caption-attention", None, True)
     assert json.loads((out / "runs" / "seed0" / "warmup" / "config.json").read_text())[
         "warmup_teacher"] == "prompt-attention"
+
+
+def test_an_ablation_of_own_warmup_variants_trains_no_shared_warmup(tiny, tmp_path):
+    """The seed's shared warmup is trained only for a variant that starts from it: a variant
+    with a warmup of its own (another teacher, or warmup-only) doesn't pay for it."""
+    root, _, _ = tiny
+    out = tmp_path / "abl"
+    result = evaluate(["ablation", "--benchmark-preset", "tiny", "--captioner-preset", "tiny",
+                       "--cache-dir", str(root), "--out", str(out), "--no-progress",
+                       "--max-new-tokens", "12", "--variants", "warmup-capattn",
+                       "--retentions", "0.4", "--train-args",
+                       "--batch-size 8 --micro-batch-size 4 --warmup-epochs 0.5"])
+    assert sorted(p.name for p in (out / "runs" / "seed0").iterdir()) == ["warmup-capattn"]
+    assert "training of 1 run(s) included" in result["table"]
+    assert [(r["variant"], r["retention"]) for r in result["rows"]] == [("warmup-capattn", 0.4)]

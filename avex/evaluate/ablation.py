@@ -1,7 +1,7 @@
 """The paper's Table 3 at one retention: training-signal variants and the group size g; at
 several retentions, the matched-budget comparison of issue #25. Every row records each clip's
 scores, and where arm A (the default recipe) is scored, the tables show A − each other variant
-with its paired bootstrap 95% interval (:mod:`avex.evaluate.intervals`)."""
+with its paired bootstrap 95% interval (:mod:`avex.intervals`)."""
 from __future__ import annotations
 
 import time
@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from avex import _checks
+from avex.intervals import (LEVEL, REPLICATES, SEED, Interval, compact_per_clip,
+                            difference_table, differences)
 from avex.judge_identity import judge_line, judge_record
 from avex.methods import load_policy, make_selector
 from avex.paths import relative_path
@@ -23,8 +25,6 @@ from avex.training.loop import run_finished, train_variant
 from .common import (PATHS_NOTE, ExperimentSettings, begin, check_names, check_retentions,
                      check_seeds, check_split, fmt, given_run, load_experiment_inputs,
                      results_json, split_clips)
-from .intervals import (LEVEL, REPLICATES, SEED, Interval, compact_per_clip, difference_table,
-                        differences)
 
 #: The exchange term as Table 3's rows were measured (before issue #25's calibration): L_RL +
 #: 0.1 L_ex unnormalised, RLOO over 4 anchors, every type around the first anchor, g fixed, w
@@ -165,10 +165,11 @@ class AblationSettings(ExperimentSettings):
 
     def trained_definitions(self) -> dict:
         """Variant -> the settings of each run this ablation trains: every variant not given
-        by ``runs``, and each seed's shared warmup unless it is given (``runs["warmup"]``, or
-        ``train.warmup_from``)."""
+        by ``runs``, and each seed's shared warmup where one of them starts from it, unless it
+        is given (``runs["warmup"]``, or ``train.warmup_from``)."""
         names = [name for name in self.variants if name not in self.runs]
-        if "warmup" not in self.runs and self.train.warmup_from is None:
+        shared = any(name == "warmup" or not own_warmup(name) for name in names)
+        if shared and "warmup" not in self.runs and self.train.warmup_from is None:
             names.append("warmup")
         return {name: ABLATIONS[name][2] for name in dict.fromkeys(names)}
 
@@ -214,7 +215,9 @@ def run_ablation(settings: AblationSettings) -> dict:
     for seed, name in progress_bar(jobs, desc="ablation variants", unit="run",
                                    disable=not settings.progress):
         label, marks, variant = ABLATIONS[name]
-        if seed not in warmups:
+        # the seed's shared warmup, trained only for a variant that starts from it
+        if seed not in warmups and (name == "warmup" or not own_warmup(name)) \
+                and name not in given:
             warmups[seed] = given.get("warmup") or base.warmup_from or trained_here(
                 trained, base, out / "runs" / f"seed{seed}" / "warmup", seed=seed,
                 retention=settings.retention, **ABLATIONS["warmup"][2])

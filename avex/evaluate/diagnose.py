@@ -44,6 +44,7 @@ from avex.data.cache import FeatureCache
 from avex.data.embedded import AUDIO_ROLES, VISUAL_ROLES, Backbone
 from avex.fidelity import full_captions
 from avex.figures import save_figure
+from avex.intervals import paired_interval
 from avex.judge_identity import file_sha256, judge_record
 from avex.kernels import gumbel_topk
 from avex.methods import load_policy
@@ -58,7 +59,6 @@ from avex.training.exchange_diagnostics import summarize
 from .common import (PATHS_NOTE, ExperimentSettings, begin, check_retentions, check_split,
                      given_run, load_experiment_inputs, results_json, split_clips)
 from .diagnose_report import compact_result, report_markdown
-from .intervals import paired_interval
 from .slots import SLOT_NAMES, changed_slots, parse_caption, slots_of_info
 
 __all__ = ["DiagnoseSettings", "run_diagnose", "coloured_subject_token", "role_tiers",

@@ -1,6 +1,6 @@
 """The retention sweep: every method at every retention (the paper's Table 2 and Fig. 3), and
 AVEX-Prune's difference from every other method with its paired bootstrap 95% interval
-(:mod:`avex.evaluate.intervals`), computed from the per-clip scores every row records."""
+(:mod:`avex.intervals`), computed from the per-clip scores every row records."""
 from __future__ import annotations
 
 import sys
@@ -12,6 +12,8 @@ import numpy as np
 
 from avex import _checks
 from avex.figures import save_figure
+from avex.intervals import (LEVEL, REPLICATES, SEED, Interval, compact_per_clip,
+                            difference_table, differences)
 from avex.judge_identity import judge_line, judge_record
 from avex.methods import METHODS, SELECTORS, label, load_policy, make_selector
 from avex.methods.learned import recipe
@@ -26,8 +28,6 @@ from avex.training.loop import train_variant
 from .common import (PATHS_NOTE, ExperimentSettings, begin, check_names, check_retentions,
                      check_seeds, check_split, fmt, given_run, load_experiment_inputs,
                      results_json, split_clips)
-from .intervals import (LEVEL, REPLICATES, SEED, Interval, compact_per_clip, difference_table,
-                        differences)
 
 RETENTIONS = (0.5, 0.4, 0.3, 0.2, 0.1)
 

@@ -6,7 +6,7 @@ by fidelity instead: the share of clips whose pruned caption is the full-token c
 exactly, and the mean log p(y_full | S) (:func:`avex.fidelity.fidelity_split`).
 
 Scored by CIDEr, the table is followed by this run's C_av minus each other row's, with a paired
-95% bootstrap interval over the scored clips (:mod:`avex.evaluate.intervals`): one training seed
+95% bootstrap interval over the scored clips (:mod:`avex.intervals`): one training seed
 on 200 clips moves by several points, and the interval says which gaps the clips can resolve."""
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ import torch
 from safetensors.torch import load_file
 
 from avex import metrics
-from avex.evaluate.intervals import compact_per_clip, difference_table, differences
 from avex.fidelity import fidelity_split, full_captions
+from avex.intervals import compact_per_clip, difference_table, differences
 from avex.judge_identity import judge_line, judge_record
 from avex.methods import label, load_policy, make_selector, policy_selector
 from avex.run_files import RESULTS_JSON, RESULTS_MD, WARMUP_POLICY_FILE
