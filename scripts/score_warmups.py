@@ -37,6 +37,12 @@ WARMUP = "its warmup"
 NUM_BEAMS, MAX_NEW_TOKENS = 1, 24
 
 
+def seed_mean(rows, retention: float) -> float:
+    """C_av at ``retention``, the mean over the rows (one per training seed)."""
+    values = [r["C_av"] for r in rows if math.isclose(r["retention"], retention)]
+    return sum(values) / len(values)
+
+
 def score_warmups(ablation: Path, variant: str, cache_dir: Path | None, batch_size: int) -> dict:
     result = json.loads(ablation.read_text())
     rows = [r for r in result["rows"] if r["variant"] == variant]
@@ -75,15 +81,12 @@ def score_warmups(ablation: Path, variant: str, cache_dir: Path | None, batch_si
                          "redundancy": policy.config.redundancy, **scored(captions, clips)})
     seconds = time.perf_counter() - started
     found = differences(rows + warm, variant, [WARMUP], result["retentions"], key="variant")
-    mean = {(name, retention): sum(r["C_av"] for r in group) / len(group)
-            for name, group_rows in ((variant, rows), (WARMUP, warm))
-            for retention in result["retentions"]
-            for group in [[r for r in group_rows if math.isclose(r["retention"], retention)]]}
     full = result["full"]["C_av"]
     table = markdown_table(
         ["policy", *(f"{r:.0%}" for r in result["retentions"])],
-        [[name, *(f"{mean[(name, r)]:.1f} ({mean[(name, r)] / full:.3f})"
-                  for r in result["retentions"])] for name in (variant, WARMUP)])
+        [[name, *(f"{seed_mean(runs, r):.1f} ({seed_mean(runs, r) / full:.3f})"
+                  for r in result["retentions"])]
+         for name, runs in ((variant, rows), (WARMUP, warm))])
     seeds = sorted({r["seed"] for r in warm})
     text = "\n".join([
         f"{variant} against {WARMUP} (the weights its RL started from, served as {variant} "

@@ -249,6 +249,15 @@ def test_every_ablation_arm_names_its_warmup_teacher_whatever_the_default():
         {"warmup", "Dc", "Dc-fid", "Cc", "Cc-fid", "warmup-capattn", "warmup-fidgain"}
 
 
+def tiny_ablation(root, out, variants: str, retentions: str) -> dict:
+    """``python -m avex.evaluate ablation`` of ``variants`` on the tiny benchmark, seed 0."""
+    return evaluate(["ablation", "--benchmark-preset", "tiny", "--captioner-preset", "tiny",
+                     "--cache-dir", str(root), "--out", str(out), "--no-progress",
+                     "--max-new-tokens", "12", "--variants", variants,
+                     "--retentions", retentions, "--train-args",
+                     "--batch-size 8 --micro-batch-size 4 --warmup-epochs 0.5"])
+
+
 def test_the_ablation_scores_each_teachers_own_warmup(tiny, tmp_path):
     """warmup-capattn and warmup-fidgain train warmups of their own (not from the seed's
     "warmup" run) and are scored at their warmup checkpoints, beside the default's."""
@@ -258,11 +267,7 @@ def test_the_ablation_scores_each_teachers_own_warmup(tiny, tmp_path):
         assert ABLATIONS[name][2].get("warmup_teacher", "prompt-attention") == teacher
     root, _, _ = tiny
     out = tmp_path / "abl"
-    result = evaluate(["ablation", "--benchmark-preset", "tiny", "--captioner-preset", "tiny",
-                       "--cache-dir", str(root), "--out", str(out), "--no-progress",
-                       "--max-new-tokens", "12", "--variants", "warmup,warmup-capattn",
-                       "--retentions", "0.4,0.2", "--train-args",
-                       "--batch-size 8 --micro-batch-size 4 --warmup-epochs 0.5"])
+    result = tiny_ablation(root, out, "warmup,warmup-capattn", "0.4,0.2")
     assert [(r["variant"], r["retention"]) for r in result["rows"]] == \
         [("warmup", 0.4), ("warmup", 0.2), ("warmup-capattn", 0.4), ("warmup-capattn", 0.2)]
     config = json.loads((out / "runs" / "seed0" / "warmup-capattn" / "config.json").read_text())
@@ -277,11 +282,7 @@ def test_an_ablation_of_own_warmup_variants_trains_no_shared_warmup(tiny, tmp_pa
     with a warmup of its own (another teacher, or warmup-only) doesn't pay for it."""
     root, _, _ = tiny
     out = tmp_path / "abl"
-    result = evaluate(["ablation", "--benchmark-preset", "tiny", "--captioner-preset", "tiny",
-                       "--cache-dir", str(root), "--out", str(out), "--no-progress",
-                       "--max-new-tokens", "12", "--variants", "warmup-capattn",
-                       "--retentions", "0.4", "--train-args",
-                       "--batch-size 8 --micro-batch-size 4 --warmup-epochs 0.5"])
+    result = tiny_ablation(root, out, "warmup-capattn", "0.4")
     assert sorted(p.name for p in (out / "runs" / "seed0").iterdir()) == ["warmup-capattn"]
     assert "training of 1 run(s) included" in result["table"]
     assert [(r["variant"], r["retention"]) for r in result["rows"]] == [("warmup-capattn", 0.4)]

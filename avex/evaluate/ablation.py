@@ -156,9 +156,8 @@ class AblationSettings(ExperimentSettings):
             given_run(path, scored_checkpoint(name), f"--run {name}")
         self.check_training_kept(self.trained_definitions(), "variant",
                                  retention=self.retention)
-        trained = [name for name in self.variants if name not in self.runs]
-        if self.train.warmup_from is not None and any(own_warmup(n) for n in trained):
-            own = [n for n in trained if own_warmup(n)]
+        own = [name for name in self.variants if name not in self.runs and own_warmup(name)]
+        if self.train.warmup_from is not None and own:
             raise ValueError(f"--train-args: warmup_from={self.train.warmup_from!r} would be "
                              f"ignored by {own}, which train warmups of their own; drop the "
                              "flag or those variants")
@@ -168,8 +167,8 @@ class AblationSettings(ExperimentSettings):
         by ``runs``, and each seed's shared warmup where one of them starts from it, unless it
         is given (``runs["warmup"]``, or ``train.warmup_from``)."""
         names = [name for name in self.variants if name not in self.runs]
-        shared = any(name == "warmup" or not own_warmup(name) for name in names)
-        if shared and "warmup" not in self.runs and self.train.warmup_from is None:
+        if any(map(uses_shared_warmup, names)) and "warmup" not in self.runs \
+                and self.train.warmup_from is None:
             names.append("warmup")
         return {name: ABLATIONS[name][2] for name in dict.fromkeys(names)}
 
@@ -180,6 +179,12 @@ def own_warmup(name: str) -> bool:
     settings = ABLATIONS[name][2]
     return bool(settings.get("warmup_only")) or \
         settings["warmup_teacher"] != ARM_BASE["warmup_teacher"]
+
+
+def uses_shared_warmup(name: str) -> bool:
+    """The seed's shared warmup run is needed: the "warmup" row itself, or a variant that
+    starts from it."""
+    return name == "warmup" or not own_warmup(name)
 
 
 def scored_checkpoint(name: str) -> str:
@@ -215,9 +220,7 @@ def run_ablation(settings: AblationSettings) -> dict:
     for seed, name in progress_bar(jobs, desc="ablation variants", unit="run",
                                    disable=not settings.progress):
         label, marks, variant = ABLATIONS[name]
-        # the seed's shared warmup, trained only for a variant that starts from it
-        if seed not in warmups and (name == "warmup" or not own_warmup(name)) \
-                and name not in given:
+        if seed not in warmups and uses_shared_warmup(name) and name not in given:
             warmups[seed] = given.get("warmup") or base.warmup_from or trained_here(
                 trained, base, out / "runs" / f"seed{seed}" / "warmup", seed=seed,
                 retention=settings.retention, **ABLATIONS["warmup"][2])
