@@ -72,6 +72,12 @@ class Interval:
         return asdict(self)
 
 
+def interval_fields(value) -> dict:
+    """An entry of :func:`differences` as a results file stores it: the interval's fields, or
+    ``{"none": why}`` where there is none."""
+    return value.as_dict() if isinstance(value, Interval) else {"none": value}
+
+
 def _seed_matrix(name: str, scores) -> np.ndarray:
     """Per-clip scores as a float64 [seeds, clips] array: a 1-D input is one seed."""
     try:

@@ -23,7 +23,7 @@ from pathlib import Path
 from avex.cache_and_captioner import load_cache_and_captioner
 from avex.evaluate.ablation import scored
 from avex.evaluate.common import results_json, split_clips
-from avex.intervals import difference_table, differences
+from avex.intervals import difference_table, differences, interval_fields
 from avex.judge_identity import judge_line, judge_record
 from avex.methods import make_selector
 from avex.paths import default_cache_dir
@@ -102,7 +102,7 @@ def score_warmups(ablation: Path, variant: str, cache_dir: Path | None, batch_si
         "variant": variant, "rows": warm, "split": result["split"], "clips": len(clips),
         "retentions": result["retentions"], "judge": judge, "seconds": round(seconds, 1),
         "intervals": [{"ours": variant, "other": WARMUP, "retention": r,
-                       **({"none": v} if isinstance(v, str) else v.as_dict())}
+                       **interval_fields(v)}
                       for (_, r), v in found.items()]}}
 
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from avex.intervals import (Interval, compact_per_clip, difference_table, differences,
-                                     paired_interval, pooled_interval, seed_rows)
+                            interval_fields, paired_interval, pooled_interval, seed_rows)
 
 
 def test_identical_inputs_give_zero_zero():
@@ -148,6 +148,14 @@ def test_rows_without_per_clip_scores_or_with_unpaired_seeds_say_why():
                              "[0, 1, 2]")
     assert differences(rows, "avex", ["tome"], [0.2])[("tome", 0.2)] == \
         "no interval: no avex row at 20%"
+
+
+def test_results_files_store_an_interval_or_why_there_is_none_under_one_key():
+    rows, *_ = sweep_rows()
+    got = differences(rows, "avex", ["tome"], [0.4, 0.2])
+    stored = interval_fields(got[("tome", 0.4)])
+    assert Interval(**stored) == got[("tome", 0.4)]
+    assert interval_fields(got[("tome", 0.2)]) == {"none": "no interval: no avex row at 20%"}
 
 
 def test_compact_per_clip_rounds_and_keeps_the_mean():

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from avex import _checks
-from avex.intervals import (LEVEL, REPLICATES, SEED, Interval, compact_per_clip,
-                            difference_table, differences)
+from avex.intervals import (LEVEL, REPLICATES, SEED, compact_per_clip, difference_table,
+                            differences, interval_fields)
 from avex.judge_identity import judge_line, judge_record
 from avex.methods import load_policy, make_selector
 from avex.paths import relative_path
@@ -262,7 +262,7 @@ def run_ablation(settings: AblationSettings) -> dict:
         "seeds": list(settings.seeds), "split": settings.split, "clips": len(clips),
         "judge": judge, "paths": PATHS_NOTE,
         "intervals": [{"ours": "A", "variant": other, "retention": retention, "metric": "C_av",
-                       **(v.as_dict() if isinstance(v, Interval) else {"none": v})}
+                       **interval_fields(v)}
                       for (other, retention), v in intervals.items()],
         "bootstrap": {"level": LEVEL, "replicates": REPLICATES, "seed": SEED},
         "seconds": round(seconds, 1), "runs_trained": len(trained)}))

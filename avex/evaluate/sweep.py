@@ -13,7 +13,7 @@ import numpy as np
 from avex import _checks
 from avex.figures import save_figure
 from avex.intervals import (LEVEL, REPLICATES, SEED, Interval, compact_per_clip,
-                            difference_table, differences)
+                            difference_table, differences, interval_fields)
 from avex.judge_identity import judge_line, judge_record
 from avex.methods import METHODS, SELECTORS, label, load_policy, make_selector
 from avex.methods.learned import recipe
@@ -441,7 +441,7 @@ def avex_differences(rows: list[dict], settings: SweepSettings) -> dict:
 def interval_records(intervals: dict) -> list[dict]:
     """The intervals as sweep.json lists them: one record per (method, retention)."""
     return [{"ours": "avex", "method": other, "retention": retention, "metric": "C_av",
-             **(value.as_dict() if isinstance(value, Interval) else {"none": value})}
+             **interval_fields(value)}
             for (other, retention), value in intervals.items()]
 
 

@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 
 from avex import metrics
 from avex.fidelity import fidelity_split, full_captions
-from avex.intervals import compact_per_clip, difference_table, differences
+from avex.intervals import compact_per_clip, difference_table, differences, interval_fields
 from avex.judge_identity import judge_line, judge_record
 from avex.methods import label, load_policy, make_selector, policy_selector
 from avex.run_files import RESULTS_JSON, RESULTS_MD, WARMUP_POLICY_FILE
@@ -61,7 +61,7 @@ def score_run(cfg: TrainConfig, run_dir: Path, policy, captioner, cache,
                             cfg.eval_retentions)
         table += "\n\n" + differences_text(found, ours, methods, cfg.eval_retentions, len(clips))
         intervals = [{"other": other, "retention": retention,
-                      **(value.as_dict() if not isinstance(value, str) else {"note": value})}
+                      **interval_fields(value)}
                      for (other, retention), value in found.items()]
     else:   # no references to score against: how faithfully each selection keeps y_full
         rows = fidelity_rows(cfg, captioner, cache, clips, methods, jobs)
