@@ -86,6 +86,26 @@ def test_sweep_writes_table_json_figure_and_examples(trained_sweep):
 
 
 @pytest.mark.slow
+def test_a_sweep_into_a_folder_of_other_runs_is_refused_before_any_work(trained_sweep,
+                                                                         cache_dir, capsys):
+    """The sweep reuses the runs in its --out; runs trained with other settings are refused up
+    front, not scored as the new settings' (its plan of runs is the one it trains)."""
+    from avex.evaluate.__main__ import parse_args
+
+    out, _ = trained_sweep
+    _, same = parse_args(["sweep", *tiny(cache_dir, out, "--train-args", TRAIN)])
+    planned = same.validate().planned_runs(out)
+    assert [(Path(c.run_dir).name, c.warmup_from) for c in planned] == [
+        ("avex-seed0", None), ("cacovid-seed0", str(out / "runs" / "avex-seed0"))]
+    before = sorted(out.rglob("*"))
+    exits_with_usage_error(main, ["sweep", *tiny(cache_dir, out, "--train-args",
+                                                 TRAIN.replace("--epochs 0.5", "--epochs 1"))],
+                           r"runs/avex-seed0 already holds a run trained with other settings "
+                           r"than this one asks for: epochs=1\.0 \(the run has 0\.5\)", capsys)
+    assert sorted(out.rglob("*")) == before
+
+
+@pytest.mark.slow
 def test_seeds_give_mean_and_std_and_given_runs_are_reused(trained_sweep, cache_dir, tmp_path):
     first, _ = trained_sweep
     result = main(["sweep", *tiny(cache_dir, tmp_path, "--retentions", "0.2", "--seeds", "0,1",
@@ -298,12 +318,12 @@ def test_results_record_no_machine_path(trained_sweep, cache_dir, tmp_path):
 
 def test_the_ablation_intervals_keep_full_avex_apart_from_full_tokens():
     """Table 3's "full" variant (Full AVEX, g = 8) and full tokens each get their own line."""
-    from avex.evaluate.ablation import arm_differences, differences_markdown
+    from avex.evaluate.ablation import ABLATIONS, arm_differences, differences_markdown
     from avex.intervals import compact_per_clip
 
     rng = np.random.default_rng(5)
     tokens = rng.normal(450, 100, 30)
-    rows = [{"variant": name, "retention": 0.2, "seed": seed,
+    rows = [{"variant": name, "label": ABLATIONS[name][0], "retention": 0.2, "seed": seed,
              "per_clip": compact_per_clip({"C_av": tokens - shift + rng.normal(0, 3, 30)})}
             for name, shift in (("A", 20), ("full", 24), ("g4", 21)) for seed in (0, 1)]
     full = {"per_clip": compact_per_clip({"C_av": tokens})}

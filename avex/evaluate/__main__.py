@@ -12,7 +12,8 @@ Subcommands (``sweep`` is the default):
                 rank correlation, (b) joint gain of a visual + an audio group against the sum of
                 their separate gains. A PNG and its numbers.
 ``ablation``    the paper's Table 3 at 20% retention: training-signal variants and group size g;
-                it trains the variants it needs (``avex.train.train``) or reuses given runs.
+                it trains the variants it needs (``avex.train.train``) or reuses given runs;
+                ``--derive 'NAME=VARIANT FLAGS'`` adds a variant with some settings changed.
 ``gates``       the embedded benchmark's measured gates (Markdown + JSON report).
 ``diagnose``    where a trained policy's lost C_av goes (issue #33): exact reproductions, the
                 loss by clip and by kind of caption difference, role-oracle sets, a
@@ -39,9 +40,8 @@ from avex import _checks
 from avex.data.embedded import default_benchmark_path
 from avex.paths import default_captioner_path, portable_command
 from avex.registry import BENCHMARK_PRESETS, CAPTIONER_PRESETS, SELECTORS
-from avex.training.config import TrainConfig
+from avex.training.config import TrainConfig, explicit_settings, resolve_config
 from avex.training.config import build_parser as build_train_parser
-from avex.training.config import resolve_config
 
 from .ablation import ABLATIONS, AblationSettings, run_ablation
 from .common import DECODING, not_a_cache
@@ -136,8 +136,9 @@ def _add_ablation(sub) -> None:
     """``python -m avex.evaluate ablation``: the ablation's flags."""
     abl = sub.add_parser("ablation", help="the paper's Table 3 (training signal, group size)")
     _common(abl)
-    abl.add_argument("--variants", type=_list("variants", str, "variant names"),
-                     default=list(ABLATIONS))
+    abl.add_argument("--variants", type=_list("variants", str, "variant names"), default=None,
+                     help="the variants to train and score (default: every variant; with "
+                          "--derive, the variants it derives from)")
     abl.add_argument("--retention", type=float, default=0.2,
                      help="training and evaluation retention (default 0.2)")
     abl.add_argument("--retentions", type=_list("retentions", float, "numbers"), default=None,
@@ -148,6 +149,10 @@ def _add_ablation(sub) -> None:
     abl.add_argument("--split", default="test")
     abl.add_argument("--run", action="append", default=[], metavar="VARIANT=DIR",
                      help="reuse a trained run for a variant (repeatable), e.g. full=runs/x")
+    abl.add_argument("--derive", action="append", default=[], metavar="'NAME=VARIANT FLAGS'",
+                     help="score a variant with some training settings changed, under a name "
+                          "of its own (repeatable), e.g. 'Dc-fid@r2=Dc-fid --redundancy 2'; "
+                          "FLAGS are python -m avex.train flags")
 
 
 def _add_motivation(sub) -> None:
@@ -252,6 +257,28 @@ def train_settings(text: str) -> TrainConfig:
         raise ValueError(f"--train-args: {err}") from None
 
 
+def derived_variant(text: str) -> tuple[str, tuple[str, dict]]:
+    """``--derive 'NAME=VARIANT FLAGS'`` -> (NAME, (VARIANT, the settings FLAGS give)); FLAGS
+    are ``python -m avex.train`` flags, split as a shell would, and only those given count."""
+    name, sep, rest = text.partition("=")
+    words = shlex.split(rest) if sep else []
+    if not sep or not name.strip() or not words or words[0].startswith("-"):
+        raise ValueError(f"--derive must be 'NAME=VARIANT FLAGS' (e.g. 'Dc-fid@r2=Dc-fid "
+                         f"--redundancy 2'), got {text!r}")
+    where = f"--derive {name}"
+    try:
+        args = build_train_parser(where, "training settings").parse_args(words[1:])
+    except SystemExit:
+        raise ValueError(f"{where}: {shlex.join(words[1:])!r} are not python -m avex.train "
+                         "flags (see the message above)") from None
+    for flag, given in (("--config", args.config), ("--resume", args.resume),
+                        ("--preset", args.preset != "embedded")):
+        if given:
+            raise ValueError(f"{where}: {flag} can't derive a variant; give the settings it "
+                             "changes as flags")
+    return name, (words[0], explicit_settings(args, with_preset=False))
+
+
 def settings_of(args):
     """The settings of the sweep, ablation or motivation the parsed flags ask for."""
     common = dict(data=args.data, captioner=args.captioner,
@@ -274,9 +301,12 @@ def settings_of(args):
                 raise ValueError(f"--run must be VARIANT=DIR with VARIANT one of "
                                  f"{list(ABLATIONS)}, got {item!r}")
             runs[name] = path
-        return AblationSettings(**common, variants=args.variants, retention=args.retention,
+        derived = dict(derived_variant(item) for item in args.derive)
+        variants = args.variants if args.variants is not None else list(dict.fromkeys(
+            base for base, _ in derived.values())) if derived else list(ABLATIONS)
+        return AblationSettings(**common, variants=variants, retention=args.retention,
                                 retentions=args.retentions, seeds=args.seeds, split=args.split,
-                                runs=runs)
+                                runs=runs, derived=derived)
     if args.command == "diagnose":
         return DiagnoseSettings(**common, run=args.run, retentions=args.retentions,
                                 split=args.split, samples=args.samples, tau=args.tau,

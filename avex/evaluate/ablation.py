@@ -4,6 +4,7 @@ scores, and where arm A (the default recipe) is scored, the tables show A − ea
 with its paired bootstrap 95% interval (:mod:`avex.intervals`)."""
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,8 +20,10 @@ from avex.registry import label as method_label
 from avex.run_files import read_run_config
 from avex.scoring import caption_split, keep_all, score_captions
 from avex.tables import markdown_table
-from avex.training.config import SETTINGS_BEFORE_THEY_EXISTED
-from avex.training.loop import run_finished, train_variant
+from avex.training.config import (SETTINGS_BEFORE_THEY_EXISTED, TrainConfig,
+                                  refuse_without_effect)
+from avex.training.loop import run_finished, train_variant, variant_config
+from avex.training.run_records import check_reusable
 
 from .common import (PATHS_NOTE, ExperimentSettings, begin, check_names, check_retentions,
                      check_seeds, check_split, fmt, given_run, load_experiment_inputs,
@@ -126,7 +129,9 @@ ABLATIONS = {name: (label, marks, {**ARM_BASE, **settings})
 class AblationSettings(ExperimentSettings):
     """The variants of ``variants`` (:data:`ABLATIONS`), trained at ``retention`` for each of
     ``seeds`` and scored on ``split`` at ``retentions`` (default: ``retention``). ``runs``:
-    variant -> a trained run to reuse instead (one seed only)."""
+    variant -> a trained run to reuse instead (one seed only). ``derived``: name -> (variant,
+    {setting: value}), a variant of :data:`ABLATIONS` with those training settings changed,
+    labelled as such and scored beside the others (added to ``variants`` if not named there)."""
 
     variants: list = field(default_factory=lambda: list(ABLATIONS))
     retention: float = 0.2
@@ -134,11 +139,15 @@ class AblationSettings(ExperimentSettings):
     seeds: list = field(default_factory=lambda: [0])
     split: str = "test"
     runs: dict = field(default_factory=dict)
+    derived: dict = field(default_factory=dict)
 
     def check(self) -> None:
         super().check()
         check_split("split", self.split)
-        check_names("variants", self.variants, ABLATIONS)
+        self.check_derived()
+        _checks.str_list("variants", self.variants)
+        self.variants = list(self.variants) + [n for n in self.derived if n not in self.variants]
+        check_names("variants", self.variants, self.definitions())
         _checks.ratio("retention", self.retention)
         if self.retentions is not None:
             check_retentions(self.retentions)
@@ -149,47 +158,163 @@ class AblationSettings(ExperimentSettings):
         if self.runs and len(self.seeds) > 1:
             raise ValueError(f"--run reuses one run per variant, so it takes one seed; got "
                              f"seeds {list(self.seeds)}")
+        table = self.definitions()
         for name, path in self.runs.items():
-            if name not in ABLATIONS:
+            if name not in table:
                 raise ValueError(f"--run must be VARIANT=DIR with VARIANT one of "
-                                 f"{list(ABLATIONS)}, got {name!r}")
-            given_run(path, scored_checkpoint(name), f"--run {name}")
+                                 f"{list(table)}, got {name!r}")
+            given_run(path, scored_checkpoint(name, table), f"--run {name}")
         self.check_training_kept(self.trained_definitions(), "variant",
                                  retention=self.retention)
-        own = [name for name in self.variants if name not in self.runs and own_warmup(name)]
+        own = [name for name in self.variants
+               if name not in self.runs and own_warmup(name, table)]
         if self.train.warmup_from is not None and own:
             raise ValueError(f"--train-args: warmup_from={self.train.warmup_from!r} would be "
                              f"ignored by {own}, which train warmups of their own; drop the "
                              "flag or those variants")
+        if self.out is not None:   # a run already in --out must be the run asked for
+            base = self.base_train_config()
+            for run_dir, run in self.planned_runs(Path(self.out)).values():
+                check_reusable(variant_config(base, run_dir, **run))
 
     def trained_definitions(self) -> dict:
         """Variant -> the settings of each run this ablation trains: every variant not given
         by ``runs``, and each seed's shared warmup where one of them starts from it, unless it
         is given (``runs["warmup"]``, or ``train.warmup_from``)."""
+        table = self.definitions()
         names = [name for name in self.variants if name not in self.runs]
-        if any(map(uses_shared_warmup, names)) and "warmup" not in self.runs \
-                and self.train.warmup_from is None:
+        if any(uses_shared_warmup(name, table) for name in names) \
+                and "warmup" not in self.runs and self.train.warmup_from is None:
             names.append("warmup")
-        return {name: ABLATIONS[name][2] for name in dict.fromkeys(names)}
+        return {name: table[name][2] for name in dict.fromkeys(names)}
+
+    def shared_warmup(self, out: Path, seed: int) -> Path:
+        """The run a variant of ``seed`` that doesn't train its own warmup starts from: a given
+        one (``runs["warmup"]``, ``train.warmup_from``), else the one this ablation trains."""
+        given = self.runs.get("warmup") or self.train.warmup_from
+        return Path(given) if given else out / "runs" / f"seed{seed}" / "warmup"
+
+    def planned_runs(self, out: Path) -> dict:
+        """(seed, variant) -> (run folder, :func:`train_variant`'s settings) of each run this
+        ablation trains in ``out``, in the order it trains them: per seed, the shared warmup
+        (where a variant starts from it and none is given) before the variants."""
+        table = self.definitions()
+        given_warmup = self.runs.get("warmup") or self.train.warmup_from
+        plan = {}
+        for seed in self.seeds:
+            for name in self.variants:
+                if name in self.runs:
+                    continue
+                if uses_shared_warmup(name, table) and given_warmup is None:
+                    plan.setdefault((seed, "warmup"), (
+                        out / "runs" / f"seed{seed}" / "warmup",
+                        dict(seed=seed, retention=self.retention, **table["warmup"][2])))
+                if name != "warmup":
+                    warmup = None if own_warmup(name, table) else self.shared_warmup(out, seed)
+                    plan[(seed, name)] = (out / "runs" / f"seed{seed}" / name,
+                                          dict(warmup_from=warmup, seed=seed,
+                                               retention=self.retention, **table[name][2]))
+        return plan
+
+    def definitions(self) -> dict:
+        """Every variant this ablation can name, as (label, marks, settings): those of
+        :data:`ABLATIONS`, and each of ``derived`` (its variant's, with the changed settings
+        named in the label)."""
+        table = dict(ABLATIONS)
+        for name, (base, changes) in self.derived.items():
+            label, marks, settings = ABLATIONS[base]
+            table[name] = (f"{label}; {changes_text(changes)}", marks, {**settings, **changes})
+        return table
+
+    def check_derived(self) -> None:
+        """Each derived variant: a new name, a variant of :data:`ABLATIONS` and at least one
+        training setting it really changes, and that the run keeps (not one the ablation sets
+        per run, nor one the changed settings would ignore)."""
+        if not isinstance(self.derived, dict):
+            raise TypeError(f"derived must be a dict of name -> (variant, settings), got "
+                            f"{type(self.derived).__name__}")
+        fields = {f.name for f in dataclasses.fields(TrainConfig)}
+        base_cfg = self.base_train_config()
+        for name, value in self.derived.items():
+            where = f"--derive {name}"
+            if not isinstance(name, str) or not name.strip() or name != name.strip():
+                raise ValueError(f"--derive: a derived variant's name must be a non-empty str "
+                                 f"without surrounding spaces, got {name!r}")
+            if name in ABLATIONS or name == FULL_TOKENS:
+                raise ValueError(f"{where}: {name!r} already names a variant; choose a new name "
+                                 f"(for example {name}@2)")
+            if not (isinstance(value, (tuple, list)) and len(value) == 2
+                    and isinstance(value[1], dict)):
+                raise TypeError(f"{where}: expected (variant, {{setting: value}}), got {value!r}")
+            base, changes = value
+            _checks.choice(f"{where}: variant", base, set(ABLATIONS))
+            if not changes:
+                raise ValueError(f"{where}: no training setting is changed; it would be "
+                                 f"{base!r} again")
+            for key, setting in changes.items():
+                if key not in fields:
+                    raise ValueError(f"{where}: {key!r} is not a training setting")
+                if key in PER_RUN_SETTINGS:
+                    raise ValueError(f"{where}: {key}={setting!r} is set by the ablation for "
+                                     "each run it trains; drop it")
+            before = dataclasses.replace(base_cfg, **ABLATIONS[base][2])
+            same = [k for k, v in changes.items() if getattr(before, k) == v]
+            if same:
+                raise ValueError(f"{where}: {base!r} already trains with "
+                                 + ", ".join(f"{k}={changes[k]!r}" for k in same)
+                                 + "; change something else")
+            shared = [k for k in changes if k in WARMUP_PHASE_SETTINGS]
+            if shared and not warmup_of_its_own({**ABLATIONS[base][2], **changes}):
+                raise ValueError(f"{where}: {', '.join(shared)} would change the warmup, but "
+                                 f"{base!r} starts from the seed's shared warmup run; derive "
+                                 "from a variant that trains its own warmup (or change "
+                                 "warmup_teacher too)")
+            try:
+                cfg = dataclasses.replace(before, **changes).validate()
+                refuse_without_effect(cfg, changes)
+            except (ValueError, TypeError) as err:
+                raise ValueError(f"{where}: {err}") from None
 
 
-def own_warmup(name: str) -> bool:
-    """A variant that trains its own warmup instead of starting from the seed's "warmup" run:
-    a warmup-only variant, or one whose warmup imitates another teacher."""
-    settings = ABLATIONS[name][2]
+#: training settings the ablation gives each run itself (a derived variant can't change them)
+PER_RUN_SETTINGS = ("run_dir", "seed", "retention", "warmup_from", "data", "captioner",
+                    "benchmark_preset", "captioner_preset", "cache_dir", "evaluate", "progress")
+
+
+def changes_text(changes: dict) -> str:
+    """A derived variant's changed settings as its label shows them: ``redundancy 2``."""
+    return ", ".join(f"{key.replace('_', ' ')} "
+                     f"{','.join(map(str, value)) if isinstance(value, list) else value}"
+                     for key, value in changes.items())
+
+
+#: settings of the warmup phase (or of the policy's shape, which a warmup's weights fix): a
+#: variant that starts from the seed's shared warmup can't change them
+WARMUP_PHASE_SETTINGS = ("warmup_epochs", "warmup_lr", "policy_hidden", "policy_positional")
+
+
+def own_warmup(name: str, table: dict | None = None) -> bool:
+    """A variant that trains its own warmup instead of starting from the seed's "warmup" run.
+    ``table``: the variants' definitions (default :data:`ABLATIONS`)."""
+    return warmup_of_its_own((table or ABLATIONS)[name][2])
+
+
+def warmup_of_its_own(settings: dict) -> bool:
+    """A variant's settings train a warmup of their own: a warmup-only variant, or one whose
+    warmup imitates another teacher than the shared warmup's."""
     return bool(settings.get("warmup_only")) or \
         settings["warmup_teacher"] != ARM_BASE["warmup_teacher"]
 
 
-def uses_shared_warmup(name: str) -> bool:
+def uses_shared_warmup(name: str, table: dict | None = None) -> bool:
     """The seed's shared warmup run is needed: the "warmup" row itself, or a variant that
     starts from it."""
-    return name == "warmup" or not own_warmup(name)
+    return name == "warmup" or not own_warmup(name, table)
 
 
-def scored_checkpoint(name: str) -> str:
+def scored_checkpoint(name: str, table: dict | None = None) -> str:
     """A warmup-only variant is scored at its warmup checkpoint, every other at its last."""
-    return "warmup" if ABLATIONS[name][2].get("warmup_only") else "latest"
+    return "warmup" if (table or ABLATIONS)[name][2].get("warmup_only") else "latest"
 
 
 def run_ablation(settings: AblationSettings) -> dict:
@@ -211,28 +336,24 @@ def run_ablation(settings: AblationSettings) -> dict:
     decode = dict(batch_size=settings.batch_size, num_beams=settings.num_beams,
                   max_new_tokens=settings.max_new_tokens)
     base = settings.base_train_config()
-    given = {name: Path(path) for name, path in settings.runs.items()}
     retentions = list(settings.retentions or [settings.retention])
+    table = settings.definitions()
+    plan = settings.planned_runs(out)
     rows = []
     jobs = [(seed, name) for seed in settings.seeds for name in settings.variants]
-    warmups = {}
     trained = []  # the runs trained here, not reused: what "Took N s" includes
     for seed, name in progress_bar(jobs, desc="ablation variants", unit="run",
                                    disable=not settings.progress):
-        label, marks, variant = ABLATIONS[name]
-        if seed not in warmups and uses_shared_warmup(name) and name not in given:
-            warmups[seed] = given.get("warmup") or base.warmup_from or trained_here(
-                trained, base, out / "runs" / f"seed{seed}" / "warmup", seed=seed,
-                retention=settings.retention, **ABLATIONS["warmup"][2])
-        run_dir = given.get(name)
-        if run_dir is None and name == "warmup":
-            run_dir = warmups[seed]
-        elif run_dir is None:
-            run_dir = trained_here(trained, base, out / "runs" / f"seed{seed}" / name,
-                                   warmup_from=None if own_warmup(name) else warmups[seed],
-                                   seed=seed, retention=settings.retention, **variant)
-        policy = load_policy(run_dir, captioner,
-                             checkpoint=scored_checkpoint(name))
+        label, marks, _ = table[name]
+        if uses_shared_warmup(name, table) and (seed, "warmup") in plan:
+            trained_here(trained, base, *plan[(seed, "warmup")])
+        if name in settings.runs:
+            run_dir = Path(settings.runs[name])
+        elif (seed, name) in plan:
+            run_dir = trained_here(trained, base, *plan[(seed, name)])
+        else:   # the "warmup" row, given by train.warmup_from
+            run_dir = settings.shared_warmup(out, seed)
+        policy = load_policy(run_dir, captioner, checkpoint=scored_checkpoint(name, table))
         cfg = read_run_config(run_dir)
         for retention in retentions:
             captions = caption_split(captioner, clips, make_selector("avex", policy=policy),
@@ -251,30 +372,32 @@ def run_ablation(settings: AblationSettings) -> dict:
     took = took_line(seconds, len(trained))
     judge = judge_record(cache.root, captioner.path, cache_dir=settings.cache_dir)
     if len(retentions) == 1:
-        table = ablation_table(rows, settings.retention, settings.split, len(clips), took)
+        text = ablation_table(rows, retentions[0], settings.split, len(clips), took)
     else:
-        table = comparison_table(rows, full, retentions, settings.split, len(clips), took)
-    table = "\n".join([table, "", *differences_markdown(intervals, rows, retentions),
-                       judge_line(judge)])
-    (out / "ablation.md").write_text(table + "\n")
+        text = comparison_table(rows, full, retentions, settings.split, len(clips), took)
+    text = "\n".join([text, "", *differences_markdown(intervals, rows, retentions),
+                      judge_line(judge)])
+    (out / "ablation.md").write_text(text + "\n")
     (out / "ablation.json").write_text(results_json({
         "rows": rows, "retention": settings.retention, "retentions": retentions, "full": full,
         "seeds": list(settings.seeds), "split": settings.split, "clips": len(clips),
         "judge": judge, "paths": PATHS_NOTE,
+        "derived": {name: {"variant": base, "changes": changes}
+                    for name, (base, changes) in settings.derived.items()},
         "intervals": [{"ours": "A", "variant": other, "retention": retention, "metric": "C_av",
                        **interval_fields(v)}
                       for (other, retention), v in intervals.items()],
         "bootstrap": {"level": LEVEL, "replicates": REPLICATES, "seed": SEED},
         "seconds": round(seconds, 1), "runs_trained": len(trained)}))
-    print(table)
-    return {"rows": rows, "full": full, "table": table, "out": str(out)}
+    print(text)
+    return {"rows": rows, "full": full, "table": text, "out": str(out)}
 
 
-def trained_here(trained: list, base, run_dir, **settings):
+def trained_here(trained: list, base, run_dir, settings: dict):
     """:func:`train_variant`, with ``run_dir`` appended to ``trained`` (the runs this call
     trains or resumes, which its wall time includes) unless it holds a finished run, which is
     reused."""
-    if not run_finished(run_dir):
+    if not run_finished(run_dir) and run_dir not in trained:
         trained.append(run_dir)
     return train_variant(base, run_dir, **settings)
 
@@ -311,7 +434,7 @@ def differences_markdown(intervals: dict, rows, retentions) -> list[str]:
     """The section under the table: A − each variant, 95% interval."""
     if not intervals:
         return []
-    labels = {v: ABLATIONS[v][0] for v in dict.fromkeys(r["variant"] for r in rows) if v != "A"}
+    labels = {r["variant"]: r["label"] for r in rows if r["variant"] != "A"}
     labels[FULL_TOKENS] = method_label("full")
     return [f"A − variant, C_av, with the paired bootstrap {LEVEL:.0%} interval ({REPLICATES} "
             "replicates resampling clips and training seeds together; docs/evaluation.md, "
@@ -326,12 +449,13 @@ def ablation_table(rows, retention, split, clip_count, took: str) -> str:
     lines = []
     for name in variants:
         group = [r for r in rows if r["variant"] == name]
-        label, marks, _ = ABLATIONS[name]
+        label, marks = group[0]["label"], group[0]["marks"]
         seeds = ",".join(str(r["seed"]) for r in group)
         lines.append([label, *marks.split(), *(fmt([r[k] for r in group])
                                                 for k in ("C_av", "C_v", "C_a")), seeds])
     return "\n".join([
-        f"# Ablation at {retention:.0%} retention ({split} split, {clip_count} clips)", "",
+        f"# Ablation scored at {retention:.0%} retention ({split} split, {clip_count} clips)",
+        "",
         markdown_table(["variant", "V-V", "A-A", "V-A", "A-V", "C_av", "C_v", "C_a", "seeds"],
                        lines), "",
         "With several seeds: mean ± std (population std) over the training seeds. Every "
@@ -355,7 +479,7 @@ def comparison_table(rows, full, retentions, split, clip_count, took: str) -> st
 
     mean_lines, ratio_lines, seed_lines = [], [], []
     for name in variants:
-        label = ABLATIONS[name][0]
+        label = next(r["label"] for r in rows if r["variant"] == name)
         ran = ",".join(str(s) for s in sorted({r["seed"] for r in rows if r["variant"] == name}))
         mean_lines.append([label, *cells(name, lambda g: fmt([r["C_av"] for r in g])), ran])
         ratio_lines.append([label, *cells(name, lambda g: fmt(

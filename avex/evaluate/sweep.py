@@ -23,7 +23,8 @@ from avex.registry import privileged_notes
 from avex.run_files import read_run_config, run_progress
 from avex.scoring import caption_and_score
 from avex.tables import markdown_table
-from avex.training.loop import train_variant
+from avex.training.loop import train_variant, variant_config
+from avex.training.run_records import check_reusable
 
 from .common import (PATHS_NOTE, ExperimentSettings, begin, check_names, check_retentions,
                      check_seeds, check_split, fmt, given_run, load_experiment_inputs,
@@ -70,6 +71,26 @@ class SweepSettings(ExperimentSettings):
         self.check_training_kept({METHODS[m].label: METHODS[m].train
                                   for m in trained_methods(self.methods)
                                   if getattr(self, f"{m}_run") is None}, "method")
+        if self.out is not None:   # a run already in --out must be the run asked for
+            for cfg in self.planned_runs(Path(self.out)):
+                check_reusable(cfg)
+
+    def planned_runs(self, out: Path) -> list:
+        """The settings of each run the sweep trains in ``out``, in its order: every trained
+        method without a given run (AVEX-Prune first), per seed; CaCoVID-AV starts from
+        AVEX-Prune's warmup where the sweep trains both (as :func:`run_sweep` does)."""
+        base = self.base_train_config()
+        runs = []
+        for method in sorted(trained_methods(self.methods), key=lambda m: m != "avex"):
+            if getattr(self, f"{method}_run") is not None:
+                continue
+            for seed in self.seeds:
+                shares = method != "avex" and "avex" in self.methods and self.avex_run is None
+                runs.append(variant_config(
+                    base, out / "runs" / f"{method}-seed{seed}",
+                    warmup_from=out / "runs" / f"avex-seed{seed}" if shares else None,
+                    seed=seed, **METHODS[method].train))
+        return runs
 
     def given_runs(self) -> dict:
         """The given runs (``--avex-run``, ``--cacovid-run``, one per seed for a pattern),

@@ -447,25 +447,31 @@ def resolve_config(args: argparse.Namespace) -> TrainConfig:
     asked = explicit_settings(args, with_preset=False)
     cfg = TrainConfig(**{**PRESETS[args.preset], **asked}).validate()
     if not getattr(args, "resume", False):  # a resume checks its own run
-        for name in EXCHANGE_SETTINGS if not cfg.exchanges else ():
-            if name in asked and not (cfg.exchange_search and name in SEARCH_EXCHANGE_SETTINGS):
-                raise ValueError(f"{name} = {asked[name]!r} has no effect without the exchange "
-                                 "term (off by default); add --exchanges (exchanges: true) or "
-                                 f"drop {name}")
-        for name in SEARCH_SETTINGS if not cfg.exchange_search else ():
-            if name in asked:
-                raise ValueError(f"{name} = {asked[name]!r} has no effect without the exchange "
-                                 "search; add --exchange-search (exchange_search: true) or drop "
-                                 f"{name}")
-        if "fidelity_form" in asked and cfg.reward == "cider":
-            raise ValueError(f"fidelity_form = {asked['fidelity_form']!r} has no effect with "
-                             "reward 'cider'; add --reward fidelity (or cider+fidelity) or drop "
-                             "fidelity_form")
-        if "warmup_teacher" in asked and cfg.warmup_from and cfg.lambda_target == 0:
-            raise ValueError(f"warmup_teacher = {asked['warmup_teacher']!r} has no effect with "
-                             "warmup_from (no warmup here, and lambda_target is 0); drop one")
-        if "g" in asked and cfg.g_fraction > 0:
-            raise ValueError(f"g = {asked['g']!r} has no effect while g_fraction is "
-                             f"{cfg.g_fraction} (g = g_fraction x K); add --g-fraction 0 for a "
-                             "fixed g")
+        refuse_without_effect(cfg, asked)
     return cfg
+
+
+def refuse_without_effect(cfg: TrainConfig, asked: dict) -> None:
+    """Refuse a setting of ``asked`` (those given explicitly) that ``cfg``, the settings it
+    ends up in, would ignore: it would be dropped without a word."""
+    for name in EXCHANGE_SETTINGS if not cfg.exchanges else ():
+        if name in asked and not (cfg.exchange_search and name in SEARCH_EXCHANGE_SETTINGS):
+            raise ValueError(f"{name} = {asked[name]!r} has no effect without the exchange "
+                             "term (off by default); add --exchanges (exchanges: true) or "
+                             f"drop {name}")
+    for name in SEARCH_SETTINGS if not cfg.exchange_search else ():
+        if name in asked:
+            raise ValueError(f"{name} = {asked[name]!r} has no effect without the exchange "
+                             "search; add --exchange-search (exchange_search: true) or drop "
+                             f"{name}")
+    if "fidelity_form" in asked and cfg.reward == "cider":
+        raise ValueError(f"fidelity_form = {asked['fidelity_form']!r} has no effect with "
+                         "reward 'cider'; add --reward fidelity (or cider+fidelity) or drop "
+                         "fidelity_form")
+    if "warmup_teacher" in asked and cfg.warmup_from and cfg.lambda_target == 0:
+        raise ValueError(f"warmup_teacher = {asked['warmup_teacher']!r} has no effect with "
+                         "warmup_from (no warmup here, and lambda_target is 0); drop one")
+    if "g" in asked and cfg.g_fraction > 0:
+        raise ValueError(f"g = {asked['g']!r} has no effect while g_fraction is "
+                         f"{cfg.g_fraction} (g = g_fraction x K); add --g-fraction 0 for a "
+                         "fixed g")

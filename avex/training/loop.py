@@ -40,7 +40,8 @@ from avex.training.config import TrainConfig, build_parser, explicit_settings, r
 from avex.training.distributed import Processes, no_sync, pick_device, unwrap
 from avex.training.exchange_diagnostics import write_report as write_exchange_report
 from avex.training.results_table import score_run
-from avex.training.run_records import RunRecords, choose_run_dir, resumed_config, truncate_metrics
+from avex.training.run_records import (RunRecords, check_reusable, choose_run_dir, resumed_config,
+                                       truncate_metrics)
 from avex.training.steps import (batch_indices, cosine_with_warmup, draw_retention,
                                  exchange_saturation, micro_batches, rl_loss, sample_seed,
                                  training_retentions, warmup_loss, warmup_targets)
@@ -405,8 +406,10 @@ def run_finished(run_dir) -> bool:
 
 def ensure_trained(cfg: TrainConfig) -> Path:
     """Train ``cfg`` unless ``cfg.run_dir`` already holds a finished run (then it is reused; an
-    unfinished one is resumed)."""
+    unfinished one is resumed). A run there trained with other settings is refused
+    (:func:`check_reusable`)."""
     run_dir = Path(cfg.run_dir)
+    check_reusable(cfg)
     if run_finished(run_dir):
         return run_dir
     started = run_dir.exists() and latest_checkpoint(run_dir) is not None
@@ -419,9 +422,14 @@ def train_variant(base: TrainConfig, run_dir, *, warmup_from=None, **settings) -
     ``run_dir`` from the warmup policy of the run ``warmup_from`` (None: a warmup of its own),
     so that variants of one warmup differ in their RL phase alone. A finished run in
     ``run_dir`` is reused and an unfinished one resumed (:func:`ensure_trained`)."""
-    return ensure_trained(dataclasses.replace(
+    return ensure_trained(variant_config(base, run_dir, warmup_from=warmup_from, **settings))
+
+
+def variant_config(base: TrainConfig, run_dir, *, warmup_from=None, **settings) -> TrainConfig:
+    """The settings :func:`train_variant` trains with."""
+    return dataclasses.replace(
         base, run_dir=str(run_dir), warmup_from=None if warmup_from is None else str(warmup_from),
-        **settings))
+        **settings)
 
 
 def main(argv=None) -> dict:

@@ -47,6 +47,46 @@ def choose_run_dir(cfg: TrainConfig, resume: bool) -> str:
 RESUME_OVERRIDES = ("run_dir", "cache_dir", "device", "progress")
 
 
+#: settings that don't shape the policy a run trains (where it lives, how it reports, what
+#: its table scores at the end): a finished run that differs only in these is the run asked for
+NOT_TRAINING = RESUME_OVERRIDES + ("evaluate", "eval_retentions", "eval_split",
+                                   "max_eval_clips", "eval_methods", "checkpoint_every",
+                                   "diagnostics_every")
+#: settings naming a path, compared as the paths they resolve to
+PATH_SETTINGS = ("data", "captioner", "warmup_from")
+
+
+def check_reusable(cfg: TrainConfig) -> None:
+    """Refuse to reuse or resume the run in ``cfg.run_dir`` (an experiment's run folder that
+    already holds one) when it was trained with other settings than ``cfg``: its scores would be
+    reported as those of ``cfg``. Settings of :data:`NOT_TRAINING` may differ."""
+    run_dir = Path(cfg.run_dir)
+    if not (run_dir / CONFIG_FILE).exists():
+        return
+    saved = {**SETTINGS_BEFORE_THEY_EXISTED, **read_run_config(run_dir)}
+    differ = {}
+    for name, asked in cfg.to_dict().items():
+        had = saved.get(name)
+        if name == "warmup_from" and had is not None and asked is not None \
+                and not Path(had).exists():
+            continue   # a moved run names its warmup's old place: nothing left to compare
+        same = _same_path(asked, had) if name in PATH_SETTINGS else asked == had
+        if name not in NOT_TRAINING and not same:
+            differ[name] = (asked, had)
+    if differ:
+        listed = ", ".join(f"{name}={asked!r} (the run has {had!r})"
+                           for name, (asked, had) in sorted(differ.items()))
+        raise ValueError(f"{run_dir} already holds a run trained with other settings than this "
+                         f"one asks for: {listed}; give another output folder, or remove that "
+                         "run to train it again")
+
+
+def _same_path(a, b) -> bool:
+    if a is None or b is None or a == b:
+        return a == b
+    return Path(a).resolve() == Path(b).resolve()
+
+
 def resumed_config(cfg: TrainConfig, explicit: dict | None = None) -> TrainConfig:
     """The settings a resumed run continues with: its own ``config.json``, in the directory it
     was given (a copied or moved run writes where it now is, never where it was made).
