@@ -8,7 +8,7 @@ import sys
 from tqdm.asyncio import tqdm as _text_tqdm
 from tqdm.auto import tqdm
 
-__all__ = ["progress_bar", "PIPED_INTERVAL"]
+__all__ = ["progress_bar", "show", "PIPED_INTERVAL"]
 
 PIPED_INTERVAL = 30.0  # seconds between updates when the stream is a file or a pipe
 
@@ -30,3 +30,14 @@ def progress_bar(iterable=None, **kwargs):
         kwargs.setdefault("mininterval", PIPED_INTERVAL)
         kwargs.setdefault("maxinterval", max(10.0, kwargs["mininterval"]))
     return tqdm(iterable, **kwargs)
+
+
+def show(bar, text: str | None = None, **values) -> None:
+    """Put ``text`` or ``values`` (name=value) beside ``bar``'s count at its next draw. Not
+    drawn now: tqdm draws a postfix at once by default, which on a pipe wrote a line every step,
+    each with the count as of the last draw (an iterated bar stores its count only when it
+    draws)."""
+    if text is not None:
+        bar.set_postfix_str(text, refresh=False)
+    else:
+        bar.set_postfix(refresh=False, **values)

@@ -16,7 +16,7 @@ import torch
 
 from avex import _checks
 from avex.metrics import PER_CLIP, caption_metrics_by_reference_type
-from avex.progress import progress_bar
+from avex.progress import progress_bar, show
 from avex.selection import AVLayout
 
 Selector = Callable[[object, AVLayout, float], torch.Tensor]
@@ -111,7 +111,7 @@ def caption_and_score(captioner, splits: dict, jobs, selector_for, *, batch_size
         for split, clips in splits.items():
             named = " ".join(str(k) for k in key if k is not None) if isinstance(key, tuple) \
                 else str(key)
-            bar.set_postfix_str(f"{named} @ {retention:.0%}, {split}")
+            show(bar, f"{named} @ {retention:.0%}, {split}")
             if (split, key, retention) not in out:
                 if key not in selectors:
                     selectors[key] = selector_for(key)

@@ -5,7 +5,7 @@ import io
 import pytest
 import tqdm.std
 
-from avex.progress import PIPED_INTERVAL, progress_bar
+from avex.progress import PIPED_INTERVAL, progress_bar, show
 
 
 class Stream(io.StringIO):
@@ -70,3 +70,24 @@ def test_manual_updates_are_sparse_too(clock):
             clock[0] += 1.0
             bar.update(1)
     assert stream.getvalue().count("\r") == 5
+
+
+def test_a_status_beside_the_count_adds_no_lines_and_shows_the_current_count(clock):
+    """show() each step (as training does with its loss) must not force a line per step on a
+    pipe, and each line drawn must carry the count as it is then (tqdm's own set_postfix drew
+    at once, with an iterated bar's count as of its last draw: 0/100 for the first 30 s)."""
+    stream = Stream(terminal=False)
+    bar = progress_bar(range(100), file=stream)
+    for step in bar:
+        clock[0] += 1.0
+        show(bar, loss=f"{step:.3f}")
+    lines = [line for line in stream.getvalue().split("\r") if line]
+    assert len(lines) == 5
+    assert "30/100" in lines[1] and "loss=29.000" in lines[1]   # drawn at t = 30 s
+    assert "100/100" in lines[-1] and "loss=99.000" in lines[-1]
+    stream = Stream(terminal=False)
+    with progress_bar(total=4, file=stream) as bar:
+        for step in range(4):
+            show(bar, f"job {step}")
+            bar.update(1)
+    assert stream.getvalue().count("\r") == 2 and "job 3" in stream.getvalue().split("\r")[-1]

@@ -19,7 +19,7 @@ from ..data.embedded import ensure_benchmark
 from ..files import cpu_state_dict
 from ..modality import AUDIO, VISUAL
 from ..paths import default_captioner_path
-from ..progress import progress_bar
+from ..progress import progress_bar, show
 from ..reward import CiderD
 from .batch import AVProjector
 from .frozen import (CAPTIONER_FILE, CAPTIONER_FORMAT, PROJECTOR_FILE, FrozenCaptioner,
@@ -236,7 +236,7 @@ def _fit(captioner, model, projector, data: _TrainSet, cfg: CaptionerConfig,
         scheduler.step()
         losses.append(loss.item())
         if step % 10 == 0:
-            bar.set_postfix(loss=f"{np.mean(losses[-20:]):.3f}")
+            show(bar, loss=f"{np.mean(losses[-20:]):.3f}")
     return losses, time.perf_counter() - started
 
 

@@ -28,7 +28,7 @@ from avex.cache_and_captioner import load_cache_and_captioner, resolve_asset_pat
 from avex.data import FeatureCache
 from avex.fidelity import full_captions
 from avex.policy import AVEXPolicy, TrainedOn, layout_of, row_layouts
-from avex.progress import progress_bar
+from avex.progress import progress_bar, show
 from avex.registry import METHODS
 from avex.reward import CiderD
 from avex.run_files import (CACOVID_DIR, EXCHANGE_CALIBRATION_FILE, SAVED_POLICY_DIR,
@@ -224,7 +224,7 @@ class Run:
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             optimizer.step()
             scheduler.step()
-            bar.set_postfix(bce=f"{total:.3f}")
+            show(bar, bce=f"{total:.3f}")
             self.books.log({"phase": "warmup", "step": step, "bce": total, "time": time.time()})
             if self.books.stop_requested():
                 self.books.interrupt(model, "warmup", step + 1, optimizer, scheduler)
@@ -325,8 +325,7 @@ class Run:
             if diagnostics:
                 record["exchange_diagnostics"] = diagnostics
             self.books.log(record)
-            bar.set_postfix(reward=f"{float(sums['reward']):.1f}",
-                            loss=f"{float(sums['loss']):.3f}")
+            show(bar, reward=f"{float(sums['reward']):.1f}", loss=f"{float(sums['loss']):.3f}")
             if start_step == 0 and step < ZERO_REWARD_STEPS and cfg.reward != "fidelity":
                 # the mean anchor reward and its spread over anchors: both 0 only if every
                 # anchor's CIDEr-D was 0 (it is never negative); with cider+fidelity, CIDEr's
