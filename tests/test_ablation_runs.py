@@ -137,3 +137,17 @@ def test_a_derived_variant_of_an_own_warmup_variant_may_change_its_warmup(root, 
     run_dir, run = plan[(0, "warmup@e2")]
     cfg = variant_config(s.base_train_config(), run_dir, **run)
     assert (cfg.warmup_epochs, cfg.warmup_only, cfg.warmup_from) == (2.0, True, None)
+
+
+def test_a_given_run_trained_otherwise_than_its_variant_says_so_in_its_label(root, tmp_path):
+    out = tmp_path / "abl"
+    run_ablation(settings(root, out, variants=["A"]))
+    a_run = str(out / "runs" / "seed0" / "A")
+    same = run_ablation(settings(root, tmp_path / "same", variants=["A"], runs={"A": a_run}))
+    assert same["rows"][0]["label"] == ABLATIONS["A"][0]
+    assert "given_run_differs" not in same["rows"][0]
+    other = run_ablation(settings(root, tmp_path / "other", variants=["C"], runs={"C": a_run}))
+    row = other["rows"][0]
+    assert row["given_run_differs"] == {"rl_estimator": "rloo"}
+    assert row["label"] == f"{ABLATIONS['C'][0]} (the given run: rl estimator rloo)"
+    assert row["label"] in (tmp_path / "other" / "ablation.md").read_text()

@@ -312,7 +312,9 @@ def test_results_record_no_machine_path(trained_sweep, cache_dir, tmp_path):
     assert_portable(tmp_path / "abl", machine)
     assert {r["run"] for r in result["rows"]} == {os.path.relpath(run, tmp_path / "abl")}
     md = (tmp_path / "abl" / "ablation.md").read_text()
-    assert "| A − variant | 20% |" in md and "| Warmup only | " in md
+    # the sweep's AVEX-Prune run stands for both, so each label says how it differs
+    assert "| A − variant | 20% |" in md and "| Warmup only (the given run: " in md
+    assert "reward fidelity" in next(line for line in md.splitlines() if "| Warmup only" in line)
     assert "s (scoring only: every run was reused)." in md
 
 

@@ -23,7 +23,7 @@ from avex.tables import markdown_table
 from avex.training.config import (SETTINGS_BEFORE_THEY_EXISTED, TrainConfig,
                                   refuse_without_effect)
 from avex.training.loop import run_finished, train_variant, variant_config
-from avex.training.run_records import check_reusable
+from avex.training.run_records import NOT_TRAINING, check_reusable
 
 from .common import (PATHS_NOTE, ExperimentSettings, begin, check_names, check_retentions,
                      check_seeds, check_split, fmt, given_run, load_experiment_inputs,
@@ -293,6 +293,16 @@ def changes_text(changes: dict) -> str:
 WARMUP_PHASE_SETTINGS = ("warmup_epochs", "warmup_lr", "policy_hidden", "policy_positional")
 
 
+def departures(run_config: dict, expected: dict) -> dict:
+    """The training settings where a run (its config.json; a run from before a setting existed
+    has that setting's old value) differs from ``expected``, the settings the ablation would
+    train the variant with: setting -> the run's value. What it sets per run and what doesn't
+    shape the policy are left out."""
+    run = {**SETTINGS_BEFORE_THEY_EXISTED, **run_config}
+    return {key: run.get(key) for key, value in expected.items()
+            if key not in PER_RUN_SETTINGS + NOT_TRAINING and run.get(key) != value}
+
+
 def own_warmup(name: str, table: dict | None = None) -> bool:
     """A variant that trains its own warmup instead of starting from the seed's "warmup" run.
     ``table``: the variants' definitions (default :data:`ABLATIONS`)."""
@@ -355,6 +365,10 @@ def run_ablation(settings: AblationSettings) -> dict:
             run_dir = settings.shared_warmup(out, seed)
         policy = load_policy(run_dir, captioner, checkpoint=scored_checkpoint(name, table))
         cfg = read_run_config(run_dir)
+        differs = departures(cfg, {**dataclasses.asdict(base), **table[name][2]}) \
+            if name in settings.runs else {}
+        if differs:   # a given run trained otherwise than the variant: its label says how
+            label = f"{label} (the given run: {changes_text(differs)})"
         for retention in retentions:
             captions = caption_split(captioner, clips, make_selector("avex", policy=policy),
                                      retention, **decode)
@@ -364,6 +378,7 @@ def run_ablation(settings: AblationSettings) -> dict:
                          # what the run selects by (runs from before the setting: topk)
                          "selection": cfg.get("selection", "topk"),
                          "redundancy": cfg.get("redundancy", 0.0),
+                         **({"given_run_differs": differs} if differs else {}),
                          "retention": retention, **scored(captions, clips)})
     # full tokens: the C_av / full table, and the reference row of the intervals
     full = scored(caption_split(captioner, clips, keep_all, 1.0, **decode), clips)
