@@ -87,11 +87,12 @@ def _policy_selection(policy, inputs_embeds, modality, retention: float):
 
     def select(mark=None):
         if not policy.set_aware:
-            scores = policy.score(inputs_embeds, modality)   # what serving runs
+            scores = policy.score(inputs_embeds, modality, retention=retention)  # as served
             if mark is not None:
                 mark("policy")
             return prune_inputs(inputs_embeds, modality, scores=scores, retention=retention)
-        scores, hidden = policy.score(inputs_embeds, modality, with_hidden=True)
+        scores, hidden = policy.score(inputs_embeds, modality, retention=retention,
+                                      with_hidden=True)
         if mark is not None:
             mark("policy")
         picks, _ = policy.select(layout.gather(scores), layout.gather_vectors(hidden),

@@ -390,10 +390,11 @@ def caption_retention(settings, captioner, policy, clips, full, retention: float
         layout = AVLayout.of(batch.modality)
         hidden = None
         if policy.set_aware:  # its sets read the hidden states too
-            scores, hidden = policy.score(batch.inputs_embeds, batch.modality, with_hidden=True)
+            scores, hidden = policy.score(batch.inputs_embeds, batch.modality,
+                                          retention=retention, with_hidden=True)
             hidden = layout.gather_vectors(hidden).float()
         else:
-            scores = policy.score(batch.inputs_embeds, batch.modality)
+            scores = policy.score(batch.inputs_embeds, batch.modality, retention=retention)
         scores = layout.gather(scores).float()
         budget = layout.budget(retention)
         valid = layout.modality >= 0

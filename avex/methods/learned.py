@@ -54,10 +54,12 @@ def policy_selector(policy):
     def select(batch, layout, retention):
         budget = layout.budget(_checks.ratio("retention", retention))
         if policy.set_aware:
-            scores, hidden = policy.score(batch.inputs_embeds, batch.modality, with_hidden=True)
+            scores, hidden = policy.score(batch.inputs_embeds, batch.modality,
+                                          retention=retention, with_hidden=True)
             idx, _ = policy.select(layout.gather(scores), layout.gather_vectors(hidden), budget)
             return indices_to_keep(idx, layout.positions.shape[1])
-        scores = layout.gather(policy.score(batch.inputs_embeds, batch.modality))
+        scores = layout.gather(policy.score(batch.inputs_embeds, batch.modality,
+                                            retention=retention))
         idx, _ = gumbel_topk(scores, budget, sample=False)
         return indices_to_keep(idx, scores.shape[1])
     return select

@@ -26,6 +26,10 @@ class PolicyConfig:
     # selects as training did; records from before the setting read as "topk".
     selection: str = "topk"
     redundancy: float = 0.0               # beta of "set-aware"; 0 with "topk"
+    # the retention rho as an input of the score head (rho and ln rho, projected and added to
+    # each token's head input), so that one policy can rank tokens otherwise at 10% than at
+    # 50%; the projection starts at zero. Records from before the setting read as False.
+    retention_input: bool = False
 
     def __post_init__(self):
         _checks.int_at_least("input_size", self.input_size, 1)
@@ -35,6 +39,7 @@ class PolicyConfig:
         _checks.optional_int_at_least("num_kv_heads", self.num_kv_heads, 1)
         _checks.optional_int_at_least("intermediate_size", self.intermediate_size, 1)
         _checks.flag("qkv_bias", self.qkv_bias)
+        _checks.flag("retention_input", self.retention_input)
         _checks.positive_float("norm_eps", self.norm_eps)
         _checks.choice("selection", self.selection, SELECTIONS)
         self.redundancy = _checks.real("redundancy", self.redundancy, low=0)

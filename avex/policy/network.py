@@ -17,6 +17,12 @@ positions: a learned modality embedding tells audio from visual, and (``position
 default) a projection of each token's place within its modality (sinusoids of its index, and of
 its index over the modality's count, so first / last frames and patch slots are visible): what
 the LLM attends to depends strongly on position.
+
+With ``retention_input`` (off by default), the retention rho the set is chosen for is an input
+too: ``W [rho, ln rho]`` is added to every token's score-head input, W starting at zero. The
+hidden states that set-aware selection compares stay free of it. The warmup, whose target
+serves every retention, runs without it (``retention=None`` in :meth:`AVEXPolicy.forward`);
+RL and every inference path pass the retention.
 """
 from __future__ import annotations
 
@@ -125,17 +131,23 @@ class AVEXPolicy(nn.Module):
                                        nn.Linear(cfg.intermediate_size, width))
         self.head = nn.Sequential(nn.LayerNorm(width), nn.Linear(width, width), nn.GELU(),
                                   nn.Linear(width, 1))
+        if cfg.retention_input:
+            # zeros, drawn from no RNG: the policy starts (and initialises its other weights)
+            # as one without the input does
+            self.retention_in = nn.Parameter(torch.zeros(width, RETENTION_FEATURES))
 
     @classmethod
     def from_llm(cls, llm, *, hidden_size: int | None = None, num_layers: int = 2,
                  init_from_llm: bool = True, positional: bool = True,
-                 selection: str = "topk", redundancy: float = 0.0) -> "AVEXPolicy":
+                 selection: str = "topk", redundancy: float = 0.0,
+                 retention_input: bool = False) -> "AVEXPolicy":
         """A policy for a Hugging Face causal LM.
 
         With ``hidden_size`` None or equal to the LLM's width, the blocks take the LLM's layer
         shapes and the first one copies the LLM's first decoder layer (``init_from_llm``).
         A smaller ``hidden_size`` gives a compact policy with input projections, randomly
-        initialised. ``selection`` and ``redundancy``: :class:`PolicyConfig`'s.
+        initialised. ``selection``, ``redundancy`` and ``retention_input``:
+        :class:`PolicyConfig`'s.
         """
         c = llm.config.get_text_config()  # an audio-visual model's decoder settings
         width = hidden_size or c.hidden_size
@@ -150,7 +162,7 @@ class AVEXPolicy(nn.Module):
                           or c.model_type.startswith("qwen2"))
             if matched else False,
             norm_eps=getattr(c, "rms_norm_eps", 1e-6), positional=positional,
-            selection=selection, redundancy=redundancy)
+            selection=selection, redundancy=redundancy, retention_input=retention_input)
         policy = cls(cfg)
         if matched and init_from_llm:
             policy.encoder[0].load_state_dict(_first_decoder_layer(llm).state_dict(),
@@ -158,18 +170,24 @@ class AVEXPolicy(nn.Module):
         return policy
 
     def forward(self, inputs_embeds: torch.Tensor, modality: torch.Tensor, *,
-                with_hidden: bool = False):
+                retention=None, with_hidden: bool = False):
         """Keep scores [B, L] (float32): finite at audio/visual positions, -inf elsewhere;
         with ``with_hidden``, (scores, hidden [B, L, hidden_size]): each token's input to the
-        score head, what set-aware selection compares tokens by.
+        score head before the retention term, what set-aware selection compares tokens by.
+
+        ``retention``: the rho the scores are for, one number or one per row (a list or a 1-D
+        tensor); read only with ``config.retention_input``, where None leaves the retention
+        term out (the warmup's path).
 
         Every position goes through the network (text and padding are scored, then
         discarded): the training path, kept as it was so that trained policies reproduce.
         Inference reads only what the scores depend on: :meth:`score`."""
         self._check_inputs(inputs_embeds, modality)
         _checks.flag("with_hidden", with_hidden)
+        rho = self._row_retention(retention, modality.shape[0], modality.device)
         is_av = (modality == VISUAL) | (modality == AUDIO)
-        scores, hidden = self._encode(inputs_embeds, modality, inputs_embeds, modality == TEXT)
+        scores, hidden = self._encode(inputs_embeds, modality, inputs_embeds, modality == TEXT,
+                                      rho)
         scores = scores.masked_fill(~is_av, float("-inf"))
         return (scores, hidden) if with_hidden else scores
 
@@ -190,7 +208,7 @@ class AVEXPolicy(nn.Module):
         return self.config.selection == "set-aware"
 
     @torch.no_grad()
-    def score(self, inputs_embeds: torch.Tensor, modality: torch.Tensor, *,
+    def score(self, inputs_embeds: torch.Tensor, modality: torch.Tensor, *, retention=None,
               with_hidden: bool = False):
         """:meth:`forward`'s scores (and hidden states, ``with_hidden``), computed on what they
         depend on only: each row's AV tokens (the encoder's tokens) and its text (the
@@ -198,19 +216,26 @@ class AVEXPolicy(nn.Module):
         packed to the left, so the network runs on [B, M] and [B, T] instead of [B, L]. The
         inference path (serving, evaluation, profiling); it equals :meth:`forward` to float
         rounding, with the same Top-K (tests/test_policy.py). Inputs of another layout than
-        the policy was trained on are refused (:meth:`check_inputs`)."""
+        the policy was trained on are refused (:meth:`check_inputs`). A policy with
+        ``config.retention_input`` needs ``retention`` (one rho, or one per row) here."""
         self.check_inputs(inputs_embeds, modality)
         is_av = (modality == VISUAL) | (modality == AUDIO)
         is_text = modality == TEXT
         _checks.flag("with_hidden", with_hidden)
+        if self.config.retention_input and retention is None:
+            raise ValueError("retention is required: this policy takes the retention as an "
+                             "input (retention_input); pass the rho it selects for, e.g. "
+                             "retention=0.2, or one per row")
+        rho = self._row_retention(retention, modality.shape[0], modality.device)
         if not bool(is_text.any(1).all()):  # forward lets a row without text read every position
-            return self.forward(inputs_embeds, modality, with_hidden=with_hidden)
+            return self.forward(inputs_embeds, modality, retention=retention,
+                                with_hidden=with_hidden)
         av_at, av_valid = packed_positions(is_av)
         text_at, text_valid = packed_positions(is_text)
         rows = torch.arange(modality.shape[0], device=modality.device)[:, None]
         av_codes = modality[rows, av_at].masked_fill(~av_valid, PAD)
         av_scores, av_hidden = self._encode(inputs_embeds[rows, av_at], av_codes,
-                                            inputs_embeds[rows, text_at], text_valid)
+                                            inputs_embeds[rows, text_at], text_valid, rho)
         out = torch.full(modality.shape, float("-inf"), dtype=torch.float32,
                          device=modality.device)
         row, col = torch.nonzero(av_valid, as_tuple=True)
@@ -238,11 +263,33 @@ class AVEXPolicy(nn.Module):
                                  "move one to the other (policy.to(device))")
         check_code_values("modality", modality)
 
-    def _encode(self, tokens, codes, text, text_mask):
-        """(float32 scores [B, N], hidden [B, N, hidden_size]: the score head's input) of
-        ``tokens`` [B, N, D] (modality ``codes`` [B, N]; only AV tokens are encoded as keys,
-        the others' outputs are meaningless) conditioned on the ``text`` [B, T, D] where
-        ``text_mask`` [B, T]."""
+    def _row_retention(self, retention, rows: int, device) -> torch.Tensor | None:
+        """float32 [rows]: ``retention`` checked, one rho in (0, 1] per row; None without
+        ``config.retention_input`` (the policy does not read it) or without a retention."""
+        if retention is None:
+            return None
+        if isinstance(retention, torch.Tensor):
+            if retention.dim() > 1 or retention.is_complex() or retention.dtype == torch.bool:
+                raise ValueError(f"retention must be a number in (0, 1] or a 1-D tensor of "
+                                 f"them, one per row, got a {retention.dtype} tensor of shape "
+                                 f"{list(retention.shape)}")
+            retention = retention.tolist()
+        if isinstance(retention, (list, tuple)):
+            if len(retention) != rows:
+                raise ValueError(f"retention holds {len(retention)} values but the batch has "
+                                 f"{rows} rows; pass one per row, or one number for all")
+            values = [_checks.ratio(f"retention[{b}]", r) for b, r in enumerate(retention)]
+        else:
+            values = [_checks.ratio("retention", retention)] * rows
+        if not self.config.retention_input:
+            return None
+        return torch.tensor(values, dtype=torch.float32, device=device)
+
+    def _encode(self, tokens, codes, text, text_mask, retention=None):
+        """(float32 scores [B, N], hidden [B, N, hidden_size]: the score head's input before
+        the retention term) of ``tokens`` [B, N, D] (modality ``codes`` [B, N]; only AV tokens
+        are encoded as keys, the others' outputs are meaningless) conditioned on the ``text``
+        [B, T, D] where ``text_mask`` [B, T], and on ``retention`` [B] (or None: no term)."""
         is_av = (codes == VISUAL) | (codes == AUDIO)
         # rows without any key of a kind attend to everything: their outputs are discarded
         av_keys = is_av | ~is_av.any(dim=1, keepdim=True)
@@ -264,7 +311,10 @@ class AVEXPolicy(nn.Module):
                                       need_weights=False)
         z = self.cross_norm(z + attended)
         z = z + self.token_mlp(z)
-        return self.head(z).squeeze(-1).float(), z
+        if retention is None:
+            return self.head(z).squeeze(-1).float(), z
+        shift = retention_features(retention).to(z.dtype) @ self.retention_in.T   # [B, width]
+        return self.head(z + shift[:, None, :]).squeeze(-1).float(), z
 
     # -- what it was trained on -----------------------------------------------------------------
     def check_inputs(self, inputs_embeds: torch.Tensor, modality: torch.Tensor) -> None:
@@ -299,6 +349,15 @@ class AVEXPolicy(nn.Module):
 INDEX_PERIODS = (2, 4, 8, 16, 32, 64, 128)   # sinusoids of the raw index (patch slot, frame)
 FRACTION_HARMONICS = (1, 2, 3, 4)            # sinusoids of index / (count - 1) (place in clip)
 POSITION_FEATURES = 2 * len(INDEX_PERIODS) + 2 * len(FRACTION_HARMONICS) + 1
+
+
+RETENTION_FEATURES = 2   # rho and ln rho
+
+
+def retention_features(retention: torch.Tensor) -> torch.Tensor:
+    """float32 [B, RETENTION_FEATURES]: each row's retention rho and ln rho (rho in (0, 1])."""
+    rho = retention.to(torch.float32)
+    return torch.stack([rho, rho.log()], -1)
 
 
 def position_features(modality: torch.Tensor) -> torch.Tensor:

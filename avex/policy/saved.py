@@ -165,8 +165,11 @@ class TrainedOn:
 
 def policy_record(cfg: PolicyConfig, trained_on: TrainedOn) -> dict:
     """The JSON of a saved policy's config.json."""
+    sizes = asdict(cfg)
+    if not sizes["retention_input"]:   # so that a reader from before the setting reads it
+        del sizes["retention_input"]
     return {"format": POLICY_FORMAT, "version": POLICY_FORMAT_VERSION,
-            "avex_version": __version__, "policy": asdict(cfg),
+            "avex_version": __version__, "policy": sizes,
             "trained_on": trained_on.to_dict()}
 
 

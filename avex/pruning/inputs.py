@@ -327,9 +327,10 @@ def item_index(modality: torch.Tensor) -> torch.Tensor:
 def _row_keep(inputs_embeds, modality, scores, policy, retention):
     hidden = None
     if policy is not None and policy.set_aware:
-        scores, hidden = policy.score(inputs_embeds, modality, with_hidden=True)
+        scores, hidden = policy.score(inputs_embeds, modality, retention=retention,
+                                      with_hidden=True)
     elif policy is not None:
-        scores = policy.score(inputs_embeds, modality)
+        scores = policy.score(inputs_embeds, modality, retention=retention)
     is_av = (modality == VISUAL) | (modality == AUDIO)
     return _top_k_keep(scores, retention, modality, is_av, policy=policy, hidden=hidden)
 
@@ -346,10 +347,13 @@ def _per_item_keep(inputs_embeds, modality, scores, policy, retention):
     is_av = (modality == VISUAL) | (modality == AUDIO)
     codes = torch.where(is_av[row_of] & ~own, PAD, modality[row_of])
     hidden = None
+    # each item's copy of its row is scored at its row's retention
+    rho = [retention[r] for r in row_of.tolist()] if isinstance(retention, list) else retention
     if policy is not None and policy.set_aware:
-        scores, hidden = policy.score(inputs_embeds[row_of], codes, with_hidden=True)
+        scores, hidden = policy.score(inputs_embeds[row_of], codes, retention=rho,
+                                      with_hidden=True)
     elif policy is not None:
-        scores = policy.score(inputs_embeds[row_of], codes)
+        scores = policy.score(inputs_embeds[row_of], codes, retention=rho)
     else:
         scores = scores[row_of] if len(row_of) else scores[:0]
     chosen = _top_k_keep(scores, retention, codes, own, rows=row_of, policy=policy,

@@ -28,7 +28,7 @@ WARMUP_TEACHERS = ("prompt-attention", "caption-attention", "fidelity-gain")
 #: what a run whose config.json predates a setting trained with: read into a resumed run so
 #: that a newer default never changes a run half way
 SETTINGS_BEFORE_THEY_EXISTED = {"reward": "cider", "selection": "topk", "redundancy": 0.0,
-                                "warmup_teacher": "prompt-attention"}
+                                "warmup_teacher": "prompt-attention", "retention_input": False}
 
 #: each selection's redundancy when none is given: set-aware's from the val pilot
 #: (results/set-aware-pilot.md), Top-K's none
@@ -80,6 +80,10 @@ class TrainConfig:
     selection: str | None = None
     # beta of "set-aware" (> 0; 0 with "topk"); None: the selection's own, 4 or 0
     redundancy: float | None = None
+    # the retention as an input of the policy's score head (avex.policy.network), learned in
+    # RL from zero; the warmup runs without it. Off: not chosen (docs/results.md, "Retention
+    # as an input")
+    retention_input: bool = False
     # the schedule
     retention: float = 0.2
     epochs: float = 3.0               # RL epochs, after the warmup

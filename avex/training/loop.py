@@ -69,8 +69,23 @@ def load_run_inputs(cfg: TrainConfig, data_path, captioner_path, device):
     torch.manual_seed(cfg.seed)  # the policy's random init is part of the run's identity
     policy = AVEXPolicy.from_llm(captioner.model, hidden_size=cfg.policy_hidden,
                                  positional=cfg.policy_positional, selection=cfg.selection,
-                                 redundancy=cfg.redundancy).to(device)
+                                 redundancy=cfg.redundancy,
+                                 retention_input=cfg.retention_input).to(device)
     return cache, captioner, policy
+
+
+def load_warmup(policy, weights: dict) -> None:
+    """Another run's warmup weights (``--warmup-from``) into ``policy``. The retention input
+    is not trained in a warmup, so its projection is zero there: a warmup without it serves a
+    policy with it (at zero), and one with it serves a policy without it."""
+    if policy.config.retention_input and "retention_in" not in weights:
+        weights = {**weights, "retention_in": torch.zeros_like(policy.retention_in)}
+    elif not policy.config.retention_input and "retention_in" in weights:
+        if bool(weights["retention_in"].any()):
+            raise ValueError("warmup_from: its warmup policy reads the retention (non-zero "
+                             "retention_in); train this run with --retention-input too")
+        weights = {k: v for k, v in weights.items() if k != "retention_in"}
+    policy.load_state_dict(weights)
 
 
 def training_layout(clips) -> str:
@@ -162,8 +177,10 @@ class Run:
 
         model = policy
         if self.procs.world > 1:
+            # the retention input is unused in the warmup (avex.policy.network)
             model = torch.nn.parallel.DistributedDataParallel(
-                policy, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+                policy, device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                find_unused_parameters=cfg.retention_input)
 
         with StopSignals() as self.books.stop:
             if start_phase == "warmup":
@@ -204,8 +221,7 @@ class Run:
                 scheduler.load_state_dict(saved["scheduler"])
             set_rng_state(saved["rng"])
         if cfg.warmup_from:  # another run's warmup policy; no warmup steps here
-            unwrap(model).load_state_dict(
-                load_file(str(warmup_policy_file(cfg.warmup_from))))
+            load_warmup(unwrap(model), load_file(str(warmup_policy_file(cfg.warmup_from))))
         targets = self.targets(captioner, clips) if self.warmup_steps else []
         bar = self.steps_bar("warmup", start_step, self.warmup_steps)
         for step in bar:

@@ -108,7 +108,9 @@ def _av_order(clip):
 
 
 def warmup_loss(policy, batch, layout: AVLayout, targets: list[torch.Tensor]) -> torch.Tensor:
-    """Binary cross-entropy of the scores against the (graded) target, over AV tokens."""
+    """Binary cross-entropy of the scores against the (graded) target, over AV tokens. No
+    retention is passed: the target serves every retention, so a policy's retention input
+    (RL's to learn) stays out of it."""
     return target_loss(layout.gather(policy(batch.inputs_embeds, batch.modality)), layout,
                        targets)
 
@@ -209,14 +211,15 @@ def sample_sets(cfg: TrainConfig, policy, batch, seed: int, retention: float) ->
     budget = layout.budget(retention)
     count = cfg.anchors
     if unwrap(policy).set_aware:
-        scores, hidden = policy(batch.inputs_embeds, batch.modality, with_hidden=True)
+        scores, hidden = policy(batch.inputs_embeds, batch.modality, retention=retention,
+                                with_hidden=True)
         scores, hidden = layout.gather(scores), layout.gather_vectors(hidden)
         indices, log_prob = unwrap(policy).select(
             scores.repeat_interleave(count, 0), hidden.repeat_interleave(count, 0),
             budget.repeat_interleave(count), tau=cfg.tau, seed=seed, sample=True,
             log_prob=True)
     else:
-        scores = layout.gather(policy(batch.inputs_embeds, batch.modality))
+        scores = layout.gather(policy(batch.inputs_embeds, batch.modality, retention=retention))
         indices, log_prob = gumbel_topk(scores.repeat_interleave(count, 0),
                                         budget.repeat_interleave(count), tau=cfg.tau, seed=seed)
     rows, width = scores.shape
@@ -388,7 +391,7 @@ def search_loss(cfg: TrainConfig, policy, captioner, cider, batch, clips, seed: 
     captions the first call's sets for CIDEr under a fidelity reward. The terms' ``search_*``
     entries say what the search did (accepted swaps, gain, ties, passes)."""
     layout = AVLayout.of(batch.modality)
-    scores = layout.gather(policy(batch.inputs_embeds, batch.modality))
+    scores = layout.gather(policy(batch.inputs_embeds, batch.modality, retention=retention))
     budget = layout.budget(retention)
     g = group_size(cfg, budget)
     calls = []
