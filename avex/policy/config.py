@@ -27,7 +27,7 @@ class PolicyConfig:
     selection: str = "topk"
     redundancy: float = 0.0               # beta of "set-aware"; 0 with "topk"
     # the retention rho as an input of the score head (rho and ln rho, projected and added to
-    # each token's head input), so that one policy can rank tokens otherwise at 10% than at
+    # the head's hidden units), so that one policy can rank tokens otherwise at 10% than at
     # 50%; the projection starts at zero. Records from before the setting read as False.
     retention_input: bool = False
 

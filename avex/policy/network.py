@@ -19,8 +19,8 @@ its index over the modality's count, so first / last frames and patch slots are 
 the LLM attends to depends strongly on position.
 
 With ``retention_input`` (off by default), the retention rho the set is chosen for is an input
-too: ``W [rho, ln rho]`` is added to every token's score-head input, W starting at zero. The
-hidden states that set-aware selection compares stay free of it. The warmup, whose target
+too: ``W [rho, ln rho]`` is added to the score head's hidden units before their GELU, W starting
+at zero. The hidden states that set-aware selection compares stay free of it. The warmup, whose target
 serves every retention, runs without it (``retention=None`` in :meth:`AVEXPolicy.forward`);
 RL and every inference path pass the retention.
 """
@@ -313,8 +313,11 @@ class AVEXPolicy(nn.Module):
         z = z + self.token_mlp(z)
         if retention is None:
             return self.head(z).squeeze(-1).float(), z
+        norm, inner, act, out = self.head
+        # a bias of the head's hidden units that depends on rho: before the GELU, so that
+        # it changes which features rank a token, not only a common offset
         shift = retention_features(retention).to(z.dtype) @ self.retention_in.T   # [B, width]
-        return self.head(z + shift[:, None, :]).squeeze(-1).float(), z
+        return out(act(inner(norm(z)) + shift[:, None, :])).squeeze(-1).float(), z
 
     # -- what it was trained on -----------------------------------------------------------------
     def check_inputs(self, inputs_embeds: torch.Tensor, modality: torch.Tensor) -> None:
