@@ -6,7 +6,9 @@
 #
 #   bash scripts/regenerate_results.sh [STAGE ...]
 #       stages: train matched-budget sweep benchmarks motivation gates ablation profiling
-#       (default: all, in that order)
+#       (default: all, in that order), and issue #36's rounds of the default recipe, run only
+#       when named: round2 round3 round4 (val splits of benchmarks 0-3, then the deciding
+#       benchmark of the round; docs/evaluation.md states each round's rule)
 #
 # RUNS (default runs/regen) holds the run directories; AVEX_CACHE (default RUNS/cache) the
 # benchmark and captioner, built on first use. Each stage logs to RUNS/<stage>.log with its wall
@@ -52,6 +54,17 @@ sweep_benchmark() {  # seed, out name: every method, training seeds 0-2; the com
     run_stage "sweep-b$b" "$PY" -m avex.evaluate sweep --seeds 0,1,2 $(bench_flags "$b") \
         "${given[@]}" "${clips[@]}" --out "$RUNS/sweep-b$b" --no-progress
     for ext in md json png; do cp "$RUNS/sweep-b$b/sweep.$ext" "results/$2.$ext"; done
+}
+
+val_round() {  # round name, variants, extra ablation flags...: benchmarks 0-3's val splits
+    local round=$1 variants=$2; shift 2
+    for b in 0 1 2 3; do
+        judge_assets "$b"
+        run_stage "$round-val-b$b" "$PY" -m avex.evaluate ablation --seeds 0,1,2 \
+            --variants "$variants" "$@" --retentions "$RETENTIONS" --split val $(bench_flags "$b") \
+            "${clips[@]}" --out "$RUNS/$round/b$b" --no-progress
+        cp "$RUNS/$round/b$b/ablation.json" "results/$round-val-benchmark$b.json"
+    done
 }
 
 run_stage() {  # name, command...
@@ -109,7 +122,37 @@ for stage in "${stages[@]}"; do
                 run_stage "profiling-$backbone" "$PY" -m avex.profiling --backbone "$backbone" \
                     --retention 0.4 --out-dir results --no-progress
             done ;;
-        *) echo "unknown stage: $stage (stages: train matched-budget sweep benchmarks motivation gates ablation profiling)" >&2
+        round2)     # E-fid and D8-fid against D-fid; no challenger won, so no deciding benchmark
+            val_round round2 warmup,D-fid,E-fid,D8-fid
+            run_stage round2-choose "$PY" scripts/choose_default_recipe.py \
+                results/round2-val-benchmark{0,1,2,3}.json --candidates D-fid,E-fid,D8-fid ;;
+        round3)     # Dc-fid against round 2's D-fid, then the deciding benchmark (seed 5)
+            val_round round3 Dc-fid
+            run_stage round3-choose "$PY" scripts/choose_default_recipe.py \
+                results/round2-val-benchmark{0,1,2,3}.json results/round3-val-benchmark{0,1,2,3}.json \
+                --candidates D-fid,Dc-fid
+            judge_assets 5
+            run_stage round3-deciding-arms "$PY" -m avex.evaluate ablation --seeds 0,1,2 \
+                --variants warmup,D-fid,Dc-fid,A,C,C-fid,Cc-fid --retentions "$RETENTIONS" \
+                --split test $(bench_flags 5) "${clips[@]}" --out "$RUNS/round3/b5" --no-progress
+            run_stage round3-deciding-sweep "$PY" -m avex.evaluate sweep --seeds 0,1,2 \
+                --methods random,fastv,tome,fastav,attention,cacovid,avex --retentions "$RETENTIONS" \
+                --split test $(bench_flags 5) --avex-run "$RUNS/round3/b5/runs/seed{seed}/Dc-fid" \
+                --cacovid-run "$RUNS/round3/b5/runs/seed{seed}/C" "${clips[@]}" \
+                --out "$RUNS/round3/b5-sweep" --no-progress
+            for ext in md json; do
+                cp "$RUNS/round3/b5/ablation.$ext" "results/round3-deciding-test-arms.$ext"; done
+            for ext in md json png; do
+                cp "$RUNS/round3/b5-sweep/sweep.$ext" "results/round3-deciding-test-sweep.$ext"; done
+            run_stage round3-decide "$PY" scripts/decide_default_recipe.py --chosen Dc-fid \
+                --incumbent D-fid --controls C,C-fid,Cc-fid \
+                --ablation results/round3-deciding-test-arms.json \
+                --sweep results/round3-deciding-test-sweep.json --json results/round3-stage2.json ;;
+        round4)     # Dcr-fid (the retention as an input) against Dc-fid, val splits
+            val_round round4 Dc-fid,Dcr-fid --derive 'Dcr-fid=Dc-fid --retention-input'
+            run_stage round4-choose "$PY" scripts/choose_default_recipe.py \
+                results/round4-val-benchmark{0,1,2,3}.json --candidates Dc-fid,Dcr-fid ;;
+        *) echo "unknown stage: $stage (stages: train matched-budget sweep benchmarks motivation gates ablation profiling round2 round3 round4)" >&2
            exit 2 ;;
     esac
 done

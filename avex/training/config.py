@@ -84,6 +84,9 @@ class TrainConfig:
     # RL from zero; the warmup runs without it. Off: not chosen (docs/results.md, "Retention
     # as an input")
     retention_input: bool = False
+    # the retention projection's own AdamW lr in RL: it starts at zero with 2 x width weights,
+    # so at the policy's lr it barely moves (|W| <= 0.004 after RL at 1e-4 on benchmark 0)
+    retention_lr: float = 1e-2
     # the schedule
     retention: float = 0.2
     epochs: float = 3.0               # RL epochs, after the warmup
@@ -311,6 +314,8 @@ class TrainConfig:
         """The selection rule's settings (:mod:`avex.set_selection`)."""
         _checks.choice("selection", self.selection, SELECTIONS)
         _checks.real("redundancy", self.redundancy, low=0)
+        _checks.flag("retention_input", self.retention_input)
+        _checks.positive_float("retention_lr", self.retention_lr)
         if self.selection == "topk" and self.redundancy != 0:
             raise ValueError(f"redundancy = {self.redundancy!r} has no effect with selection "
                              "'topk'; add --selection set-aware or drop redundancy")
@@ -468,6 +473,10 @@ def refuse_without_effect(cfg: TrainConfig, asked: dict) -> None:
             raise ValueError(f"{name} = {asked[name]!r} has no effect without the exchange "
                              "search; add --exchange-search (exchange_search: true) or drop "
                              f"{name}")
+    if "retention_lr" in asked and not cfg.retention_input:
+        raise ValueError(f"retention_lr = {asked['retention_lr']!r} has no effect without the "
+                         "retention input; add --retention-input (retention_input: true) or "
+                         "drop retention_lr")
     if "fidelity_form" in asked and cfg.reward == "cider":
         raise ValueError(f"fidelity_form = {asked['fidelity_form']!r} has no effect with "
                          "reward 'cider'; add --reward fidelity (or cider+fidelity) or drop "

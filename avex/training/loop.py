@@ -279,8 +279,12 @@ class Run:
 
     def rl_optimizer(self, model):
         cfg = self.cfg
-        optimizer = torch.optim.AdamW(unwrap(model).parameters(), lr=cfg.lr,
-                                      weight_decay=cfg.weight_decay)
+        policy = unwrap(model)
+        params = policy.parameters()
+        if cfg.retention_input:   # the projection learns at its own lr (TrainConfig)
+            params = [{"params": [p for n, p in policy.named_parameters() if n != "retention_in"]},
+                      {"params": [policy.retention_in], "lr": cfg.retention_lr}]
+        optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
         scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, cosine_with_warmup(max(1, self.rl_steps), cfg.lr_warmup))
         return optimizer, scheduler
