@@ -2,6 +2,7 @@
 built with it scores as one without; once learned, scores depend on rho; every path that
 serves a policy passes rho, and scoring without it is refused."""
 import json
+import re
 
 import pytest
 import torch
@@ -270,3 +271,25 @@ def test_a_run_from_before_the_setting_resumes_without_the_input():
     from avex.training.config import SETTINGS_BEFORE_THEY_EXISTED, TrainConfig
     assert SETTINGS_BEFORE_THEY_EXISTED["retention_input"] is False
     assert TrainConfig().retention_input is False
+
+
+def test_retention_lr_without_the_input_is_refused_before_any_work(tiny_cache_dir, tmp_path,
+                                                                    capsys):
+    for flags, message in ((["--retention-lr", "1e-3"], r"retention_lr = 0.001 has no effect "
+                            r"without the retention input; add --retention-input"),
+                           (["--retention-input", "--retention-lr", "-1"],
+                            r"retention_lr must be .*got -1")):
+        with pytest.raises(SystemExit):
+            _train(tiny_cache_dir, tmp_path / "run", *flags)
+        assert re.search(message, capsys.readouterr().err)
+        assert not (tmp_path / "run").exists()
+
+
+def test_the_projection_learns_at_its_own_lr(tiny_cache_dir, tmp_path):
+    """RL's optimiser gives W --retention-lr and every other weight --lr; a larger W lr moves
+    W further."""
+    _train(tiny_cache_dir, tmp_path / "slow", "--retention-input", "--retention-lr", "1e-4")
+    _train(tiny_cache_dir, tmp_path / "fast", "--retention-input", "--retention-lr", "1e-2")
+    slow = _final(tmp_path / "slow")["retention_in"].abs().max()
+    fast = _final(tmp_path / "fast")["retention_in"].abs().max()
+    assert fast > 10 * slow > 0
