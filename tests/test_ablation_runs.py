@@ -151,3 +151,10 @@ def test_a_given_run_trained_otherwise_than_its_variant_says_so_in_its_label(roo
     assert row["given_run_differs"] == {"rl_estimator": "rloo"}
     assert row["label"] == f"{ABLATIONS['C'][0]} (the given run: rl estimator rloo)"
     assert row["label"] in (tmp_path / "other" / "ablation.md").read_text()
+
+
+def test_a_changed_flag_reads_as_words_in_a_label():
+    from avex.evaluate.ablation import changes_text
+    assert changes_text({"retention_input": True, "rl": False, "redundancy": 2.0,
+                         "train_retentions": [0.5, 0.1]}) == \
+        "retention input, no rl, redundancy 2.0, train retentions 0.5,0.1"

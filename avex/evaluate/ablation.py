@@ -282,10 +282,14 @@ PER_RUN_SETTINGS = ("run_dir", "seed", "retention", "warmup_from", "data", "capt
 
 
 def changes_text(changes: dict) -> str:
-    """A derived variant's changed settings as its label shows them: ``redundancy 2``."""
-    return ", ".join(f"{key.replace('_', ' ')} "
-                     f"{','.join(map(str, value)) if isinstance(value, list) else value}"
-                     for key, value in changes.items())
+    """A derived variant's changed settings as its label shows them: ``redundancy 2``,
+    ``retention input`` (a flag turned on), ``no rl`` (one turned off)."""
+    def text(key, value):
+        name = key.replace("_", " ")
+        if isinstance(value, bool):
+            return name if value else f"no {name}"
+        return f"{name} {','.join(map(str, value)) if isinstance(value, list) else value}"
+    return ", ".join(text(key, value) for key, value in changes.items())
 
 
 #: settings of the warmup phase (or of the policy's shape, which a warmup's weights fix): a
