@@ -56,14 +56,15 @@ sweep_benchmark() {  # seed, out name: every method, training seeds 0-2; the com
     for ext in md json png; do cp "$RUNS/sweep-b$b/sweep.$ext" "results/$2.$ext"; done
 }
 
-val_round() {  # round name, variants, extra ablation flags...: benchmarks 0-3's val splits
-    local round=$1 variants=$2; shift 2
+val_round() {  # round name, file tag, variants, extra ablation flags...: benchmarks 0-3's
+    # val splits, each into results/ROUND-val-benchmarkN[TAG].json
+    local round=$1 tag=$2 variants=$3; shift 3
     for b in 0 1 2 3; do
         judge_assets "$b"
-        run_stage "$round-val-b$b" "$PY" -m avex.evaluate ablation --seeds 0,1,2 \
+        run_stage "$round-val-b$b$tag" "$PY" -m avex.evaluate ablation --seeds 0,1,2 \
             --variants "$variants" "$@" --retentions "$RETENTIONS" --split val $(bench_flags "$b") \
-            "${clips[@]}" --out "$RUNS/$round/b$b" --no-progress
-        cp "$RUNS/$round/b$b/ablation.json" "results/$round-val-benchmark$b.json"
+            "${clips[@]}" --out "$RUNS/$round/b$b$tag" --no-progress
+        cp "$RUNS/$round/b$b$tag/ablation.json" "results/$round-val-benchmark$b$tag.json"
     done
 }
 
@@ -123,11 +124,11 @@ for stage in "${stages[@]}"; do
                     --retention 0.4 --out-dir results --no-progress
             done ;;
         round2)     # E-fid and D8-fid against D-fid; no challenger won, so no deciding benchmark
-            val_round round2 warmup,D-fid,E-fid,D8-fid
+            val_round round2 "" warmup,D-fid,E-fid,D8-fid
             run_stage round2-choose "$PY" scripts/choose_default_recipe.py \
                 results/round2-val-benchmark{0,1,2,3}.json --candidates D-fid,E-fid,D8-fid ;;
         round3)     # Dc-fid against round 2's D-fid, then the deciding benchmark (seed 5)
-            val_round round3 Dc-fid
+            val_round round3 "" Dc-fid
             run_stage round3-choose "$PY" scripts/choose_default_recipe.py \
                 results/round2-val-benchmark{0,1,2,3}.json results/round3-val-benchmark{0,1,2,3}.json \
                 --candidates D-fid,Dc-fid
@@ -149,9 +150,11 @@ for stage in "${stages[@]}"; do
                 --ablation results/round3-deciding-test-arms.json \
                 --sweep results/round3-deciding-test-sweep.json --json results/round3-stage2.json ;;
         round4)     # Dcr-fid (the retention as an input) against Dc-fid, val splits
-            val_round round4 Dc-fid,Dcr-fid --derive 'Dcr-fid=Dc-fid --retention-input'
+            val_round round4 -Dc-fid Dc-fid
+            val_round round4 -Dcr-fid Dcr-fid --derive 'Dcr-fid=Dc-fid --retention-input'
             run_stage round4-choose "$PY" scripts/choose_default_recipe.py \
-                results/round4-val-benchmark{0,1,2,3}.json --candidates Dc-fid,Dcr-fid ;;
+                results/round4-val-benchmark{0,1,2,3}-Dc-fid.json \
+                results/round4-val-benchmark{0,1,2,3}-Dcr-fid.json --candidates Dc-fid,Dcr-fid ;;
         *) echo "unknown stage: $stage (stages: train matched-budget sweep benchmarks motivation gates ablation profiling round2 round3 round4)" >&2
            exit 2 ;;
     esac
