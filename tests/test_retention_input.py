@@ -293,3 +293,24 @@ def test_the_projection_learns_at_its_own_lr(tiny_cache_dir, tmp_path):
     slow = _final(tmp_path / "slow")["retention_in"].abs().max()
     fast = _final(tmp_path / "fast")["retention_in"].abs().max()
     assert fast > 10 * slow > 0
+
+
+def test_a_run_with_the_input_resumes_to_the_same_policy(tiny_cache_dir, tmp_path):
+    """RL's two parameter groups come back from a checkpoint: a run resumed from an RL
+    checkpoint before its last ends with the weights of the run that never stopped."""
+    import shutil
+
+    flags = ("--retention-input", "--checkpoint-every", "1", "--epochs", "1")
+    _train(tiny_cache_dir, tmp_path / "whole", *flags)
+    checkpoints = tmp_path / "whole" / "checkpoints"
+    steps = sorted(p.name for p in checkpoints.iterdir() if p.name.startswith("step-"))
+    middle = steps[-2]   # the run keeps its last two checkpoints: resume from the older
+    assert int(middle.split("-")[1]) > 0
+    shutil.copytree(tmp_path / "whole", tmp_path / "resumed")
+    shutil.rmtree(tmp_path / "resumed" / "checkpoints" / steps[-1])
+    (tmp_path / "resumed" / "checkpoints" / "latest").write_text(middle + "\n")
+    _train(tiny_cache_dir, tmp_path / "resumed", *flags, "--resume")
+    whole, resumed = _final(tmp_path / "whole"), _final(tmp_path / "resumed")
+    assert bool(whole["retention_in"].any())
+    for name in whole:
+        assert torch.equal(whole[name], resumed[name]), name
