@@ -20,9 +20,9 @@ the LLM attends to depends strongly on position.
 
 With ``retention_input`` (off by default), the retention rho the set is chosen for is an input
 too: ``W [rho, ln rho]`` is added to the score head's hidden units before their GELU, W starting
-at zero. The hidden states that set-aware selection compares stay free of it. The warmup, whose target
-serves every retention, runs without it (``retention=None`` in :meth:`AVEXPolicy.forward`);
-RL and every inference path pass the retention.
+at zero. The hidden states that set-aware selection compares stay free of it. The warmup, whose
+target serves every retention, runs without it (``retention=None`` in
+:meth:`AVEXPolicy.forward`); RL and every inference path pass the retention.
 """
 from __future__ import annotations
 
