@@ -13,7 +13,9 @@ log-probabilities at every step.
 * Requests that carry their own rho (``mm_processor_kwargs={"avex_retention": rho}``) on an
   engine at rho = 0.4: each prompt as ``avex.generate`` prunes it at its own rho (a retention
   per row, ``prune(retention=tensor)``); prompts 0 and 3 hold the same image, so a cache
-  identity without the rho would hand prompt 3 prompt 0's pruned image.
+  identity without the rho would hand prompt 3 prompt 0's pruned image. The same with a
+  policy that reads the retention (``retention_input``): the plugin passes each request's rho
+  to it as ``prune`` does.
 * Engines that must not start: the refusal table through vLLM's own ``LLM(...)``.
 
 vLLM engines start slowly on a shared CPU, so they all run in one subprocess
@@ -41,6 +43,8 @@ MAX_TOKENS = 6
 PRUNED = {"rho 0.1": 0.1, "rho 0.4, chunked prefill": 0.4, "rho 1.0": 1.0}
 #: per prompt: the rho each request of the "per request" engine (rho 0.4) asks for
 PER_REQUEST = [0.1, None, 1.0, 0.25]
+#: the per-request engine again, with a policy that reads the retention
+RHO_INPUT = "per request, retention input"
 ATOL = 2e-4  # float32 log-probabilities of two implementations (vision tower, attention)
 
 
@@ -57,6 +61,8 @@ def tiny(tmp_path_factory):
     Qwen2_5OmniConfig(architectures=["Qwen2_5OmniModel"]).save_pretrained(omni)
     return {"root": root, "model": model, "qwen2": other, "omni": omni,
             "policy": vllm_tiny.build_policy(root / "policy", model),
+            "rho_policy": vllm_tiny.build_policy(root / "rho-policy", model,
+                                                 retention_input=True),
             "wide_policy": vllm_tiny.build_policy(root / "wide", model, hidden=96)}
 
 
@@ -70,6 +76,9 @@ def served(tiny):
     on["per request"] = {"hf_overrides": hf_overrides(model, policy=tiny["policy"],
                                                       retention=0.4),
                          "request_retentions": PER_REQUEST}
+    on[RHO_INPUT] = {"hf_overrides": hf_overrides(model, policy=tiny["rho_policy"],
+                                                  retention=0.4),
+                     "request_retentions": PER_REQUEST}
     ours = {"architectures": ["AVEXQwen2_5_VLForConditionalGeneration"],
             "avex_policy": str(tiny["policy"])}
     refusals = {
@@ -113,6 +122,8 @@ def reference(tiny):
     rates = torch.tensor([0.4 if rho is None else rho for rho in PER_REQUEST],
                          dtype=torch.float64)
     out["per request"] = adapted.prune(policy=policy, retention=rates, per_item=True)
+    out[RHO_INPUT] = adapted.prune(policy=avex.load_policy(tiny["rho_policy"]), retention=rates,
+                                   per_item=True)
     results = {}
     for name, pruned in out.items():
         generated = generate(model, pruned, max_new_tokens=MAX_TOKENS,
@@ -127,7 +138,7 @@ def reference(tiny):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["unpruned", *PRUNED, "per request"])
+@pytest.mark.parametrize("name", ["unpruned", *PRUNED, "per request", RHO_INPUT])
 def test_engine_matches_avex_generate(served, reference, name):
     tokens, logprobs, lengths, _ = reference[name]
     engine = served["engines"][name]

@@ -80,20 +80,26 @@ def _sections(text) -> list:
 
 
 def build_policy(folder, model_folder, *, seed=0, layout="visual",
-                 retention_range=(0.1, 1.0), hidden=None, text_gain=3.0) -> Path:
+                 retention_range=(0.1, 1.0), hidden=None, text_gain=3.0,
+                 retention_input=False) -> Path:
     """A randomly initialised AVEX policy for the model in ``model_folder``, saved with
     ``save_pretrained`` and a TrainedOn record (``hidden``: record another width instead).
     Its cross-attention to the text is scaled by ``text_gain``: at random initialisation the
-    text barely moves the choice (a trained policy's does), and the tests need it to."""
+    text barely moves the choice (a trained policy's does), and the tests need it to. With
+    ``retention_input``, its retention projection is random and large, so that rho moves the
+    choice too."""
     from avex.policy import AVEXPolicy, PolicyConfig, TrainedOn
 
     config = json.loads((Path(model_folder) / "config.json").read_text())
     hidden = hidden or config.get("text_config", config)["hidden_size"]
     torch.manual_seed(seed)
-    policy = AVEXPolicy(PolicyConfig(input_size=hidden, hidden_size=32, num_heads=4))
+    policy = AVEXPolicy(PolicyConfig(input_size=hidden, hidden_size=32, num_heads=4,
+                                     retention_input=retention_input))
     with torch.no_grad():
         policy.cross_attn.in_proj_weight.mul_(text_gain)
         policy.cross_attn.out_proj.weight.mul_(text_gain)
+        if retention_input:
+            policy.retention_in.copy_(3 * torch.randn_like(policy.retention_in))
     policy.trained_on = TrainedOn(config["model_type"], hidden, layout, tuple(retention_range))
     return policy.save_pretrained(folder)
 
