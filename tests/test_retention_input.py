@@ -314,3 +314,22 @@ def test_a_run_with_the_input_resumes_to_the_same_policy(tiny_cache_dir, tmp_pat
     assert bool(whole["retention_in"].any())
     for name in whole:
         assert torch.equal(whole[name], resumed[name]), name
+
+
+def test_a_run_saved_before_the_input_existed_is_reused_by_an_experiment(tmp_path):
+    """Its config.json lacks retention_input and retention_lr: an ablation or sweep that asks
+    for today's defaults reuses it instead of refusing it as trained otherwise, and a resume
+    keeps it without the input."""
+    from avex.training.config import TrainConfig
+    from avex.training.run_records import check_reusable, resumed_config
+
+    run = tmp_path / "old"
+    run.mkdir()
+    saved = TrainConfig(run_dir=str(run)).to_dict()
+    for name in ("retention_input", "retention_lr"):
+        del saved[name]
+    (run / "config.json").write_text(json.dumps(saved))
+    check_reusable(TrainConfig(run_dir=str(run)))
+    assert resumed_config(TrainConfig(run_dir=str(run))).retention_input is False
+    with pytest.raises(ValueError, match=r"retention_input=True \(the run has False\)"):
+        check_reusable(TrainConfig(run_dir=str(run), retention_input=True))

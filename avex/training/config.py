@@ -28,7 +28,9 @@ WARMUP_TEACHERS = ("prompt-attention", "caption-attention", "fidelity-gain")
 #: what a run whose config.json predates a setting trained with: read into a resumed run so
 #: that a newer default never changes a run half way
 SETTINGS_BEFORE_THEY_EXISTED = {"reward": "cider", "selection": "topk", "redundancy": 0.0,
-                                "warmup_teacher": "prompt-attention", "retention_input": False}
+                                "warmup_teacher": "prompt-attention", "retention_input": False,
+                                # no effect without the retention input: today's default
+                                "retention_lr": 1e-2}
 
 #: each selection's redundancy when none is given: set-aware's from the val pilot
 #: (results/set-aware-pilot.md), Top-K's none
