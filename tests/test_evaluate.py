@@ -73,7 +73,8 @@ def test_sweep_writes_table_json_figure_and_examples(trained_sweep):
     assert labels == {"full": "Full tokens", **{m: METHODS[m].label for m in SELECTORS
                                                 if m != "avex"},
                       "avex": "AVEX-Prune (RLOO over 8 anchors, no exchange term, fidelity "
-                              "reward, set-aware selection (redundancy 4))"}
+                              "reward, set-aware selection (redundancy 4), caption-attention "
+                              "warmup)"}
     for method, label in labels.items():
         if method != "full":
             assert f"| {label} | 40% |" in md and f"| {label} | 20% |" in md
@@ -265,6 +266,9 @@ def test_matched_budget_arms_at_several_retentions_and_a_sweep_of_their_runs(
     assert not (tmp_path / "sweep" / "runs").exists()   # nothing trained
     by_method = {r["method"]: r for r in sweep["rows"] if r["method"] != "full"}
     assert by_method["avex"]["run"] == "../abl/runs/seed0/A"   # relative to the sweep's out
+    # a given CaCoVID-AV run may have trained otherwise than the sweep's own: its label says how
+    assert by_method["cacovid"]["label"] == ("CaCoVID-AV (group-normalised advantage over 8 "
+                                             "anchors, no exchange term)")
     assert by_method["avex"]["C_av"] == pytest.approx(
         next(r["C_av"] for r in result["rows"] if (r["variant"], r["retention"]) == ("A", 0.2)))
 

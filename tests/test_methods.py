@@ -206,7 +206,7 @@ def test_attention_av_keeps_the_most_attended_tokens_of_each_modality(tiny):
                     assert w[k].min() >= w[~k].max()
 
 
-def test_a_runs_recipe_names_its_estimator_exchange_term_reward_and_selection():
+def test_a_runs_recipe_names_its_estimator_exchange_term_reward_selection_and_teacher():
     assert recipe({"warmup_only": True}) == "warmup only"
     # a run from before the reward and selection settings reads as CIDEr and Top-K
     assert recipe({"anchors": 8}) == "RLOO over 8 anchors, no exchange term"
@@ -216,6 +216,11 @@ def test_a_runs_recipe_names_its_estimator_exchange_term_reward_and_selection():
     assert recipe({"anchors": 8, "reward": "fidelity", "selection": "set-aware",
                    "redundancy": 4.0}) == ("RLOO over 8 anchors, no exchange term, fidelity "
                                            "reward, set-aware selection (redundancy 4)")
+    # the warmup's teacher, where it is not the prompt's attention (runs from before the setting)
+    assert recipe({"anchors": 8, "warmup_teacher": "caption-attention"}) == \
+        "RLOO over 8 anchors, no exchange term, caption-attention warmup"
+    assert recipe({"anchors": 8, "warmup_teacher": "prompt-attention"}) == \
+        "RLOO over 8 anchors, no exchange term"
 
 
 def test_every_arm_pins_its_reward_and_selection_and_cacovid_its_reward():

@@ -294,7 +294,9 @@ def run_sweep(settings: SweepSettings) -> dict:
     jobs = [(m, s, r) for s in settings.seeds for m in settings.methods
             for r in settings.retentions]
     captions, scores = caption_jobs(settings, captioner, splits, policies, jobs)
-    labels = method_labels(settings.methods, policies)
+    labels = method_labels(settings.methods, policies,
+                           given=[m for m in trained_methods(settings.methods)
+                                  if given_run_dir(settings, m, settings.seeds[0]) is not None])
     rows = score_rows(scores, policies, jobs, labels, out, has_transfer=bool(transfer))
     order = {m: i for i, m in enumerate(["full"] + list(settings.methods))}
     agg = sorted(aggregate(rows), key=lambda r: (-r["retention"], order[r["method"]]))
@@ -404,15 +406,17 @@ def caption_jobs(settings: SweepSettings, captioner, splits: dict, policies: dic
     return captions, scores
 
 
-def method_labels(methods, policies: dict) -> dict:
-    """Method name -> its printed label; AVEX-Prune's names the recipe its runs trained
-    (read from their config.json), e.g. "AVEX-Prune (RLOO over 8 anchors, no exchange
-    term)"."""
+def method_labels(methods, policies: dict, given=()) -> dict:
+    """Method name -> its printed label. AVEX-Prune's names the recipe its runs trained (read
+    from their config.json), e.g. "AVEX-Prune (RLOO over 8 anchors, no exchange term)", and so
+    does CaCoVID-AV's when its runs were given (``given``: those methods), since a given run
+    may have trained with another reward or warmup than the sweep's own."""
     labels = {name: label(name) for name in ["full", *methods]}
-    if "avex" in policies:
-        recipes = dict.fromkeys(recipe(read_run_config(run_dir))
-                                for _, run_dir, _ in policies["avex"].values())
-        labels["avex"] = f"{label('avex')} ({'; '.join(recipes)})"
+    for name in ("avex", "cacovid"):
+        if name in policies and (name == "avex" or name in given):
+            recipes = dict.fromkeys(recipe(read_run_config(run_dir))
+                                    for _, run_dir, _ in policies[name].values())
+            labels[name] = f"{label(name)} ({'; '.join(recipes)})"
     return labels
 
 

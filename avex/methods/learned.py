@@ -44,6 +44,9 @@ def recipe(cfg: dict) -> str:
         words += f", {cfg['reward']} reward"
     if cfg.get("selection", "topk") == "set-aware":
         words += f", set-aware selection (redundancy {cfg.get('redundancy'):g})"
+    # runs from before the teacher setting imitated the prompt's attention
+    if cfg.get("warmup_teacher", "prompt-attention") != "prompt-attention":
+        words += f", {cfg['warmup_teacher']} warmup"
     return words
 
 
