@@ -8,7 +8,9 @@
 #       stages: train matched-budget sweep benchmarks motivation gates ablation profiling
 #       (default: all, in that order), and issue #36's rounds of the default recipe, run only
 #       when named: round2 round3 round4 (val splits of benchmarks 0-3, then the deciding
-#       benchmark of the round; docs/evaluation.md states each round's rule)
+#       benchmark of the round; docs/evaluation.md states each round's rule), and controls (the
+#       default against its strongest CaCoVID-AV control on benchmarks 0-3's test splits; the
+#       sweep stages train it first where it is missing, and score those runs)
 #
 # RUNS (default runs/regen) holds the run directories; AVEX_CACHE (default RUNS/cache) the
 # benchmark and captioner, built on first use. Each stage logs to RUNS/<stage>.log with its wall
@@ -46,13 +48,31 @@ bench_flags() {  # the embedded benchmark of seed $1 and its shipped reference c
          --captioner "$cache/captioners/embedded-default-seed$1-default"
 }
 
-sweep_benchmark() {  # seed, out name: every method, training seeds 0-2; the comparison's
-    # D-fid (the default recipe) and C (CaCoVID-AV), where they exist
-    local b=$1 runs="$RUNS/matched-budget/b$1/runs/seed{seed}"
-    local given=()
-    [ -d "$RUNS/matched-budget/b$b/runs/seed0/D-fid" ] && given=(--avex-run "$runs/D-fid" --cacovid-run "$runs/C")
+controls_benchmark() {  # seed: the default (Dc-fid) and its strongest control, CaCoVID-AV from
+    # the same warmups with the same reward (Cc-fid), on the test split, training seeds 0-2.
+    # Dc-fid reuses round 4's val runs where they exist (a run is split-agnostic).
+    local b=$1 dc="$RUNS/controls/b$1-Dc-fid" cc="$RUNS/controls/b$1-Cc-fid"
+    judge_assets "$b"
+    if [ -d "$RUNS/round4/b$b-Dc-fid/runs" ] && [ ! -e "$dc/runs" ]; then
+        mkdir -p "$dc" && ln -s "$(cd "$RUNS/round4/b$b-Dc-fid/runs" && pwd)" "$dc/runs"
+    fi
+    for arm in Dc-fid Cc-fid; do
+        local out="$RUNS/controls/b$b-$arm"
+        run_stage "controls-b$b-$arm" "$PY" -m avex.evaluate ablation --seeds 0,1,2 \
+            --variants "$arm" --retentions "$RETENTIONS" --split test $(bench_flags "$b") \
+            "${clips[@]}" --out "$out" --no-progress
+        cp "$out/ablation.json" "results/controls-test-benchmark$b-$arm.json"
+    done
+}
+
+sweep_benchmark() {  # seed, out name: every method, training seeds 0-2, with the default's runs
+    # (Dc-fid) as AVEX-Prune and its strongest control (Cc-fid) as CaCoVID-AV: the controls'
+    local b=$1 runs="$RUNS/controls/b$1"
+    [ -d "$runs-Cc-fid/runs/seed0/Cc-fid" ] || controls_benchmark "$b"
     run_stage "sweep-b$b" "$PY" -m avex.evaluate sweep --seeds 0,1,2 $(bench_flags "$b") \
-        "${given[@]}" "${clips[@]}" --out "$RUNS/sweep-b$b" --no-progress
+        --avex-run "$runs-Dc-fid/runs/seed{seed}/Dc-fid" \
+        --cacovid-run "$runs-Cc-fid/runs/seed{seed}/Cc-fid" \
+        "${clips[@]}" --out "$RUNS/sweep-b$b" --no-progress
     for ext in md json png; do cp "$RUNS/sweep-b$b/sweep.$ext" "results/$2.$ext"; done
 }
 
@@ -149,13 +169,20 @@ for stage in "${stages[@]}"; do
                 --incumbent D-fid --controls C,C-fid,Cc-fid \
                 --ablation results/round3-deciding-test-arms.json \
                 --sweep results/round3-deciding-test-sweep.json --json results/round3-stage2.json ;;
+        controls)   # the default against its strongest control on benchmarks 0-3's test splits
+            for b in 0 1 2 3; do controls_benchmark "$b"; done
+            run_stage controls-report "$PY" scripts/pooled_differences.py \
+                results/controls-test-benchmark{0,1,2,3}-Dc-fid.json \
+                results/controls-test-benchmark{0,1,2,3}-Cc-fid.json \
+                results/matched-budget-test-benchmark{0,1,2,3}.json \
+                --pairs Dc-fid:Cc-fid,Dc-fid:C-fid,Dc-fid:C,Dc-fid:D-fid ;;
         round4)     # Dcr-fid (the retention as an input) against Dc-fid, val splits
             val_round round4 -Dc-fid Dc-fid
             val_round round4 -Dcr-fid Dcr-fid --derive 'Dcr-fid=Dc-fid --retention-input'
             run_stage round4-choose "$PY" scripts/choose_default_recipe.py \
                 results/round4-val-benchmark{0,1,2,3}-Dc-fid.json \
                 results/round4-val-benchmark{0,1,2,3}-Dcr-fid.json --candidates Dc-fid,Dcr-fid ;;
-        *) echo "unknown stage: $stage (stages: train matched-budget sweep benchmarks motivation gates ablation profiling round2 round3 round4)" >&2
+        *) echo "unknown stage: $stage (stages: train matched-budget sweep benchmarks motivation gates ablation profiling round2 round3 round4 controls)" >&2
            exit 2 ;;
     esac
 done
