@@ -333,3 +333,21 @@ def test_a_run_saved_before_the_input_existed_is_reused_by_an_experiment(tmp_pat
     assert resumed_config(TrainConfig(run_dir=str(run))).retention_input is False
     with pytest.raises(ValueError, match=r"retention_input=True \(the run has False\)"):
         check_reusable(TrainConfig(run_dir=str(run), retention_input=True))
+
+
+def test_the_retention_lr_of_runs_without_the_input_is_not_compared(tmp_path):
+    """It has no effect there, so a run without the input is reused whatever lr it recorded
+    (a later default would otherwise refuse every older run); with the input it must match."""
+    from avex.training.config import TrainConfig
+    from avex.training.run_records import check_reusable
+
+    run = tmp_path / "plain"
+    run.mkdir()
+    saved = TrainConfig(run_dir=str(run)).to_dict()
+    (run / "config.json").write_text(json.dumps({**saved, "retention_lr": 3e-3}))
+    check_reusable(TrainConfig(run_dir=str(run)))
+    (run / "config.json").write_text(json.dumps({**saved, "retention_input": True,
+                                                 "retention_lr": 3e-3}))
+    with pytest.raises(ValueError, match=r"retention_lr=0.01 \(the run has 0.003\)"):
+        check_reusable(TrainConfig(run_dir=str(run), retention_input=True))
+

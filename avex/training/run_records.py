@@ -54,19 +54,27 @@ NOT_TRAINING = RESUME_OVERRIDES + ("evaluate", "eval_retentions", "eval_split",
                                    "diagnostics_every")
 #: settings naming a path, compared as the paths they resolve to
 PATH_SETTINGS = ("data", "captioner", "warmup_from")
+#: setting -> when it has no effect on training (given a run's settings): such a setting may
+#: differ between a run and the settings asked for when it has no effect in both, so that a
+#: later change of its default does not refuse older runs
+INERT = {"retention_lr": lambda settings: not settings.get("retention_input")}
 
 
 def check_reusable(cfg: TrainConfig) -> None:
     """Refuse to reuse or resume the run in ``cfg.run_dir`` (an experiment's run folder that
     already holds one) when it was trained with other settings than ``cfg``: its scores would be
-    reported as those of ``cfg``. Settings of :data:`NOT_TRAINING` may differ."""
+    reported as those of ``cfg``. Settings of :data:`NOT_TRAINING` may differ, and so may those
+    of :data:`INERT` where they have no effect in either."""
     run_dir = Path(cfg.run_dir)
     if not (run_dir / CONFIG_FILE).exists():
         return
     saved = {**SETTINGS_BEFORE_THEY_EXISTED, **read_run_config(run_dir)}
+    wanted = cfg.to_dict()
     differ = {}
-    for name, asked in cfg.to_dict().items():
+    for name, asked in wanted.items():
         had = saved.get(name)
+        if name in INERT and INERT[name](wanted) and INERT[name](saved):
+            continue
         if name == "warmup_from" and had is not None and asked is not None \
                 and not Path(had).exists():
             continue   # a moved run names its warmup's old place: nothing left to compare
