@@ -63,6 +63,13 @@ controls_benchmark() {  # seed: the default (Dc-fid) and its strongest control, 
             "${clips[@]}" --out "$out" --no-progress
         cp "$out/ablation.json" "results/controls-test-benchmark$b-$arm.json"
     done
+    # Cc-fid's runs on the val split too (Dc-fid's val scores are round 4's)
+    local val="$RUNS/controls/b$b-Cc-fid-val"
+    if [ ! -e "$val/runs" ]; then mkdir -p "$val" && ln -s "$(cd "$cc/runs" && pwd)" "$val/runs"; fi
+    run_stage "controls-b$b-Cc-fid-val" "$PY" -m avex.evaluate ablation --seeds 0,1,2 \
+        --variants Cc-fid --retentions "$RETENTIONS" --split val $(bench_flags "$b") \
+        "${clips[@]}" --out "$val" --no-progress
+    cp "$val/ablation.json" "results/controls-val-benchmark$b-Cc-fid.json"
 }
 
 sweep_benchmark() {  # seed, out name: every method, training seeds 0-2, with the default's runs
@@ -175,7 +182,10 @@ for stage in "${stages[@]}"; do
                 results/controls-test-benchmark{0,1,2,3}-Dc-fid.json \
                 results/controls-test-benchmark{0,1,2,3}-Cc-fid.json \
                 results/matched-budget-test-benchmark{0,1,2,3}.json \
-                --pairs Dc-fid:Cc-fid,Dc-fid:C-fid,Dc-fid:C,Dc-fid:D-fid ;;
+                --pairs Dc-fid:Cc-fid,Dc-fid:C-fid,Dc-fid:C,Dc-fid:D-fid
+            run_stage controls-val-report "$PY" scripts/pooled_differences.py \
+                results/round4-val-benchmark{0,1,2,3}-Dc-fid.json \
+                results/controls-val-benchmark{0,1,2,3}-Cc-fid.json --pairs Dc-fid:Cc-fid ;;
         round4)     # Dcr-fid (the retention as an input) against Dc-fid, val splits
             val_round round4 -Dc-fid Dc-fid
             val_round round4 -Dcr-fid Dcr-fid --derive 'Dcr-fid=Dc-fid --retention-input'
