@@ -39,6 +39,8 @@ def recipe(cfg: dict) -> str:
     else:
         groups = " (random groups)" if cfg.get("exchange_selection") == "random" else ""
         words = f"{rl} + exchange term{groups}, lambda_ex {cfg.get('lambda_ex'):g}"
+    if cfg.get("lambda_pairs"):
+        words += f" + anchor-pair exchanges, lambda {cfg['lambda_pairs']:g}"
     # runs from before the reward and selection settings: CIDEr and Top-K
     if cfg.get("reward", "cider") != "cider":
         words += f", {cfg['reward']} reward"

@@ -30,7 +30,7 @@ WARMUP_TEACHERS = ("prompt-attention", "caption-attention", "fidelity-gain")
 SETTINGS_BEFORE_THEY_EXISTED = {"reward": "cider", "selection": "topk", "redundancy": 0.0,
                                 "warmup_teacher": "prompt-attention", "retention_input": False,
                                 # no effect without the retention input: today's default
-                                "retention_lr": 1e-2}
+                                "retention_lr": 1e-2, "lambda_pairs": 0.0}
 
 #: each selection's redundancy when none is given: set-aware's from the val pilot
 #: (results/set-aware-pilot.md), Top-K's none
@@ -138,6 +138,10 @@ class TrainConfig:
     g_fraction: float = 0.125         # > 0: g = max(2, round(g_fraction * K)) per micro-batch
     lambda_target: float = 0.0        # weight of the warmup BCE kept on during RL (an anchor)
     lambda_best: float = 0.0          # weight of a BCE toward each clip's best-rewarded anchor
+    # the anchor-pair exchange term: each pair of a clip's anchors is an exchange of their
+    # symmetric difference, labelled by their reward difference (no extra captioner pass);
+    # its weight makes its gradient norm lambda_pairs x L_RL's in every micro-batch
+    lambda_pairs: float = 0.0
     warmup_from: str | None = None    # a run directory: start from its warmup policy, skip ours
     # the scores whose balanced keep-sets the warmup imitates (warmup_teachers.py): the prompt's
     # attention to the AV tokens in the full-token prefill ("prompt-attention"), y_full's
@@ -268,6 +272,7 @@ class TrainConfig:
         _checks.int_at_least("checkpoint_every", self.checkpoint_every, 1)
         _checks.real("lambda_target", self.lambda_target, low=0)
         _checks.real("lambda_best", self.lambda_best, low=0)
+        _checks.real("lambda_pairs", self.lambda_pairs, low=0)
 
     def _validate_sources(self) -> None:
         """The files the run reads, the table's methods, the retentions it trains at."""
@@ -347,6 +352,11 @@ class TrainConfig:
                              "--exchange-search and --exchanges")
         if self.exchange_search and not self.exchange_types:
             raise ValueError("exchange_types is empty; the exchange search needs a type")
+        if self.lambda_pairs > 0 and (self.exchange_search or self.anchors < 2):
+            raise ValueError(f"lambda_pairs = {self.lambda_pairs!r} pairs a clip's anchors, and "
+                             + ("exchange_search draws none" if self.exchange_search else
+                                f"anchors = {self.anchors} makes no pair")
+                             + "; drop lambda_pairs")
         if self.exchange_search and self.lambda_best > 0:
             raise ValueError(f"lambda_best = {self.lambda_best!r} imitates the best anchor, and "
                              "exchange_search draws no anchors; drop lambda_best")

@@ -280,6 +280,33 @@ def set_rewards(cfg: TrainConfig, captioner, cider, batch, clips, sets: torch.Te
     return SetRewards(reward, by_cider, dense)
 
 
+def anchor_pair_term(scores: torch.Tensor, anchors: torch.Tensor,
+                     rewards: torch.Tensor) -> torch.Tensor:
+    """The anchor-pair exchange term (``cfg.lambda_pairs``): every pair (a, b) of a clip's A
+    anchors is an exchange of their symmetric difference, G = S_a minus S_b for G' = S_b minus
+    S_a, with dF = sum s_G - sum s_G' and dR = R(S_a) - R(S_b); the paper's pairwise loss
+    w(dR) log(1 + exp(-sign(dR) dF)), averaged over a clip's pairs whose sets and rewards
+    differ, then over the clips. w saturates at the median |dR| of those pairs in the
+    micro-batch, so the term is on the reward's own scale whatever it is. The labels come from
+    rewards RL has already computed: no extra captioner pass.
+
+    ``scores`` [B, M] (differentiable), ``anchors`` [B, A, M] bool keep-sets, ``rewards``
+    [B, A]. 0 (with a gradient of 0) where no pair differs."""
+    first, second = torch.triu_indices(anchors.shape[1], anchors.shape[1], offset=1,
+                                       device=anchors.device)
+    swap = anchors[:, first].to(scores.dtype) - anchors[:, second].to(scores.dtype)  # [B, P, M]
+    # past a row's AV tokens the scores are -inf and in no set: 0 there, not -inf x 0 = NaN
+    finite = scores.masked_fill(~torch.isfinite(scores), 0.0)
+    delta_f = (swap * finite[:, None, :]).sum(dim=-1)
+    delta_reward = (rewards[:, first] - rewards[:, second]).detach().to(scores.dtype)
+    valid = swap.ne(0).any(dim=-1) & delta_reward.ne(0)
+    size = delta_reward.abs()[valid]
+    saturation = size.median().clamp_min(torch.finfo(scores.dtype).tiny) if size.numel() \
+        else torch.ones((), dtype=scores.dtype, device=scores.device)
+    parts = exchange_terms_unchecked(delta_f, delta_reward, valid, saturation=saturation)
+    return parts.sum(dim=1).mean()
+
+
 def rl_loss(cfg: TrainConfig, policy, captioner, cider, batch, clips, seed: int,
             retention: float | None = None, targets: list | None = None, *,
             saturation: float = SATURATION_POINTS, grad_ratios: bool = False,
@@ -353,6 +380,16 @@ def rl_loss(cfg: TrainConfig, policy, captioner, cider, batch, clips, seed: int,
         terms["exchange"] = ex.detach()
         terms["valid_exchanges"] = exchanges.valid.float().mean(0)
         terms["diagnostics"] = diagnostics
+    if cfg.lambda_pairs > 0:
+        pairs = anchor_pair_term(scores, sets[:, :count], anchor_rewards)
+        weight = cfg.lambda_pairs
+        if in_loss:   # lambda_pairs is the ratio of the term's gradient norm to L_RL's
+            params = [p for p in policy.parameters() if p.requires_grad]
+            rl_norm, pairs_norm = grad_norm(rl, params), grad_norm(pairs, params)
+            weight = cfg.lambda_pairs * float(rl_norm / pairs_norm) if pairs_norm > 0 else 0.0
+        terms["loss"] = terms["loss"] + weight * pairs
+        terms["pairs"] = pairs.detach()
+        terms["pairs_scale"] = torch.tensor(weight)
     if cfg.lambda_best > 0:  # self-imitation: the clip's best anchor, where it beat the rest
         best = anchor_rewards.argmax(dim=1)
         keep = sets[torch.arange(rows, device=sets.device), best].float()     # [B, M]
