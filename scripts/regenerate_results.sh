@@ -72,8 +72,8 @@ controls_benchmark() {  # seed: the default (Dc-fid) and its strongest control, 
     cp "$val/ablation.json" "results/controls-val-benchmark$b-Cc-fid.json"
 }
 
-sweep_benchmark() {  # seed, out name: every method, training seeds 0-2, with the default's runs
-    # (Dc-fid) as AVEX-Prune and its strongest control (Cc-fid) as CaCoVID-AV: the controls'
+sweep_benchmark() {  # seed, out name: every method, training seeds 0-2, scoring the controls'
+    # runs: the default's (Dc-fid) as AVEX-Prune, its strongest control's (Cc-fid) as CaCoVID-AV
     local b=$1 runs="$RUNS/controls/b$1"
     [ -d "$runs-Cc-fid/runs/seed0/Cc-fid" ] || controls_benchmark "$b"
     run_stage "sweep-b$b" "$PY" -m avex.evaluate sweep --seeds 0,1,2 $(bench_flags "$b") \

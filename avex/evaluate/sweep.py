@@ -296,7 +296,7 @@ def run_sweep(settings: SweepSettings) -> dict:
     captions, scores = caption_jobs(settings, captioner, splits, policies, jobs)
     labels = method_labels(settings.methods, policies,
                            given=[m for m in trained_methods(settings.methods)
-                                  if given_run_dir(settings, m, settings.seeds[0]) is not None])
+                                  if getattr(settings, f"{m}_run") is not None])
     rows = score_rows(scores, policies, jobs, labels, out, has_transfer=bool(transfer))
     order = {m: i for i, m in enumerate(["full"] + list(settings.methods))}
     agg = sorted(aggregate(rows), key=lambda r: (-r["retention"], order[r["method"]]))
