@@ -15,24 +15,28 @@ Top-K (:func:`avex.kernels.gumbel_topk`), pick for pick.
   key per token (the same noise, ``gumbel_noise(seed, ...)``, as ``gumbel_topk``); after a pick
   with key T, each remaining key is a Gumbel truncated at T, and a token whose logit moves by
   -d is carried to the Gumbel of its new logit truncated at the same T by its own CDF
-  (:func:`_shift_truncated`). Truncation at a common level keeps the argmax softmax-
-  distributed, so every pick follows its step's softmax; a token whose logit did not move
-  keeps its key bit for bit, which is why ``beta`` = 0 reproduces ``gumbel_topk``'s sets.
+  (:func:`avex.kernels.set_aware_ref.shift_truncated`). Truncation at a common level keeps
+  the argmax softmax-distributed, so every pick follows its step's softmax; a token whose
+  logit did not move keeps its key bit for bit, which is why ``beta`` = 0 reproduces
+  ``gumbel_topk``'s sets.
 * The log-probability is the exact step-wise sum of log-softmax over the remaining tokens,
   differentiable with respect to the scores, the hidden states and ``beta``.
 * Inference (``sample=False``) is greedy: K argmax steps over the discounted logits, ties to
   the lower index; one policy call plus O(K M D) of dot products.
+* The picks come from :mod:`avex.kernels.set_aware`: on a GPU one Triton launch for all K
+  steps, elsewhere its PyTorch reference (``set_aware_ref.py``), which states them exactly.
 
 Rows are ragged: ``budget[b]`` picks in row b, ``-inf`` scores (padding) are never picked.
 """
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from avex import _checks
 from avex.kernels.gumbel_topk import gumbel_topk
-from avex.kernels.gumbel_topk_ref import compute_dtype, gumbel_noise, shifted_logits
+from avex.kernels.gumbel_topk_ref import compute_dtype, shifted_logits
+from avex.kernels.set_aware import set_aware_picks_unchecked
+from avex.kernels.set_aware_ref import similarity_to, unit_vectors
 
 __all__ = ["SELECTIONS", "set_aware_indices", "set_aware_log_prob", "set_aware_select",
            "select_indices"]
@@ -75,74 +79,21 @@ def _check(scores, hidden, budget, redundancy, tau) -> torch.Tensor:
     return budget.to(torch.int64)
 
 
-def _unit(hidden: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    return F.normalize(hidden.to(dtype), dim=-1, eps=1e-12)
-
-
-def _similarity_to(unit: torch.Tensor, pick: torch.Tensor) -> torch.Tensor:
-    """cos(h_i, h_pick) [B, M] for one pick per row (``pick`` int64 [B], any valid index):
-    one batched matrix-vector product, no [B, M, D] temporary."""
-    chosen = unit.gather(1, pick[:, None, None].expand(-1, 1, unit.shape[-1]))  # [B, 1, D]
-    return torch.bmm(unit, chosen.transpose(1, 2)).squeeze(-1)
-
-
-def _shift_truncated(key: torch.Tensor, shift: torch.Tensor, top: torch.Tensor) -> torch.Tensor:
-    """A Gumbel ``key`` of location mu, truncated at ``top``, carried by its CDF to location
-    mu - ``shift`` truncated at the same ``top``:
-    key' = key - shift - log((1 - a) + a e^-shift), a = e^(key - top) in (0, 1]."""
-    gap = key - top                                        # <= 0
-    log_rest = torch.log(-torch.expm1(gap))                # log(1 - a), -inf at the top
-    return key - shift - torch.logaddexp(log_rest, gap - shift)
-
-
 @torch.no_grad()
 def set_aware_indices(scores: torch.Tensor, hidden: torch.Tensor, budget: torch.Tensor, *,
                       redundancy, tau: float = 1.0, seed: int = 0,
-                      sample: bool = True) -> torch.Tensor:
+                      sample: bool = True, backend: str = "auto") -> torch.Tensor:
     """int64 [B, Kmax]: the picks in order, ``-1`` past each row's ``budget``. ``sample``:
     drawn from the step-wise Plackett-Luce law (noise a function of ``seed``); otherwise the
-    greedy picks."""
+    greedy picks. ``backend``: ``"auto"`` (CUDA tensors: the Triton kernel of
+    :mod:`avex.kernels.set_aware`, one launch for all K picks; otherwise the PyTorch
+    reference beside it), ``"triton"`` or ``"torch"``."""
     budget = _check(scores, hidden, budget, redundancy, tau)
     _checks.flag("sample", sample)
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 63:
         raise ValueError(f"seed must be an int in [0, 2**63), got {seed!r}")
-    return _indices(scores, hidden, budget, float(redundancy), tau, seed, sample)
-
-
-def _indices(scores, hidden, budget, beta, tau, seed, sample):
-    batch, width = scores.shape
-    kmax = int(budget.max()) if batch else 0
-    valid = scores > float("-inf")
-    # keys as gumbel_topk ranks them (float32 for float32 scores), then in float64 for the
-    # updates: the cast is exact, so the order and the ties are gumbel_topk's
-    base = shifted_logits(scores.detach(), valid, tau)
-    if sample:
-        base = base + gumbel_noise(seed, batch, width, scores.device).to(base.dtype)
-    key = base.double().masked_fill(~valid, float("-inf"))
-    # similarities in the hidden states' own precision (float32 at serving): the penalty's
-    # rounding, ~1e-7 of BETA, is far below any gap the picks could turn on
-    unit = _unit(hidden.detach(), torch.float64 if hidden.dtype == torch.float64
-                 else torch.float32)
-    redundant = torch.zeros(batch, width, dtype=torch.float64, device=scores.device)
-    picks = torch.full((batch, kmax), -1, dtype=torch.int64, device=scores.device)
-    rows = torch.arange(batch, device=scores.device)
-    for t in range(kmax):
-        active = t < budget
-        pick = key.argmax(1)                               # ties: the lower index
-        picks[:, t] = torch.where(active, pick, -1)
-        top = key[rows, pick][:, None]
-        key[rows, pick] = float("-inf")
-        if beta == 0 or t + 1 == kmax:
-            continue
-        grown = torch.maximum(redundant, _similarity_to(unit, pick).double())
-        shift = (beta / tau) * (grown - redundant)
-        redundant = grown
-        if not sample:  # a key of -inf (picked, padding) stays -inf
-            key = key - shift
-            continue
-        moved = (shift != 0) & (key > float("-inf")) & active[:, None]
-        key = torch.where(moved, _shift_truncated(key, shift, top), key)
-    return picks
+    return set_aware_picks_unchecked(scores, hidden, budget, beta=float(redundancy), tau=tau,
+                                     seed=seed, sample=sample, backend=backend)
 
 
 def set_aware_log_prob(scores: torch.Tensor, hidden: torch.Tensor, indices: torch.Tensor,
@@ -183,7 +134,7 @@ def _log_prob(scores, hidden, picked, budget, redundancy, tau):
     kmax = picked.shape[1]
     valid = scores > float("-inf")
     x = shifted_logits(scores, valid, tau, torch.float64)
-    unit = _unit(hidden, torch.float64)
+    unit = unit_vectors(hidden, torch.float64)
     beta = redundancy.double() if isinstance(redundancy, torch.Tensor) else float(redundancy)
     steps = torch.arange(kmax, device=scores.device)
     active = steps < budget[:, None]                                        # [B, Kmax]
@@ -216,7 +167,7 @@ def log_prob_stepwise(scores, hidden, picked, budget, redundancy, tau):
     batch, width = scores.shape
     valid = scores > float("-inf")
     x = shifted_logits(scores, valid, tau, torch.float64)
-    unit = _unit(hidden, torch.float64)
+    unit = unit_vectors(hidden, torch.float64)
     beta = redundancy.double() if isinstance(redundancy, torch.Tensor) else float(redundancy)
     remaining = valid.clone()
     redundant = x.new_zeros(batch, width)
@@ -232,7 +183,7 @@ def log_prob_stepwise(scores, hidden, picked, budget, redundancy, tau):
         total = total + torch.where(active, term, torch.zeros_like(term))
         remaining = remaining.scatter(1, pick[:, None], ~active[:, None] & remaining.gather(
             1, pick[:, None]))
-        redundant = torch.maximum(redundant, _similarity_to(unit, pick))
+        redundant = torch.maximum(redundant, similarity_to(unit, pick))
     return total.to(compute_dtype(scores.dtype))
 
 

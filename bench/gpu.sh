@@ -125,7 +125,7 @@ run_budgeted() {  # run "$@" for at most $BUDGET seconds, minus what set-up took
 # interpreter (CI runs them); a dry run runs their argument-check tests, enough to exercise the
 # stage, its table and every file's imports.
 KERNEL_SUITES="tests/test_gumbel_topk.py tests/test_exchange.py tests/test_compact.py
-               tests/test_pruning.py"
+               tests/test_set_aware_kernel.py tests/test_pruning.py"
 DRY_RUN_TESTS="bad_input or dispatch"
 pytest_args() {  # $1: the JUnit file; xdist where the image has it
     local args=(-q -p no:cacheprovider --junitxml="$1")

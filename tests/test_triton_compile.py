@@ -52,7 +52,8 @@ def test_every_kernel_compiles(compiled, arch):
     cases = compiled[arch]
     kernels = {name.split()[0] for name in cases}
     assert kernels == {"gumbel_topk_fwd", "pl_log_prob_fwd", "pl_log_prob_bwd", "exchange_fwd",
-                       "exchange_bwd", "compact_plan", "gather_rows", "sum_set_grads"}
+                       "exchange_bwd", "compact_plan", "gather_rows", "sum_set_grads",
+                       "set_aware"}
     assert all(case["cubin_bytes"] > 0 for case in cases.values())
     for dtype in ("fp32", "bf16", "fp16"):
         assert any(name.startswith("gumbel_topk_fwd") and dtype in name for name in cases)

@@ -26,6 +26,7 @@ from triton.compiler import ASTSource
 gt = importlib.import_module("avex.kernels.gumbel_topk")
 ex = importlib.import_module("avex.kernels.exchange")
 cp = importlib.import_module("avex.kernels.compact")
+sa = importlib.import_module("avex.kernels.set_aware")
 utils = importlib.import_module("avex.kernels._utils")
 exref = importlib.import_module("avex.kernels.exchange_ref")
 
@@ -60,7 +61,7 @@ def gumbel_cases(shapes):
                        {**base, "logp_ptr": "*fp32", "width": "i32", "kmax": "i32",
                         "tau": "fp32", "seed": "i64", "SAMPLE": "constexpr",
                         "BLOCK_M": "constexpr"},
-                       {"SAMPLE": sample, "BLOCK_M": block_m}, ranked_warps(block_m))
+                       {"SAMPLE": sample, "BLOCK_M": block_m}, sa.launch_config(block_m))
             yield (f"pl_log_prob_fwd M={width} K={k} {name}", gt._pl_log_prob_fwd_kernel,
                    {**base, "logp_ptr": "*fp32", "width": "i32", "kmax": "i32", "tau": "fp32",
                     "BLOCK_M": "constexpr", "BLOCK_K": "constexpr", "CHUNK_K": "constexpr"},
@@ -138,6 +139,23 @@ def compact_cases():
                    {"NUM_SETS": COMPACT_SETS, "ACC_DTYPE": acc, **tile}, launch)
 
 
+def set_aware_cases(shapes):
+    # the cosine matrix: float32 (serving, training) or float64 (float64 hidden states)
+    widths = dict.fromkeys(width for width, _ in (*shapes, (2000, 0)))  # + a clip's 2000 tokens
+    for width in widths:
+        block_m = pow2(width)
+        for gram in ("*fp32", "*fp64"):
+            if gram == "*fp64" and width != 80:
+                continue
+            for sample in (True, False) if width <= sa.MAX_SAMPLE_WIDTH else (False,):
+                yield (f"set_aware M={width} gram={gram[1:]} sample={sample}",
+                       sa._set_aware_kernel,
+                       {"key_ptr": "*fp64", "gram_ptr": gram, "budget_ptr": "*i64",
+                        "coef_ptr": "*fp64", "picks_ptr": "*i64", "width": "i32",
+                        "kmax": "i32", "SAMPLE": "constexpr", "BLOCK_M": "constexpr"},
+                       {"SAMPLE": sample, "BLOCK_M": block_m}, sa.launch_config(block_m))
+
+
 def resource_usage(cubin: bytes) -> dict:
     """Registers, stack and local memory per thread, shared memory per block, as the
     cuobjdump that ships with Triton reads them from the cubin ({} if it is missing)."""
@@ -157,7 +175,8 @@ def main(arch: int) -> None:
     results = {}
     shapes = ROW_SHAPES + [WIDEST] if arch == 90 else ROW_SHAPES
     for name, fn, signature, constants, options in (*gumbel_cases(shapes),
-                                                    *exchange_cases(shapes), *compact_cases()):
+                                                    *exchange_cases(shapes), *compact_cases(),
+                                                    *set_aware_cases(shapes)):
         start = time.perf_counter()
         compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constants),
                                   target=GPUTarget("cuda", arch, 32), options=options)
