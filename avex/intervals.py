@@ -18,6 +18,7 @@ the clip part carries most of its width on 1000 clips.
 """
 from __future__ import annotations
 
+import argparse
 import math
 from dataclasses import asdict, dataclass
 
@@ -27,7 +28,7 @@ from avex import _checks
 from avex.tables import markdown_table
 
 __all__ = ["Interval", "paired_interval", "pooled_interval", "seed_rows", "differences", "difference_table",
-           "compact_per_clip", "LEVEL", "REPLICATES", "SEED", "PER_CLIP_DIGITS", "RULE"]
+           "compact_per_clip", "arm_pairs", "LEVEL", "REPLICATES", "SEED", "PER_CLIP_DIGITS", "RULE"]
 
 LEVEL = 0.95
 REPLICATES = 4000
@@ -277,3 +278,16 @@ def difference_table(intervals: dict, ours_label: str, labels: dict, retentions,
         lines.append([label, *cells])
     return markdown_table([f"{ours_label} − {others}", *(f"{r:.0%}" for r in retentions)],
                           lines)
+
+
+def arm_pairs(text: str) -> list[tuple[str, str]]:
+    """``"X:Y[,X:Y...]"`` -> [(X, Y), ...]: the pairs of arms a comparison script reports
+    X − Y for (its ``--pairs``). An ``argparse`` type: a malformed item raises
+    ``argparse.ArgumentTypeError``, whose message argparse prints as it is."""
+    pairs = []
+    for item in text.split(","):
+        ours, sep, other = item.partition(":")
+        if not sep or not ours or not other:
+            raise argparse.ArgumentTypeError(f"--pairs must be X:Y[,X:Y...], got {item!r}")
+        pairs.append((ours, other))
+    return pairs

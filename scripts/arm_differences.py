@@ -20,17 +20,7 @@ import argparse
 import json
 from pathlib import Path
 
-from avex.intervals import Interval, difference_table, differences
-
-
-def pairs_arg(text: str) -> list[tuple[str, str]]:
-    pairs = []
-    for item in text.split(","):
-        ours, sep, other = item.partition(":")
-        if not sep or not ours or not other:
-            raise argparse.ArgumentTypeError(f"--pairs must be X:Y[,X:Y...], got {item!r}")
-        pairs.append((ours, other))
-    return pairs
+from avex.intervals import Interval, arm_pairs, difference_table, differences
 
 
 def verdict(value) -> str:
@@ -105,7 +95,7 @@ def arm_differences(result: dict, pairs) -> str:
 def main(argv=None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("file", type=Path, help="an ablation.json")
-    parser.add_argument("--pairs", type=pairs_arg, required=True, help="X:Y[,X:Y...]")
+    parser.add_argument("--pairs", type=arm_pairs, required=True, help="X:Y[,X:Y...]")
     parser.add_argument("--with", dest="others", action="append", default=[],
                         help="another ablation.json whose arms the file lacks are added; "
                              "FILE@TAG adds all of its arms as ARM@TAG")

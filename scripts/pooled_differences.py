@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from avex.intervals import paired_interval, pooled_interval, seed_rows
+from avex.intervals import arm_pairs, paired_interval, pooled_interval, seed_rows
 from avex.tables import markdown_table
 
 
@@ -89,20 +89,10 @@ def report(merged: dict, pairs, retentions) -> str:
     return "\n".join(lines)
 
 
-def pairs_arg(text: str) -> list[tuple[str, str]]:
-    pairs = []
-    for item in text.split(","):
-        ours, sep, other = item.partition(":")
-        if not sep or not ours or not other:
-            raise argparse.ArgumentTypeError(f"--pairs must be X:Y[,X:Y...], got {item!r}")
-        pairs.append((ours, other))
-    return pairs
-
-
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("files", nargs="+", help="ablation.json files, one or more per benchmark")
-    parser.add_argument("--pairs", type=pairs_arg, required=True, help="X:Y[,X:Y...]")
+    parser.add_argument("--pairs", type=arm_pairs, required=True, help="X:Y[,X:Y...]")
     args = parser.parse_args(argv)
     try:
         merged = load(args.files)

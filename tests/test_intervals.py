@@ -217,3 +217,14 @@ def test_full_tokens_take_a_name_no_row_carries():
         [full_avex[0], full_avex[1]]), 2))
     assert got[("full tokens", 0.2)] == paired_interval(ours, np.round(full_tokens, 2))
     assert got[("full", 0.2)].above_zero and got[("full tokens", 0.2)].below_zero
+
+
+def test_arm_pairs_parse_and_name_a_malformed_item():
+    import argparse
+
+    from avex.intervals import arm_pairs
+
+    assert arm_pairs("Dc-fid:Cc-fid,A:B@old") == [("Dc-fid", "Cc-fid"), ("A", "B@old")]
+    for bad in ("A", "A:", ":B", "A:B,"):
+        with pytest.raises(argparse.ArgumentTypeError, match="--pairs must be X:Y"):
+            arm_pairs(bad)
