@@ -380,3 +380,21 @@ def test_training_settings_an_experiment_would_override_are_refused_and_others_k
                       train=TrainConfig(selection="set-aware", redundancy=2.0)).check()
     SweepSettings(**tiny_kw, methods=["avex"],
                   train=TrainConfig(selection="set-aware", redundancy=2.0)).check()
+
+
+def test_decoding_note_names_each_given_flag_once_with_its_seeds():
+    from avex.evaluate.common import runs_phrase
+
+    flags = ["--avex-run (seed 0)", "--avex-run (seed 1)", "--avex-run (seed 2)",
+             "--cacovid-run (seed 0)", "--warmup-run"]
+    assert runs_phrase(flags) == ("--avex-run (seeds 0, 1, 2) and --cacovid-run (seed 0) and "
+                                  "--warmup-run")
+    from types import SimpleNamespace
+
+    from avex.evaluate.sweep import decoding_note
+
+    source = "run " + runs_phrase(flags)
+    note = decoding_note(SimpleNamespace(num_beams=1, max_new_tokens=24, decoding_source={
+        "num_beams": source, "max_new_tokens": source}))
+    assert note == ("Decoding: 1 beam(s), at most 24 new tokens (num_beams and max_new_tokens "
+                    f"from {source}).")

@@ -112,7 +112,7 @@ class ExperimentSettings:
                                  f"{key.replace('_', '-')} to score both with one setting")
             if values:
                 setattr(self, key, next(iter(values.values())))
-                sources[key] = "run " + " and ".join(values)
+                sources[key] = "run " + runs_phrase(values)
             else:
                 setattr(self, key, DECODING[key])
                 sources[key] = "default"
@@ -305,3 +305,14 @@ def fmt(values, digits=1):
 
 def percent(share) -> str:
     return "n/a" if share is None else f"{100 * share:.0f}%"
+
+
+def runs_phrase(flags) -> str:
+    """The given runs' flags in a sentence, one flag's seeds together: "--avex-run (seed 0)",
+    "--avex-run (seed 1)", "--cacovid-run" -> "--avex-run (seeds 0, 1) and --cacovid-run"."""
+    seeds: dict[str, list[str]] = {}
+    for flag in flags:
+        name, per_seed, rest = flag.partition(" (seed ")
+        seeds.setdefault(name, []).extend([rest.rstrip(")")] if per_seed else [])
+    return " and ".join(name if not got else f"{name} (seed{'s' if len(got) > 1 else ''} "
+                        f"{', '.join(got)})" for name, got in seeds.items())

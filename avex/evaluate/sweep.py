@@ -500,8 +500,11 @@ def qualitative_examples(clips, captions: dict, methods, seed: int, retention: f
 
 def decoding_note(settings: SweepSettings) -> str:
     """The decoding every caption of the sweep used, and where the setting came from."""
-    source = settings.decoding_source or {}
-    where = "; ".join(f"{k} from {v}" for k, v in source.items())
+    keys_by_source: dict[str, list[str]] = {}
+    for key, source in (settings.decoding_source or {}).items():
+        keys_by_source.setdefault(source, []).append(key)
+    where = "; ".join(f"{' and '.join(keys)} from {source}"
+                      for source, keys in keys_by_source.items())
     return (f"Decoding: {settings.num_beams} beam(s), at most {settings.max_new_tokens} new "
             "tokens"
             + (f" ({where})" if where else "") + ".")
