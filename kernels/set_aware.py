@@ -91,39 +91,42 @@ if triton is not None:
 
     @triton.jit
     def _set_aware_kernel(key_ptr, gram_ptr, budget_ptr, coef_ptr, picks_ptr, width, kmax,
-                          SAMPLE: tl.constexpr, BLOCK_M: tl.constexpr):
+                          SAMPLE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK_M)
         inside = cols < width
         key = tl.load(key_ptr + row * width + cols, mask=inside, other=float("-inf"))
         redundant = tl.zeros([BLOCK_M], dtype=tl.float64)
         coef = tl.load(coef_ptr)                      # beta / tau, float64
-        budget = tl.load(budget_ptr + row).to(tl.int32)
+        budget = tl.load(budget_ptr + row)
         gram = gram_ptr + row * width * width
-        for t in range(0, budget):
-            top = tl.max(key, axis=0)
-            pick = tl.argmax(key, axis=0, tie_break_left=True)   # ties: the lower index
-            tl.store(picks_ptr + row * kmax + t, pick.to(tl.int64))
-            key = tl.where(cols == pick, float("-inf"), key)
-            similarity = tl.load(gram + pick.to(tl.int64) * width + cols, mask=inside,
-                                 other=0.0).to(tl.float64)
-            grown = tl.maximum(redundant, similarity)
-            shift = coef * (grown - redundant)
-            redundant = grown
-            if SAMPLE:
-                # the reference's shift_truncated: a Gumbel truncated at top, carried by its
-                # CDF to a logit lower by shift; a key that did not move keeps its bits
-                moved = (shift != 0.0) & (key > float("-inf"))
-                gap = tl.where(moved, key - top, -1.0)                     # <= 0
-                log_rest = tl.log(-_expm1(gap))                            # -inf at the top
-                low = gap - shift
-                hi = tl.maximum(log_rest, low)
-                lse = hi + _log1p(tl.exp(tl.minimum(log_rest, low) - hi))
-                key = tl.where(moved, key - shift - lse, key)
-            else:
-                key = key - shift                     # -inf (picked, padding) stays -inf
-        for t in range(budget, kmax):
-            tl.store(picks_ptr + row * kmax + t, -1)
+        # kmax steps for every row, a row's picks past its budget written as -1. The loop runs
+        # to a power of two (BLOCK_K >= kmax) and skips the rest: one compilation serves every
+        # K up to it, and the interpreter takes no loop bound that is a runtime value
+        for t in range(0, BLOCK_K):
+            if t < kmax:
+                top = tl.max(key, axis=0)
+                pick = tl.argmax(key, axis=0, tie_break_left=True)   # ties: the lower index
+                tl.store(picks_ptr + row * kmax + t,
+                         tl.where(t < budget, pick.to(tl.int64), -1))
+                key = tl.where(cols == pick, float("-inf"), key)
+                similarity = tl.load(gram + pick.to(tl.int64) * width + cols, mask=inside,
+                                     other=0.0).to(tl.float64)
+                grown = tl.maximum(redundant, similarity)
+                shift = coef * (grown - redundant)
+                redundant = grown
+                if SAMPLE:
+                    # the reference's shift_truncated: a Gumbel truncated at top, carried by its
+                    # CDF to a logit lower by shift; a key that did not move keeps its bits
+                    moved = (shift != 0.0) & (key > float("-inf"))
+                    gap = tl.where(moved, key - top, -1.0)                   # <= 0
+                    log_rest = tl.log(-_expm1(gap))                          # -inf at the top
+                    low = gap - shift
+                    hi = tl.maximum(log_rest, low)
+                    lse = hi + _log1p(tl.exp(tl.minimum(log_rest, low) - hi))
+                    key = tl.where(moved, key - shift - lse, key)
+                else:
+                    key = key - shift                 # -inf (picked, padding) stays -inf
 
 
 # ----------------------------------------------------------------------------------------------
@@ -159,5 +162,6 @@ def _launch(scores, hidden, budget, beta, tau, seed, sample):
         gram = torch.bmm(unit[part], unit[part].transpose(1, 2)).contiguous()
         _set_aware_kernel[(part.stop - part.start,)](
             keys[part], gram, budget[part], coef, picks[part], width, kmax,
-            SAMPLE=bool(sample), BLOCK_M=block_m, **launch_config(block_m))
+            SAMPLE=bool(sample), BLOCK_M=block_m, BLOCK_K=next_power_of_2(kmax),
+            **launch_config(block_m))
     return picks
