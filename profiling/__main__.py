@@ -7,6 +7,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from avex.set_selection import SELECTIONS
+from avex.training.config import DEFAULT_REDUNDANCY
+
 from .suite import FLOPS_COUNTERS, PROFILED, ProfileSettings, profile
 
 
@@ -34,6 +37,12 @@ def main(argv=None) -> int:
     p.add_argument("--policy-hidden-size", type=int, default=d.policy_hidden_size,
                    help="policy width at the real size (768: the paper's ~30M policy; 0: as "
                         "wide as the LLM); scaled with the model for the CPU configuration")
+    p.add_argument("--selection", default=d.selection, choices=SELECTIONS,
+                   help="the policy's selection rule (default: %(default)s; the default "
+                        "training recipe serves set-aware, --redundancy 4)")
+    p.add_argument("--redundancy", type=float, default=None,
+                   help="set-aware's redundancy weight (default: the training recipe's, "
+                        f"{DEFAULT_REDUNDANCY['set-aware']:g}, with --selection set-aware)")
     p.add_argument("--runs", type=int, default=None, help="timed runs (default 50 CUDA, 5 CPU)")
     p.add_argument("--warmup", type=int, default=None)
     p.add_argument("--no-latency", action="store_true", help="FLOPs only")
@@ -54,7 +63,9 @@ def main(argv=None) -> int:
         methods=tuple(m.strip() for m in a.methods.split(",") if m.strip()),
         visual_tokens=a.visual_tokens, audio_tokens=a.audio_tokens, text_before=a.text_before,
         text_after=a.text_after, decode_tokens=a.decode_tokens, device=a.device, dtype=a.dtype,
-        policy_hidden_size=a.policy_hidden_size, runs=a.runs, warmup=a.warmup,
+        policy_hidden_size=a.policy_hidden_size, selection=a.selection,
+        redundancy=DEFAULT_REDUNDANCY[a.selection] if a.redundancy is None else a.redundancy,
+        runs=a.runs, warmup=a.warmup,
         latency=not a.no_latency, flops=a.flops, max_seconds=a.max_seconds,
         full_size_latency=True if a.full_size_latency else None,
         out_dir=a.out_dir, name=a.name, progress=not a.no_progress)

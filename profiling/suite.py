@@ -20,6 +20,7 @@ from avex.modality import AUDIO, TEXT, VISUAL
 from avex.policy import AVEXPolicy
 from avex.progress import progress_bar
 from avex.selection import num_kept
+from avex.set_selection import SELECTIONS
 from avex.tables import markdown_table
 
 from . import flops as F
@@ -48,6 +49,10 @@ class ProfileSettings:
     device: str = "auto"
     dtype: str = "auto"
     policy_hidden_size: int = PAPER_POLICY_WIDTH
+    # the policy's selection rule, as PolicyConfig has it: "topk" (redundancy 0) or
+    # "set-aware" (redundancy > 0; the default training recipe serves set-aware at 4)
+    selection: str = "topk"
+    redundancy: float = 0.0
     runs: int | None = None
     warmup: int | None = None
     latency: bool = True
@@ -80,6 +85,16 @@ class ProfileSettings:
         if self.full_size_latency is not None:
             _checks.flag("full_size_latency", self.full_size_latency)
         _checks.choice("flops", self.flops, FLOPS_COUNTERS)
+        _checks.choice("selection", self.selection, SELECTIONS)
+        redundancy = _checks.real("redundancy", self.redundancy)
+        if not redundancy >= 0:
+            raise ValueError(f"redundancy must be a finite number >= 0, got {self.redundancy!r}")
+        if self.selection == "topk" and redundancy != 0:
+            raise ValueError(f"redundancy {self.redundancy!r} has no effect with selection "
+                             "'topk'; pass selection='set-aware' (--selection set-aware)")
+        if self.selection == "set-aware" and redundancy == 0:
+            raise ValueError("selection 'set-aware' needs a redundancy > 0 (with 0 it is "
+                             "'topk'); the default recipe's is 4")
         if self.max_seconds is not None:
             _checks.positive_float("max_seconds", self.max_seconds)
         if self.flops == "fvcore" and F.fvcore_missing():
@@ -139,22 +154,25 @@ def scaled_config(config, width: int = CPU_WIDTH, layers: int = CPU_LAYERS):
     return c
 
 
-def _policy(config, width: int, dtype=torch.float32, device="cpu"):
+def _policy(config, width: int, dtype=torch.float32, device="cpu", *, selection="topk",
+            redundancy=0.0):
 
     llm = types.SimpleNamespace(config=config)
     with torch.device(device):
-        policy = AVEXPolicy.from_llm(llm, hidden_size=width or None, init_from_llm=False)
+        policy = AVEXPolicy.from_llm(llm, hidden_size=width or None, init_from_llm=False,
+                                     selection=selection, redundancy=redundancy)
     return policy.to(dtype).eval()
 
 
 def latency_inputs(config, policy_width: int, modality: torch.Tensor, *,
-                   dtype=torch.float32, device="cpu"):
+                   dtype=torch.float32, device="cpu", selection="topk", redundancy=0.0):
     """``(model, policy, inputs_embeds, modality)`` for timing: the LLM of ``config`` and a
-    policy of width ``policy_width`` with random weights, and random embeddings for the
-    ``modality`` layout [B, L] (seed 0)."""
+    policy of width ``policy_width`` (and ``selection`` rule) with random weights, and random
+    embeddings for the ``modality`` layout [B, L] (seed 0)."""
     torch.manual_seed(0)
     model = F.build_model(config, dtype=dtype, device=device)
-    policy = _policy(config, policy_width, device=device)
+    policy = _policy(config, policy_width, device=device, selection=selection,
+                     redundancy=redundancy)
     modality = modality.to(device)
     embeds = torch.randn(*modality.shape, config.hidden_size, device=device, dtype=dtype)
     return model, policy, embeds, modality
@@ -167,6 +185,7 @@ def _policy_width(settings, config, scale: float) -> int:
 
 
 EXTRA_NAMES = {"full": "none", "avex": "policy + Top-K + compaction",
+               "avex set-aware": "policy + set-aware picks + compaction",
                "fastv": f"{FASTV_LAYER} full-token layers (eager) + sort",
                "tome": "similarity matmuls + sorts",
                "fastav": "2 decoder passes (eager) + rollout + sorts",
@@ -182,7 +201,8 @@ def _selection_flops(method, models, config, modality, retention, pol,
     if method == "avex":
         return F.SelectionFlops(pol["policy"] + pol["selection"] if traced else None,
                                 pol["policy_analytic"] + pol["selection_analytic"],
-                                dict(policy=pol["policy"], selection=pol["selection"]))
+                                dict(policy=pol["policy"], selection=pol["selection"],
+                                     **{k: pol[k] for k in ("set_aware",) if k in pol}))
     if method == "fastv":
         return F.fastv_flops(models, config, modality, retention, FASTV_LAYER, traced=traced)
     if method == "fastav":
@@ -207,7 +227,8 @@ def flops_table(settings: ProfileSettings, config, policy_width: int, bar=None) 
                    for n in (1, 2)) if traced else None
     if bar:
         bar.update(1)
-    policy = _policy(config, policy_width)
+    policy = _policy(config, policy_width, selection=settings.selection,
+                     redundancy=settings.redundancy)
     pol = F.policy_flops(policy, config.hidden_size, modality, settings.retention, traced=traced)
     if bar:
         bar.update(1)
@@ -220,7 +241,9 @@ def flops_table(settings: ProfileSettings, config, policy_width: int, bar=None) 
                                traced)
         cost = sel.fvcore if traced else sel.analytic
         # "policy" holds any method's selection cost (AVEX's policy, the baselines' own work)
-        rows[method] = dict(prefill_tokens=tokens, extra_name=EXTRA_NAMES[method],
+        extra = EXTRA_NAMES["avex set-aware" if method == "avex" and policy.set_aware
+                            else method]
+        rows[method] = dict(prefill_tokens=tokens, extra_name=extra,
                             llm_prefill=llm.prefill, policy=cost, decode=llm.decode,
                             prefill_plus_policy=llm.prefill + cost,
                             total=llm.prefill + cost + llm.decode,
@@ -315,7 +338,8 @@ def profile(settings: ProfileSettings | None = None, **overrides) -> dict:
         else:
             lat_flops = flops_table(settings, latency_config, pw, bar)
         model, policy, embeds, modality = latency_inputs(
-            latency_config, pw, token_layout(settings), dtype=DTYPES[dtype_name], device=device)
+            latency_config, pw, token_layout(settings), dtype=DTYPES[dtype_name], device=device,
+            selection=settings.selection, redundancy=settings.redundancy)
         bar.update(2)
         lat = measure(model, policy, embeds, modality, retention=settings.retention,
                       decode_tokens=settings.decode_tokens, runs=runs, warmup=warmup,
@@ -406,6 +430,10 @@ def _selection_notes(fl: dict) -> list[str]:
     rows, full = fl["rows"], fl["full_prefill"]
     notes = {
         "avex": "AVEX-Prune: the policy pass, Top-K (`avex::topk_select`) and compaction.",
+        "avex set-aware": "AVEX-Prune: the policy pass, the set-aware picks (by hand: K - 1 "
+                          "matrix-vector products of the {tokens} AV tokens' unit hidden "
+                          "states, width {width}, and their normalisation: {picks}) and "
+                          "compaction.",
         "fastv": "FastV-AV: `avex.methods.fastv` on the LLM cut to its first K = {layers} "
                  "layers (the same selection: layer K-1's attention does not depend on later "
                  "layers), i.e. K layers over every token with eager attention (dense Q K^T and "
@@ -432,11 +460,15 @@ def _selection_notes(fl: dict) -> list[str]:
             continue
         d = rows[m]["selection_detail"]
         extra = dict(d)
+        key = m
+        if m == "avex" and "set_aware" in d:
+            key = "avex set-aware"
+            extra.update(d["set_aware"], picks=f"{d['set_aware']['flops'] / 1e9:.3f} G")
         if m == "fastav":
             extra["last_read"] = d["rollout_layers"] - 1
             extra["unread"] = _t(d["stage1_unread_layers"])
             extra["unread_pct"] = f"{d['stage1_unread_layers'] / full:.1%}"
-        lines.append("- " + notes[m].format(**extra))
+        lines.append("- " + notes[key].format(**extra))
     return lines
 
 

@@ -462,3 +462,47 @@ def test_prefill_ends_with_the_forward_that_yields_the_first_token(monkeypatch, 
     packed = attention == "varlen"
     assert forwards.count(True) == (2 if packed else 0)
     assert forwards.count(False) == 2 * 5
+
+
+@pytest.mark.parametrize("flops", ["hand", "fvcore"])
+def test_a_set_aware_policy_is_profiled_with_its_own_picks(tmp_path, flops):
+    """--selection set-aware: the policy built for the tables selects set-aware, its picks are
+    counted by hand on either counter (fvcore then counts the policy and the compaction), and
+    the table says what the selection was."""
+    if flops == "fvcore":
+        fvcore_part()
+    top = _flops_only(tmp_path, f"topk-{flops}", flops=flops)["flops"]["rows"]["avex"]
+    res = _flops_only(tmp_path, f"aware-{flops}", flops=flops, selection="set-aware",
+                      redundancy=4.0)
+    row = res["flops"]["rows"]["avex"]
+    picks = row["selection_detail"]["set_aware"]
+    assert picks["tokens"] == 24 and picks["k"] == 12
+    assert picks["flops"] == F.set_aware_flops(24, 12, picks["width"]) == 24 * picks["width"] * 12
+    # the same policy pass; the Top-K sort's count replaced by the picks'
+    assert row["policy"] - top["policy"] == picks["flops"] - F.selection_flops(24)
+    assert row["extra_name"] == "policy + set-aware picks + compaction"
+    assert res["settings"]["selection"] == "set-aware" and res["settings"]["redundancy"] == 4.0
+    md = (tmp_path / "out" / f"profiling-aware-{flops}.md").read_text()
+    assert "the set-aware picks (by hand" in md
+
+
+def test_a_set_aware_profile_times_its_picks(tmp_path):
+    cfg_dir = tmp_path / "tiny"
+    tiny_config().save_pretrained(cfg_dir)
+    res = profile(backbone=str(cfg_dir), retention=0.5, visual_tokens=16, audio_tokens=8,
+                  text_before=2, text_after=4, decode_tokens=2, runs=1, warmup=0,
+                  methods=("full", "avex"), selection="set-aware", redundancy=4.0,
+                  flops="hand", out_dir=str(tmp_path / "out"), name="aware", progress=False)
+    stages = res["latency"]["rows"]["avex"]["stages_ms"]
+    assert stages["policy"] > 0 and stages["selection"] > 0
+
+
+@pytest.mark.parametrize("settings,match", [
+    (dict(redundancy=2.0), "redundancy 2.0 has no effect with selection 'topk'"),
+    (dict(selection="set-aware"), "selection 'set-aware' needs a redundancy > 0"),
+    (dict(selection="set-aware", redundancy=-1.0), "redundancy must be a finite number >= 0"),
+    (dict(selection="greedy"), "selection"),
+])
+def test_bad_selection_settings_are_refused(tmp_path, settings, match):
+    with pytest.raises(ValueError, match=match):
+        profile(out_dir=str(tmp_path), progress=False, **settings)
