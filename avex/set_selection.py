@@ -38,11 +38,23 @@ from avex.kernels.gumbel_topk_ref import compute_dtype, shifted_logits
 from avex.kernels.set_aware import set_aware_picks_unchecked
 from avex.kernels.set_aware_ref import similarity_to, unit_vectors
 
-__all__ = ["SELECTIONS", "set_aware_indices", "set_aware_log_prob", "set_aware_select",
-           "select_indices"]
+__all__ = ["SELECTIONS", "check_rule", "set_aware_indices", "set_aware_log_prob",
+           "set_aware_select", "select_indices"]
 
 #: the selection rules a policy can use (``PolicyConfig.selection``)
 SELECTIONS = ("topk", "set-aware")
+
+
+def check_rule(selection, redundancy) -> float:
+    """A policy's selection rule as a setting names it: ``selection`` one of
+    :data:`SELECTIONS`, ``redundancy`` a finite number >= 0, and 0 with ``"topk"`` (which has
+    no use for it). Returns ``redundancy`` as a float."""
+    _checks.choice("selection", selection, SELECTIONS)
+    redundancy = _checks.real("redundancy", redundancy, low=0)
+    if selection == "topk" and redundancy != 0:
+        raise ValueError(f"redundancy = {redundancy!r} has no effect with selection 'topk'; "
+                         "use selection 'set-aware' or redundancy 0")
+    return redundancy
 
 
 def _check(scores, hidden, budget, redundancy, tau) -> torch.Tensor:

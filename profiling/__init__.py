@@ -6,6 +6,7 @@ AVEX-Prune and the FastV-AV, ToMe-AV and FastAV baselines (:mod:`avex.profiling.
 file and a bar chart. :func:`profile` is the same from Python. FLOPs use fvcore's convention
 (one multiply-add = one flop); see :mod:`avex.profiling.flops`.
 """
-from .suite import ProfileSettings, profile, scaled_config, token_layout
+from .settings import ProfileSettings, token_layout
+from .suite import profile, scaled_config
 
 __all__ = ["ProfileSettings", "profile", "scaled_config", "token_layout"]

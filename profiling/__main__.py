@@ -10,7 +10,9 @@ import sys
 from avex.set_selection import SELECTIONS
 from avex.training.config import DEFAULT_REDUNDANCY
 
-from .suite import FLOPS_COUNTERS, PROFILED, ProfileSettings, profile
+from .methods import PROFILED
+from .settings import FLOPS_COUNTERS, ProfileSettings
+from .suite import profile
 
 
 def main(argv=None) -> int:

@@ -396,18 +396,16 @@ def policy_flops(policy, hidden_size: int, modality: torch.Tensor, retention: fl
     """The policy pass, the Top-K selection and the compaction (custom ops): fvcore's count of
     the traced code ("policy", "selection"; ``traced=False``: the hand counts) and the hand
     counts ("policy_analytic", "selection_analytic")."""
-
     is_av = (modality == VISUAL) | (modality == AUDIO)
-    n_av = int(is_av.sum())
-    k = int(num_kept(retention, is_av.sum(1))[0])
-    picks = {}
-    if getattr(policy, "set_aware", False):   # counted by hand on either path
-        width = policy.config.hidden_size
-        picks = dict(set_aware=dict(tokens=n_av, width=width, k=k,
-                                    flops=set_aware_flops(n_av, k, width)))
+    n_av, k = int(is_av.sum()), int(num_kept(retention, is_av.sum(1))[0])
+    # a set-aware policy's picks, by hand on either path: the unit hidden states and a cosine
+    # row per pick but the last (argmax scans left out, as Top-K's comparisons are)
+    width = policy.config.hidden_size
+    aware = ({"tokens": n_av, "width": width, "k": k, "flops": n_av * width * max(k, 1)}
+             if getattr(policy, "set_aware", False) else None)
     hand = dict(policy_analytic=analytic_policy_flops(policy.config, modality.shape[1]),
-                selection_analytic=picks["set_aware"]["flops"] if picks
-                else selection_flops(n_av), **picks)   # compaction: 0
+                selection_analytic=selection_flops(n_av) if aware is None else aware["flops"],
+                **({} if aware is None else {"set_aware": aware}))   # compaction: 0
     if not traced:
         return dict(policy=hand["policy_analytic"], selection=hand["selection_analytic"],
                     policy_unsupported={}, selection_by_operator={}, **hand)
@@ -415,31 +413,19 @@ def policy_flops(policy, hidden_size: int, modality: torch.Tensor, retention: fl
     embeds = torch.randn(1, modality.shape[1], hidden_size, dtype=dtype)
     with torch.no_grad():
         scores_count = count(policy, (embeds, modality))
-    scores = torch.randn(1, n_av)
 
     class Select(nn.Module):
         def forward(self, s, hidden, keep):
             return torch.ops.avex.topk_select(s, k), torch.ops.avex.compact(hidden, keep)
 
-    keep = torch.ones(modality.shape, dtype=torch.bool)
-    select_count = count(Select(), (scores, embeds.float(), keep))
-    if picks:   # the compaction traced, the picks by hand
-        return {"policy": scores_count.total,
-                "selection": select_count.total - select_count.by_operator.get(
-                    "topk_select", 0) + hand["selection_analytic"],
-                "policy_unsupported": scores_count.unsupported,
-                "selection_by_operator": select_count.by_operator, **hand}
-    return {"policy": scores_count.total, "selection": select_count.total,
-            "policy_unsupported": scores_count.unsupported,
-            "selection_by_operator": select_count.by_operator, **hand}
-
-
-def set_aware_flops(num_av: int, k: int, width: int) -> int:
-    """Set-aware picks of ``k`` of ``num_av`` tokens (batch 1) by the reference's arithmetic,
-    multiply-adds as one: the unit hidden states (``num_av * width``) and one cosine row per
-    pick but the last (``(k - 1) * num_av * width``); the argmax scans and key updates,
-    O(k * num_av), are left out as Top-K's comparisons are."""
-    return num_av * width * max(k, 1)
+    select_count = count(Select(), (torch.randn(1, n_av), embeds.float(),
+                                    torch.ones(modality.shape, dtype=torch.bool)))
+    by_op = select_count.by_operator   # set-aware: the compaction traced, the picks by hand
+    selection = select_count.total + (0 if aware is None
+                                      else aware["flops"] - by_op.get("topk_select", 0))
+    return {"policy": scores_count.total, "selection": selection,
+            "policy_unsupported": scores_count.unsupported, "selection_by_operator": by_op,
+            **hand}
 
 
 def selection_flops(num_av: int) -> int:

@@ -477,7 +477,7 @@ def test_a_set_aware_policy_is_profiled_with_its_own_picks(tmp_path, flops):
     row = res["flops"]["rows"]["avex"]
     picks = row["selection_detail"]["set_aware"]
     assert picks["tokens"] == 24 and picks["k"] == 12
-    assert picks["flops"] == F.set_aware_flops(24, 12, picks["width"]) == 24 * picks["width"] * 12
+    assert picks["flops"] == 24 * picks["width"] * 12   # unit vectors + 11 cosine rows
     # the same policy pass; the Top-K sort's count replaced by the picks'
     assert row["policy"] - top["policy"] == picks["flops"] - F.selection_flops(24)
     assert row["extra_name"] == "policy + set-aware picks + compaction"
@@ -498,9 +498,8 @@ def test_a_set_aware_profile_times_its_picks(tmp_path):
 
 
 @pytest.mark.parametrize("settings,match", [
-    (dict(redundancy=2.0), "redundancy 2.0 has no effect with selection 'topk'"),
-    (dict(selection="set-aware"), "selection 'set-aware' needs a redundancy > 0"),
-    (dict(selection="set-aware", redundancy=-1.0), "redundancy must be a finite number >= 0"),
+    (dict(redundancy=2.0), "redundancy = 2.0 has no effect with selection 'topk'"),
+    (dict(selection="set-aware", redundancy=-1.0), "redundancy must be .*>= 0"),
     (dict(selection="greedy"), "selection"),
 ])
 def test_bad_selection_settings_are_refused(tmp_path, settings, match):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from avex import _checks
-from avex.set_selection import SELECTIONS
+from avex.set_selection import check_rule
 
 
 @dataclass
@@ -41,11 +41,7 @@ class PolicyConfig:
         _checks.flag("qkv_bias", self.qkv_bias)
         _checks.flag("retention_input", self.retention_input)
         _checks.positive_float("norm_eps", self.norm_eps)
-        _checks.choice("selection", self.selection, SELECTIONS)
-        self.redundancy = _checks.real("redundancy", self.redundancy, low=0)
-        if self.selection == "topk" and self.redundancy != 0:
-            raise ValueError(f"redundancy = {self.redundancy!r} has no effect with selection "
-                             "'topk'; use selection 'set-aware' or redundancy 0")
+        self.redundancy = check_rule(self.selection, self.redundancy)
         self.num_kv_heads = self.num_kv_heads or self.num_heads
         self.intermediate_size = self.intermediate_size or 3 * self.hidden_size
         if self.hidden_size % self.num_heads:
