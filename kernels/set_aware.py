@@ -90,7 +90,7 @@ if triton is not None:
 
     @triton.jit
     def _set_aware_kernel(key_ptr, gram_ptr, budget_ptr, coef_ptr, picks_ptr, width, kmax,
-                          SAMPLE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+                          SAMPLE: tl.constexpr, BLOCK_M: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         cols = tl.arange(0, BLOCK_M)
         inside = cols < width
@@ -100,9 +100,9 @@ if triton is not None:
         budget = tl.load(budget_ptr + row)
         gram = gram_ptr + row * width * width
         # kmax steps for every row, a row's picks past its budget written as -1. The loop runs
-        # to a power of two (BLOCK_K >= kmax) and skips the rest: one compilation serves every
-        # K up to it, and the interpreter takes no loop bound that is a runtime value
-        for t in range(0, BLOCK_K):
+        # to BLOCK_M (>= kmax) and skips the rest: one compilation per row width serves every
+        # K (a skipped step is one compare), and the interpreter takes no runtime loop bound
+        for t in range(0, BLOCK_M):
             if t < kmax:
                 top = tl.max(key, axis=0)
                 pick = tl.argmax(key, axis=0, tie_break_left=True)   # ties: the lower index
@@ -161,6 +161,5 @@ def _launch(scores, hidden, budget, beta, tau, seed, sample):
         gram = torch.bmm(unit[part], unit[part].transpose(1, 2)).contiguous()
         _set_aware_kernel[(part.stop - part.start,)](
             keys[part], gram, budget[part], coef, picks[part], width, kmax,
-            SAMPLE=bool(sample), BLOCK_M=block_m, BLOCK_K=next_power_of_2(kmax),
-            **launch_config(block_m))
+            SAMPLE=bool(sample), BLOCK_M=block_m, **launch_config(block_m))
     return picks

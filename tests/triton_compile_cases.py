@@ -152,9 +152,8 @@ def set_aware_cases(shapes):
                        sa._set_aware_kernel,
                        {"key_ptr": "*fp64", "gram_ptr": gram, "budget_ptr": "*i64",
                         "coef_ptr": "*fp64", "picks_ptr": "*i64", "width": "i32",
-                        "kmax": "i32", "SAMPLE": "constexpr", "BLOCK_M": "constexpr",
-                        "BLOCK_K": "constexpr"},
-                       {"SAMPLE": sample, "BLOCK_M": block_m, "BLOCK_K": pow2(width // 2)},
+                        "kmax": "i32", "SAMPLE": "constexpr", "BLOCK_M": "constexpr"},
+                       {"SAMPLE": sample, "BLOCK_M": block_m},
                        sa.launch_config(block_m))
 
 
