@@ -8,9 +8,10 @@ The PyTorch reference beside this file (``set_aware_ref.py``) states the exact s
 Why a kernel: the reference takes K sequential steps of about ten tensor operations each. On
 a GPU every one is a launch, so at K = 800 (40% of a 2000-token clip) the picks cost about
 8000 launches. Here the host computes the row's cosine matrix once (one batched GEMM,
-[B, M, M]), and the kernel's step t reads one row of it (M numbers) to update every key. The keys are float64, as in the reference, so greedy picks are the reference's
-whenever the two similarity computations (a GEMM here, a matrix-vector product there) round
-alike, and differ at most where two keys lie within their rounding (~1e-7 of beta / tau).
+[B, M, M]), and the kernel's step t reads one row of it (M numbers) to update every key.
+The keys are float64, as in the reference, so greedy picks are the reference's whenever the
+two similarity computations (a GEMM here, a matrix-vector product there) round alike, and
+differ at most where two keys lie within their rounding (~1e-7 of beta / tau).
 The sampled path's truncated-Gumbel update uses expm1 and log1p written with Kahan's
 correction (full float64 precision without libdevice).
 
@@ -153,7 +154,7 @@ def _launch(scores, hidden, budget, beta, tau, seed, sample):
     keys = initial_keys(scores, seed, sample, tau).contiguous()
     unit = unit_vectors(hidden.detach())
     coef = torch.tensor([beta / tau], dtype=torch.float64, device=scores.device)
-    budget = budget.to(torch.int64).contiguous()
+    budget = budget.contiguous()   # int64, as set_aware_indices returns it checked
     block_m = next_power_of_2(width)
     rows = max(1, GRAM_BYTES // (width * width * unit.element_size()))
     for start in range(0, batch, rows):

@@ -96,7 +96,8 @@ def _selection_flops(method, models, config, modality, retention, pol,
         return F.SelectionFlops(pol["policy"] + pol["selection"] if traced else None,
                                 pol["policy_analytic"] + pol["selection_analytic"],
                                 dict(policy=pol["policy"], selection=pol["selection"],
-                                     **{k: pol[k] for k in ("set_aware",) if k in pol}))
+                                     **({"set_aware": pol["set_aware"]}
+                                        if "set_aware" in pol else {})))
     if method == "fastv":
         return F.fastv_flops(models, config, modality, retention, FASTV_LAYER, traced=traced)
     if method == "fastav":

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from avex.kernels import gumbel_topk
-from avex.kernels.set_aware_ref import initial_keys, set_aware_picks_ref, unit_vectors
+from avex.kernels.set_aware_ref import (initial_keys, set_aware_picks_ref, shift_truncated,
+                                        unit_vectors)
 from avex.set_selection import set_aware_indices
 from conftest import DEVICE, poisoned_alloc, requires_cuda
 
@@ -60,9 +61,7 @@ def replayed_keys(scores, hidden, picks, row, steps, beta, tau, seed, sample):
         redundant = grown
         if sample:
             moved = (shift != 0) & (key > float("-inf"))
-            gap = key - top
-            carried = key - shift - torch.logaddexp(torch.log(-torch.expm1(gap)), gap - shift)
-            key = torch.where(moved, carried, key)
+            key = torch.where(moved, shift_truncated(key, shift, top), key)
         else:
             key = key - shift
     return key
