@@ -15,10 +15,10 @@ $(STAMP): setup.py pyproject.toml kernels/gumbel_topk_host.c
 	    echo "torch found on the system: reusing it"; \
 	    python3 -m venv --system-site-packages $(VENV); \
 	else \
-	    python3 -m venv $(VENV) && $(PY) -m pip install -q --upgrade pip && \
-	    $(PY) -m pip install -q torch==2.13.0; \
+	    python3 -m venv $(VENV) && .ci/pip_retry.sh $(PY) -q --upgrade pip && \
+	    .ci/pip_retry.sh $(PY) -q torch==2.13.0; \
 	fi
-	$(PY) -m pip install -q -e ".[dev]"
+	.ci/pip_retry.sh $(PY) -q -e ".[dev]"
 	@touch $@
 
 install: $(STAMP)
@@ -51,8 +51,8 @@ VLLM_STAMP := $(VLLM_VENV)/.avex-vllm-installed
 
 $(VLLM_STAMP): setup.py pyproject.toml
 	python3 -m venv $(VLLM_VENV)
-	$(VLLM_PY) -m pip install -q --upgrade pip
-	$(VLLM_PY) -m pip install -q -e ".[vllm,dev]"
+	.ci/pip_retry.sh $(VLLM_PY) -q --upgrade pip
+	.ci/pip_retry.sh $(VLLM_PY) -q -e ".[vllm,dev]"
 	$(VLLM_PY) -m pip uninstall -q -y torchaudio torchcodec
 	sed -i 's/^@torch\.library\.register_fake(\("torchvision::[a-z_]*"\))$$/@(torch.library.register_fake(\1) if torchvision.extension._has_ops() else (lambda fn: fn))/' \
 	    "$$($(VLLM_PY) -c 'import importlib.util as u; print(u.find_spec("torchvision").submodule_search_locations[0])')/_meta_registrations.py"

@@ -32,8 +32,9 @@ if [[ ! -x $PY || "$(cat "$STAMP" 2>/dev/null)" != "$STACK $OTHERS" ]]; then
     base=$(python312)
     rm -rf "$VENV"
     "$base" -m venv "$VENV"
-    "$PY" -m pip install -q --upgrade pip
-    "$PY" -m pip install -q $STACK $OTHERS
+    .ci/pip_retry.sh "$PY" -q --upgrade pip
+    # about 5 GB of wheels: a download cut off mid-file is retried (.ci/pip_retry.sh)
+    .ci/pip_retry.sh "$PY" -q $STACK $OTHERS
     echo "$STACK $OTHERS" > "$STAMP"
 fi
 # avex itself, without its requirements (fvcore and pycocoevalcap would come with them)
