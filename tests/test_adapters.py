@@ -14,7 +14,7 @@ import transformers
 from packaging.version import Version
 
 import tiny_av_models as tiny
-from avex.adapters import adapt, adapter_for
+from avex.adapters import adapt, adapter_for, has_own_positions
 from avex.modality import AUDIO, PAD, TEXT, VISUAL
 from avex import pruning
 from avex.pruning import generation
@@ -124,6 +124,19 @@ def test_modality_codes_follow_the_placeholders(family):
         assert (codes[at] == code).all()
     others = present & ~torch.isin(ids, torch.tensor(list(placeholders)))
     assert (codes[others] == TEXT).all()  # markers (start/end of image, audio, video) too
+
+
+def test_own_positions_is_what_the_adapter_returns(family):
+    # the frozen captioner asks has_own_positions whether clips need exported positions
+    name, model, _, adapted = family
+    assert has_own_positions(model.config.model_type) is (adapted.position_ids is not None)
+    assert adapter_for(model).OWN_POSITIONS is (adapted.position_ids is not None)
+    if adapted.position_ids is not None:  # M-RoPE: one row per axis
+        assert adapted.position_ids.shape[0] == 3
+
+
+def test_has_own_positions_is_false_for_types_no_adapter_knows():
+    assert [has_own_positions(kind) for kind in ("qwen2", "llama", None)] == [False] * 3
 
 
 def test_keeping_everything_generates_what_the_model_itself_generates(family):

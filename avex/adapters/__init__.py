@@ -16,11 +16,19 @@ from avex.adapters import gemma3n, llava_onevision, qwen2_5_omni, qwen2_5_vl, qw
 from avex.adapters._capture import AdaptedInputs
 from avex.adapters._export import family_processor_inputs
 
-__all__ = ["AdaptedInputs", "adapt", "adapter_for", "processor_inputs", "FAMILIES"]
+__all__ = ["AdaptedInputs", "adapt", "adapter_for", "processor_inputs", "FAMILIES",
+           "has_own_positions"]
 
 FAMILIES = {module.__name__.rsplit(".", 1)[1]: module
             for module in (qwen2_5_omni, qwen2_5_vl, llava_onevision, qwen2_audio, gemma3n)}
 _BY_MODEL_TYPE = {kind: module for module in FAMILIES.values() for kind in module.MODEL_TYPES}
+
+
+def has_own_positions(model_type) -> bool:
+    """Whether a model of ``model_type`` computes position ids of its own (M-RoPE), which its
+    exported clips must carry; False for a type no adapter knows (plain 1-D positions)."""
+    module = _BY_MODEL_TYPE.get(model_type)
+    return bool(module is not None and module.OWN_POSITIONS)
 
 
 def adapter_for(model):

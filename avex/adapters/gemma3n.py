@@ -22,6 +22,7 @@ from avex.adapters._capture import (AdaptedInputs, adapted, check_placeholders,
                                     require, token_id)
 
 MODEL_TYPES = ("gemma3n",)
+OWN_POSITIONS = False   # 1-D positions: the default arange
 # export (avex.adapters._export): refused, and why
 PROCESSOR = "Gemma3nProcessor"
 VIDEO = None

@@ -20,6 +20,7 @@ from avex.adapters._capture import (AdaptedInputs, adapted, check_placeholders,
 from avex.adapters._export import prompt_text, vision_inputs
 
 MODEL_TYPES = ("llava_onevision",)
+OWN_POSITIONS = False   # 1-D positions: the default arange
 # export (avex.adapters._export): its processor, its video processor's style, what it takes
 PROCESSOR = "LlavaOnevisionProcessor"
 VIDEO = "llava_onevision"

@@ -19,6 +19,9 @@ from avex.adapters._export import marker, prompt_text, vision_inputs
 from avex.adapters.qwen2_5_vl import check_per_video, check_vision_blocks
 
 MODEL_TYPES = ("qwen2_5_omni_thinker",)
+# the model computes position ids of its own ([3, B, L] M-RoPE), which an export must
+# record and every forward of a compacted sequence must pass
+OWN_POSITIONS = True
 # export (avex.adapters._export): its processor, its video processor's style, what it takes
 PROCESSOR = "Qwen2_5OmniProcessor"
 VIDEO = "qwen2_vl"

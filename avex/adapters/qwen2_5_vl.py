@@ -17,6 +17,9 @@ from avex.adapters._capture import (AdaptedInputs, adapted, check_placeholders,
 from avex.adapters._export import marker, prompt_text, vision_inputs
 
 MODEL_TYPES = ("qwen2_5_vl",)
+# the model computes position ids of its own ([3, B, L] M-RoPE), which an export must
+# record and every forward of a compacted sequence must pass
+OWN_POSITIONS = True
 # export (avex.adapters._export): its processor, its video processor's style, what it takes
 PROCESSOR = "Qwen2_5_VLProcessor"
 VIDEO = "qwen2_vl"

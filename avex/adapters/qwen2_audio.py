@@ -11,6 +11,7 @@ from avex.adapters._capture import (AdaptedInputs, adapted, audio_token_counts,
 from avex.adapters._export import prompt_text
 
 MODEL_TYPES = ("qwen2_audio",)
+OWN_POSITIONS = False   # 1-D positions: the default arange
 # export (avex.adapters._export): its processor, no video processor, what it takes
 PROCESSOR = "Qwen2AudioProcessor"
 VIDEO = None

@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import load_file
 
 from .. import _checks
+from ..adapters import has_own_positions
 from ..data.cache import Clip
 from ..files import load_weights, save_tensors_atomically
 from ..modality import AUDIO, PAD, TEXT, VISUAL
@@ -44,11 +45,6 @@ def tokenizer_dir(path) -> Path:
 
 def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-
-
-# model types whose decoder positions are not a count of tokens: their clips must be exported
-# with their own positions (CacheWriter.add_merged) and captioned at them
-NATIVE_POSITION_MODELS = ("qwen2_5_vl", "qwen2_5_omni_thinker")
 
 
 def _load_model(path: Path, dtype):
@@ -237,7 +233,7 @@ class FrozenCaptioner:
                 raise ValueError("a batch mixes clips exported from a model (merged) with "
                                  "plain ones; a cache holds one kind")
             return self._embed_merged(clips)
-        if self.model.config.model_type in NATIVE_POSITION_MODELS:
+        if has_own_positions(self.model.config.model_type):
             raise ValueError(f"{type(self.model).__name__} has its own positions ([3, B, L]); "
                              "its clips must be exported with them (CacheWriter.add_merged), "
                              f"clip {clips[0].clip_id!r} was not")
@@ -284,7 +280,7 @@ class FrozenCaptioner:
                 raise ValueError("the clips of a batch must all hold position ids of one rank")
             native = left_pad([p.to(self.device).movedim(-1, 0) for p in positions], 0)
             native = native.permute(*range(2, native.dim()), 0, 1)  # [B, L, ...] -> [..., B, L]
-        elif self.model.config.model_type in NATIVE_POSITION_MODELS:
+        elif has_own_positions(self.model.config.model_type):
             raise ValueError(f"{type(self.model).__name__} has its own positions; clip "
                              f"{clips[0].clip_id!r} was exported without them")
         masks = [torch.ones(len(m), dtype=torch.long, device=self.device) for m in mods]
@@ -332,7 +328,7 @@ class FrozenCaptioner:
         ``position_ids`` where given: ``AVBatch.native_position_ids``). Returns B * S token id
         lists, row b * S + s, each cut after its first EOS (kept: the caption ended there) or
         at ``max_new_tokens``: the sequence :meth:`teacher_forced` scores."""
-        if position_ids is None and self.model.config.model_type in NATIVE_POSITION_MODELS:
+        if position_ids is None and has_own_positions(self.model.config.model_type):
             raise ValueError(f"{type(self.model).__name__} needs its own position_ids "
                              "(AVBatch.native_position_ids); a count of tokens is wrong for it")
         pruned = prune_inputs(inputs_embeds, modality, keep=keep, positions="original",
@@ -411,7 +407,7 @@ class FrozenCaptioner:
                 raise ValueError(f"targets[{b}] must be a non-empty list of token ids in "
                                  f"[0, {vocab}), got {ids!r}")
             lengths.append(len(ids))
-        if position_ids is None and self.model.config.model_type in NATIVE_POSITION_MODELS:
+        if position_ids is None and has_own_positions(self.model.config.model_type):
             raise ValueError(f"{type(self.model).__name__} needs its own position_ids "
                              "(AVBatch.native_position_ids); a count of tokens is wrong for it")
         steps = max(lengths)
