@@ -304,3 +304,35 @@ def test_qwen2_with_use_sliding_window_is_exact_or_refused():
     assert torch.equal(generate(model, pruned, max_new_tokens=3, do_sample=False), ref)
     with pytest.raises(ValueError, match="sliding_window=20 .* a prompt of 18 tokens"):
         generate(model, pruned, max_new_tokens=4)
+
+
+class _FullOmniConfig:
+    """A stand-in for the full Qwen2.5-Omni's config (thinker + talker): only its type and
+    text config are read before the refusal."""
+    model_type = "qwen2_5_omni"
+
+    def get_text_config(self):
+        return type("TextConfig", (), {"hidden_size": 32})()
+
+
+class _FullOmni(torch.nn.Module):
+    config = _FullOmniConfig()
+
+
+def test_the_full_omni_model_is_refused_with_what_to_pass():
+    with pytest.raises(ValueError, match=r"model \(_FullOmni, model_type 'qwen2_5_omni'\) wraps "
+                       r"the part pruning serves; pass model\.thinker \(qwen2_5_omni_thinker\)"):
+        adapt(_FullOmni())
+
+
+def test_a_thinker_policy_given_the_full_omni_model_says_to_pass_the_thinker():
+    from avex.policy import TrainedOn
+    thinker = TrainedOn("qwen2_5_omni_thinker", 32, "interleaved", (0.1, 0.5))
+    with pytest.raises(ValueError, match=r"model type 'qwen2_5_omni', the policy was trained "
+                       r"with 'qwen2_5_omni_thinker' \(pass model\.thinker, the part that "
+                       r"reads the prompt\)"):
+        thinker.check_model(_FullOmni())
+    # a policy of another family gets no such hint: the thinker would not fit it either
+    other = TrainedOn("qwen2_5_vl", 32, "interleaved", (0.1, 0.5))
+    with pytest.raises(ValueError, match=r"trained with 'qwen2_5_vl'$"):
+        other.check_model(_FullOmni())

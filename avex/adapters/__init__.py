@@ -17,11 +17,14 @@ from avex.adapters._capture import AdaptedInputs
 from avex.adapters._export import family_processor_inputs
 
 __all__ = ["AdaptedInputs", "adapt", "adapter_for", "processor_inputs", "FAMILIES",
-           "has_own_positions"]
+           "has_own_positions", "wrapper_hint"]
 
 FAMILIES = {module.__name__.rsplit(".", 1)[1]: module
             for module in (qwen2_5_omni, qwen2_5_vl, llava_onevision, qwen2_audio, gemma3n)}
 _BY_MODEL_TYPE = {kind: module for module in FAMILIES.values() for kind in module.MODEL_TYPES}
+# model types that wrap a family's served part: model_type -> (its family, the attribute)
+_WRAPPERS = {module.WRAPPED_BY[0]: (module, module.WRAPPED_BY[1])
+             for module in FAMILIES.values() if hasattr(module, "WRAPPED_BY")}
 
 
 def has_own_positions(model_type) -> bool:
@@ -31,12 +34,23 @@ def has_own_positions(model_type) -> bool:
     return bool(module is not None and module.OWN_POSITIONS)
 
 
+def wrapper_hint(model_type) -> str | None:
+    """What to pass instead of a model of ``model_type`` that wraps a family's served part
+    (the full Qwen2.5-Omni: its thinker), or None for any other type."""
+    if model_type not in _WRAPPERS:
+        return None
+    module, attribute = _WRAPPERS[model_type]
+    return (f"pass model.{attribute} ({module.MODEL_TYPES[0]}), the part that reads the "
+            "prompt and writes text")
+
+
 def adapter_for(model):
     """The adapter module of ``model``'s family (by ``config.model_type``)."""
     kind = getattr(getattr(model, "config", None), "model_type", None)
-    if kind == "qwen2_5_omni":
-        raise ValueError("model is the full Qwen2.5-Omni (thinker + talker); pass model.thinker, "
-                         "the part that reads the prompt and writes text")
+    hint = wrapper_hint(kind)
+    if hint is not None:
+        raise ValueError(f"model ({type(model).__name__}, model_type {kind!r}) wraps the part "
+                         f"pruning serves; {hint}")
     if kind not in _BY_MODEL_TYPE:
         raise ValueError(f"no adapter for model_type {kind!r} ({type(model).__name__}); "
                          f"supported: {sorted(_BY_MODEL_TYPE)}. For a text-only *ForCausalLM, "

@@ -28,6 +28,9 @@ VIDEO = "qwen2_vl"
 SEES, HEARS = True, True
 AUDIO_INPUTS = ("input_features", "feature_attention_mask")
 REFUSED = {"audio_feature_lengths": "pass feature_attention_mask, as the processor returns it"}
+# the full model (thinker + talker) has this model_type and is refused: pruning serves the part
+# that reads the prompt and writes text, its .thinker
+WRAPPED_BY = ("qwen2_5_omni", "thinker")
 # a video's audio track goes in with it, interleaved (export_inputs' use_audio_in_video)
 AUDIO_IN_VIDEO = True
 # vLLM (avex.integrations.vllm): the plugin refuses these architectures, and says why
