@@ -3,14 +3,20 @@ given runs with several seeds), Rel. as the paper defines it, the motivation fig
 arguments."""
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from avex.evaluate.__main__ import main
+from avex.evaluate import __main__ as evaluate_cli
+from avex.evaluate.__main__ import cli, main
 from avex.evaluate.sweep import relative_performance
 from avex.methods import METHODS, SELECTORS
+from avex.training.stopping import TrainingInterrupted
 from badinput import exits_with_usage_error
 
 TRAIN = "--batch-size 8 --micro-batch-size 4 --epochs 0.5 --warmup-epochs 0.5"
@@ -398,3 +404,48 @@ def test_decoding_note_names_each_given_flag_once_with_its_seeds():
         "num_beams": source, "max_new_tokens": source}))
     assert note == ("Decoding: 1 beam(s), at most 24 new tokens (num_beams and max_new_tokens "
                     f"from {source}).")
+
+
+@pytest.mark.parametrize("stop, said", [
+    (KeyboardInterrupt(), "interrupted: no results were written; the runs already trained"),
+    (TrainingInterrupted(Path("R/checkpoints/step-00000003"), "python -m avex.train --resume"),
+     "interrupted: a run stopped training at checkpoint R/checkpoints/step-00000003. No "
+     "results were written; the same command resumes that run"),
+])
+def test_an_interrupted_command_says_what_is_kept_and_exits_130(cache_dir, tmp_path, capsys,
+                                                                 monkeypatch, stop, said):
+    def interrupted(settings):
+        raise stop
+    monkeypatch.setattr(evaluate_cli, "run_sweep", interrupted)
+    assert cli(["sweep", *tiny(cache_dir, tmp_path / "out", "--methods", "random")]) == 130
+    assert said in capsys.readouterr().err
+    assert not (tmp_path / "out" / "sweep.json").exists()
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_a_sweep_trains_stops_at_a_checkpoint_and_the_same_command_resumes(
+        cache_dir, tmp_path):
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "avex.evaluate", "sweep",
+               *tiny(cache_dir, out, "--methods", "avex", "--retentions", "0.2",
+                     "--train-args", "--batch-size 8 --micro-batch-size 4 --epochs 2 "
+                                     "--warmup-epochs 0.5 --checkpoint-every 1")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    victim = subprocess.Popen(command, cwd=Path(__file__).resolve().parents[1], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    log = out / "runs" / "avex-seed0" / "metrics.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline and victim.poll() is None:   # an RL step has run
+        if log.exists() and any('"phase": "rl"' in line for line in log.open()):
+            break
+        time.sleep(0.05)
+    assert victim.poll() is None, "the sweep finished before it could be stopped"
+    victim.send_signal(signal.SIGINT)
+    _, err = victim.communicate(timeout=300)
+    assert victim.returncode == 130, err[-2000:]
+    assert "interrupted: a run stopped training at checkpoint" in err, err[-2000:]
+    assert "Traceback" not in err and not (out / "sweep.json").exists()
+    again = subprocess.run(command, cwd=Path(__file__).resolve().parents[1], env=env,
+                           capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "resuming" in again.stdout + again.stderr and (out / "sweep.json").exists()

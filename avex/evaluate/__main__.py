@@ -38,6 +38,7 @@ from pathlib import Path
 
 from avex import _checks
 from avex.data.embedded import default_benchmark_path
+from avex.training.stopping import TrainingInterrupted
 from avex.paths import default_captioner_path, portable_command
 from avex.registry import BENCHMARK_PRESETS, CAPTIONER_PRESETS, SELECTORS
 from avex.training.config import TrainConfig, explicit_settings, resolve_config
@@ -363,5 +364,23 @@ def main(argv=None) -> dict:
     return run[args.command](settings)
 
 
+def cli(argv=None) -> int:
+    """:func:`main` as the command runs it: Ctrl-C (SIGINT; SIGTERM too while a run trains)
+    ends it with a line that says what is kept, and exit status 130, instead of a traceback.
+    Results are written only once every setting is scored; a run that an ablation or sweep
+    was training stops at its next step boundary with a checkpoint, which the same command
+    resumes."""
+    try:
+        return main(argv).get("exit_code", 0)
+    except TrainingInterrupted as stop:
+        print(f"\ninterrupted: a run stopped training at checkpoint {stop.checkpoint}. No "
+              "results were written; the same command resumes that run and reuses the runs "
+              "it finished.", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("\ninterrupted: no results were written; the runs already trained under the "
+              "output directory are kept, and the same command reuses them.", file=sys.stderr)
+    return 130
+
+
 if __name__ == "__main__":
-    sys.exit(main().get("exit_code", 0))
+    sys.exit(cli())
