@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import math
 from dataclasses import asdict, dataclass
+from statistics import NormalDist
 
 import numpy as np
 
@@ -28,7 +29,8 @@ from avex import _checks
 from avex.tables import markdown_table
 
 __all__ = ["Interval", "paired_interval", "pooled_interval", "seed_rows", "differences", "difference_table",
-           "compact_per_clip", "arm_pairs", "LEVEL", "REPLICATES", "SEED", "PER_CLIP_DIGITS", "RULE"]
+           "compact_per_clip", "arm_pairs", "variance_components", "planned_interval",
+           "parse_plans", "LEVEL", "REPLICATES", "SEED", "PER_CLIP_DIGITS", "RULE"]
 
 LEVEL = 0.95
 REPLICATES = 4000
@@ -291,3 +293,55 @@ def arm_pairs(text: str) -> list[tuple[str, str]]:
             raise argparse.ArgumentTypeError(f"--pairs must be X:Y[,X:Y...], got {item!r}")
         pairs.append((ours, other))
     return pairs
+
+
+# -- planning a deciding benchmark --------------------------------------------------------------
+
+def variance_components(diff) -> tuple[float, float, float]:
+    """(seed, clip, residual) variances of a [seeds, clips] matrix of one benchmark's per-clip
+    differences X − Y, under d[s, c] = mu + a_s + b_c + e_sc: a training seed's effect, a
+    clip's effect and what is left (two-way analysis of variance without replication; a
+    component estimated below 0 is 0). Needs >= 2 seeds and >= 2 clips."""
+    d = _seed_matrix("diff", diff)
+    if d.shape[0] < 2 or d.shape[1] < 2:
+        raise ValueError(f"diff must be [seeds, clips] with >= 2 of each, got shape "
+                         f"{list(d.shape)}")
+    seeds, clips = d.shape
+    residual = d - d.mean(1, keepdims=True) - d.mean(0, keepdims=True) + d.mean()
+    ms_residual = float((residual ** 2).sum() / ((seeds - 1) * (clips - 1)))
+    ms_seed = clips * float(d.mean(1).var(ddof=1))
+    ms_clip = seeds * float(d.mean(0).var(ddof=1))
+    return (max(0.0, (ms_seed - ms_residual) / clips),
+            max(0.0, (ms_clip - ms_residual) / seeds), ms_residual)
+
+
+def planned_interval(components, gap: float, clips: int, seeds: int, *,
+                     level: float = LEVEL) -> tuple[float, float]:
+    """(half-width, chance) of X − Y's interval on a new benchmark of ``clips`` clips and
+    ``seeds`` training seeds, when the true difference is ``gap``: the normal approximation
+    with the variance ``components`` (:func:`variance_components`) scaled to that size, and
+    the chance that the interval excludes 0 on ``gap``'s side. An ideal interval: the paired
+    bootstrap's seed part, drawn from a few seeds, is rougher than this."""
+    seed_var, clip_var, residual_var = (float(v) for v in components)
+    _checks.int_at_least("clips", clips, 1)
+    _checks.int_at_least("seeds", seeds, 1)
+    _checks.ratio("level", level)
+    se = math.sqrt(seed_var / seeds + clip_var / clips + residual_var / (seeds * clips))
+    z = NormalDist().inv_cdf(0.5 + level / 2)
+    if se == 0:
+        return 0.0, float(gap != 0)
+    return z * se, NormalDist().cdf(abs(gap) / se - z)
+
+
+def parse_plans(text: str) -> list[tuple[int, int]]:
+    """``"CLIPSxSEEDS[,...]"`` (e.g. ``"1000x3,2000x10"``) -> [(clips, seeds), ...]: the
+    benchmark sizes a comparison script plans for (its ``--plan``). An ``argparse`` type."""
+    plans = []
+    for item in text.split(","):
+        clips, sep, seeds = item.partition("x")
+        if not (sep and clips.isdigit() and seeds.isdigit() and int(clips) > 0
+                and int(seeds) > 0):
+            raise argparse.ArgumentTypeError(f"--plan must be CLIPSxSEEDS[,...] with positive "
+                                             f"integers, got {item!r}")
+        plans.append((int(clips), int(seeds)))
+    return plans

@@ -1,10 +1,15 @@
 """Paired bootstrap intervals (avex.intervals): their contracts on arrays, on a results
 file's rows, and their coverage on synthetic data."""
+import argparse
+import math
+from statistics import NormalDist
+
 import numpy as np
 import pytest
 
 from avex.intervals import (Interval, compact_per_clip, difference_table, differences,
-                            interval_fields, paired_interval, pooled_interval, seed_rows)
+                            interval_fields, paired_interval, parse_plans, planned_interval,
+                            pooled_interval, seed_rows, variance_components)
 
 
 def test_identical_inputs_give_zero_zero():
@@ -228,3 +233,65 @@ def test_arm_pairs_parse_and_name_a_malformed_item():
     for bad in ("A", "A:", ":B", "A:B,"):
         with pytest.raises(argparse.ArgumentTypeError, match="--pairs must be X:Y"):
             arm_pairs(bad)
+
+
+# -- planning a deciding benchmark ---------------------------------------------------------------
+
+def test_variance_components_are_exact_on_an_additive_matrix():
+    # d = a_s + b_c with no residual: the components are the two sample variances
+    seed_effects, clip_effects = np.array([-1.0, 0.5, 2.0]), np.linspace(-30, 40, 7)
+    diff = seed_effects[:, None] + clip_effects[None, :]
+    seed, clip, residual = variance_components(diff)
+    assert seed == pytest.approx(seed_effects.var(ddof=1))
+    assert clip == pytest.approx(clip_effects.var(ddof=1))
+    assert residual == pytest.approx(0.0, abs=1e-12)
+
+
+def test_variance_components_recover_a_simulated_benchmark():
+    rng = np.random.default_rng(0)
+    diff = (rng.normal(0, 3, (40, 1)) + rng.normal(0, 40, (1, 2000))
+            + rng.normal(0, 20, (40, 2000)))
+    seed, clip, residual = variance_components(diff)
+    assert seed == pytest.approx(9, rel=0.5)
+    assert clip == pytest.approx(1600, rel=0.1)
+    assert residual == pytest.approx(400, rel=0.05)
+
+
+def test_a_planned_interval_is_the_normal_approximation_at_that_size():
+    half, chance = planned_interval((9.0, 1600.0, 400.0), 4.0, 1000, 3)
+    se = math.sqrt(9 / 3 + 1600 / 1000 + 400 / 3000)
+    assert half == pytest.approx(1.959964 * se, rel=1e-6)
+    assert chance == pytest.approx(NormalDist().cdf(4.0 / se - 1.959964), rel=1e-5)
+    # a gap of exactly the half-width is resolved half of the time, on either side
+    assert planned_interval((9.0, 1600.0, 400.0), -half, 1000, 3)[1] == pytest.approx(0.5)
+    # more seeds shrink the seed part, more clips the clip part
+    assert planned_interval((9.0, 1600.0, 400.0), 4.0, 1000, 10)[0] < half
+    assert planned_interval((9.0, 1600.0, 400.0), 4.0, 4000, 3)[0] < half
+    assert planned_interval((0.0, 0.0, 0.0), 1.0, 10, 2) == (0.0, 1.0)
+
+
+def test_a_planned_interval_matches_the_bootstrap_without_a_seed_effect():
+    rng = np.random.default_rng(1)
+    clips = rng.normal(0, 40, (1, 1000))
+    ours = 5 + clips + rng.normal(0, 20, (3, 1000))
+    other = np.zeros_like(ours)
+    half, _ = planned_interval(variance_components(ours - other), 5.0, 1000, 3)
+    boot = paired_interval(ours, other, replicates=1000)
+    assert (boot.high - boot.low) / 2 == pytest.approx(half, rel=0.15)
+
+
+@pytest.mark.parametrize("diff, match", [
+    ([[1.0, 2.0, 3.0]], r"diff must be \[seeds, clips\] with >= 2 of each, got shape \[1, 3\]"),
+    ([[1.0], [2.0]], r"got shape \[2, 1\]"),
+    ([[1.0, float("nan")], [2.0, 3.0]], r"diff must be finite, got nan at seed row 0, clip 1"),
+])
+def test_variance_components_refuse_what_they_cannot_split(diff, match):
+    with pytest.raises(ValueError, match=match):
+        variance_components(diff)
+
+
+def test_plans_parse_and_bad_ones_are_named():
+    assert parse_plans("1000x3,2000x10") == [(1000, 3), (2000, 10)]
+    for text in ("1000", "1000x0", "ax3", "1000x3,"):
+        with pytest.raises(argparse.ArgumentTypeError, match="--plan must be CLIPSxSEEDS"):
+            parse_plans(text)
