@@ -8,9 +8,10 @@
 #       stages: train matched-budget sweep benchmarks motivation gates ablation profiling
 #       (default: all, in that order), and issue #36's rounds of the default recipe, run only
 #       when named: round2 round3 round4 (val splits of benchmarks 0-3, then the deciding
-#       benchmark of the round; docs/evaluation.md states each round's rule), and controls (the
+#       benchmark of the round; docs/evaluation.md states each round's rule), controls (the
 #       default against its strongest CaCoVID-AV control on benchmarks 0-3's test splits; the
-#       sweep stages train it first where it is missing, and score those runs)
+#       sweep stages train it first where it is missing, and score those runs), and round5 (the
+#       same pair on seed 6 with 10 training seeds each, and every other method's sweep)
 #
 # RUNS (default runs/regen) holds the run directories; AVEX_CACHE (default RUNS/cache) the
 # benchmark and captioner, built on first use. Each stage logs to RUNS/<stage>.log with its wall
@@ -192,7 +193,27 @@ for stage in "${stages[@]}"; do
             run_stage round4-choose "$PY" scripts/choose_default_recipe.py \
                 results/round4-val-benchmark{0,1,2,3}-Dc-fid.json \
                 results/round4-val-benchmark{0,1,2,3}-Dcr-fid.json --candidates Dc-fid,Dcr-fid ;;
-        *) echo "unknown stage: $stage (stages: train matched-budget sweep benchmarks motivation gates ablation profiling round2 round3 round4 controls)" >&2
+        round5)     # the default against its strongest control on seed 6, 10 training seeds
+            judge_assets 6
+            for arm in Dc-fid Cc-fid; do
+                run_stage "round5-$arm" "$PY" -m avex.evaluate ablation \
+                    --seeds 0,1,2,3,4,5,6,7,8,9 --variants "$arm" --retentions "$RETENTIONS" \
+                    --split test $(bench_flags 6) "${clips[@]}" --out "$RUNS/round5/b6-$arm" \
+                    --no-progress
+                cp "$RUNS/round5/b6-$arm/ablation.json" "results/round5-deciding-test-$arm.json"
+            done
+            run_stage round5-sweep "$PY" -m avex.evaluate sweep --seeds 0,1,2 \
+                --methods random,fastv,tome,fastav,attention,cacovid,avex --retentions "$RETENTIONS" \
+                --split test $(bench_flags 6) \
+                --avex-run "$RUNS/round5/b6-Dc-fid/runs/seed{seed}/Dc-fid" \
+                --cacovid-run "$RUNS/round5/b6-Cc-fid/runs/seed{seed}/Cc-fid" "${clips[@]}" \
+                --out "$RUNS/round5/b6-sweep" --no-progress
+            for ext in md json png; do
+                cp "$RUNS/round5/b6-sweep/sweep.$ext" "results/round5-deciding-test-sweep.$ext"; done
+            run_stage round5-report "$PY" scripts/pooled_differences.py \
+                results/round3-deciding-test-arms.json results/round5-deciding-test-{Dc,Cc}-fid.json \
+                --pairs Dc-fid:Cc-fid ;;
+        *) echo "unknown stage: $stage (stages: train matched-budget sweep benchmarks motivation gates ablation profiling round2 round3 round4 controls round5)" >&2
            exit 2 ;;
     esac
 done
