@@ -1,7 +1,8 @@
 """SIGINT / SIGTERM as a request to stop at the next boundary (a training step, an exported
-clip): a leaf module, shared by training and export."""
+clip): a leaf module, shared by training, export and evaluation."""
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import threading
@@ -37,3 +38,23 @@ class StopSignals:
             signal.signal(sig, handler)
         self._previous = {}
         return False
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt():
+    """While active, SIGTERM raises KeyboardInterrupt where it lands, as SIGINT does by
+    default, so that a command ends through its own handler for Ctrl-C instead of being killed
+    without a word. A :class:`StopSignals` inside takes both signals over while it is active.
+    Main thread only: elsewhere this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -422,6 +422,20 @@ def test_an_interrupted_command_says_what_is_kept_and_exits_130(cache_dir, tmp_p
     assert not (tmp_path / "out" / "sweep.json").exists()
 
 
+def test_sigterm_while_scoring_ends_the_same_way_and_the_handler_is_restored(cache_dir,
+                                                                            tmp_path, capsys,
+                                                                            monkeypatch):
+    def terminated(settings):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)   # the signal lands here
+        raise AssertionError("SIGTERM did not interrupt")
+    before = signal.getsignal(signal.SIGTERM)
+    monkeypatch.setattr(evaluate_cli, "run_sweep", terminated)
+    assert cli(["sweep", *tiny(cache_dir, tmp_path / "out", "--methods", "random")]) == 130
+    assert "interrupted: no results were written" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
 @pytest.mark.slow
 def test_ctrl_c_while_a_sweep_trains_stops_at_a_checkpoint_and_the_same_command_resumes(
         cache_dir, tmp_path):

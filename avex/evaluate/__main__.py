@@ -38,11 +38,12 @@ from pathlib import Path
 
 from avex import _checks
 from avex.data.embedded import default_benchmark_path
-from avex.training.stopping import TrainingInterrupted
 from avex.paths import default_captioner_path, portable_command
 from avex.registry import BENCHMARK_PRESETS, CAPTIONER_PRESETS, SELECTORS
+from avex.stop_signals import sigterm_as_interrupt
 from avex.training.config import TrainConfig, explicit_settings, resolve_config
 from avex.training.config import build_parser as build_train_parser
+from avex.training.stopping import TrainingInterrupted
 
 from .ablation import ABLATIONS, AblationSettings, run_ablation
 from .common import DECODING, not_a_cache
@@ -365,13 +366,13 @@ def main(argv=None) -> dict:
 
 
 def cli(argv=None) -> int:
-    """:func:`main` as the command runs it: Ctrl-C (SIGINT; SIGTERM too while a run trains)
-    ends it with a line that says what is kept, and exit status 130, instead of a traceback.
-    Results are written only once every setting is scored; a run that an ablation or sweep
-    was training stops at its next step boundary with a checkpoint, which the same command
-    resumes."""
+    """:func:`main` as the command runs it: Ctrl-C or SIGTERM ends it with a line that says
+    what is kept, and exit status 130, instead of a traceback. Results are written only once
+    every setting is scored; a run that an ablation or sweep was training stops at its next
+    step boundary with a checkpoint, which the same command resumes."""
     try:
-        return main(argv).get("exit_code", 0)
+        with sigterm_as_interrupt():
+            return main(argv).get("exit_code", 0)
     except TrainingInterrupted as stop:
         print(f"\ninterrupted: a run stopped training at checkpoint {stop.checkpoint}. No "
               "results were written; the same command resumes that run and reuses the runs "
