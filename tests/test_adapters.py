@@ -315,8 +315,16 @@ class _FullOmniConfig:
         return type("TextConfig", (), {"hidden_size": 32})()
 
 
+class _Thinker(torch.nn.Module):
+    config = type("ThinkerConfig", (), {"model_type": "qwen2_5_omni_thinker"})()
+
+
 class _FullOmni(torch.nn.Module):
     config = _FullOmniConfig()
+
+    def __init__(self):
+        super().__init__()
+        self.thinker = _Thinker()
 
 
 def test_the_full_omni_model_is_refused_with_what_to_pass():
@@ -329,8 +337,8 @@ def test_a_thinker_policy_given_the_full_omni_model_says_to_pass_the_thinker():
     from avex.policy import TrainedOn
     thinker = TrainedOn("qwen2_5_omni_thinker", 32, "interleaved", (0.1, 0.5))
     with pytest.raises(ValueError, match=r"model type 'qwen2_5_omni', the policy was trained "
-                       r"with 'qwen2_5_omni_thinker' \(pass model\.thinker, the part that "
-                       r"reads the prompt\)"):
+                       r"with 'qwen2_5_omni_thinker' \(pass model\.thinker, the "
+                       r"'qwen2_5_omni_thinker' inside it\)"):
         thinker.check_model(_FullOmni())
     # a policy of another family gets no such hint: the thinker would not fit it either
     other = TrainedOn("qwen2_5_vl", 32, "interleaved", (0.1, 0.5))

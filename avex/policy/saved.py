@@ -131,9 +131,7 @@ class TrainedOn:
                             f"{type(model).__name__}")
         differ = []
         if kind != self.model_type:
-            hint = (" (pass model.thinker, the part that reads the prompt)"
-                    if kind == "qwen2_5_omni" and self.model_type == "qwen2_5_omni_thinker"
-                    else "")
+            hint = _inner_model_hint(model, self.model_type)
             differ.append(f"model type {kind!r}, the policy was trained with "
                           f"{self.model_type!r}{hint}")
         hidden = config.get_text_config().hidden_size
@@ -161,6 +159,17 @@ class TrainedOn:
             warnings.warn(f"retention={retention:g} lies outside the range the policy was "
                           f"trained at ({low:g}-{high:g}); its Top-K there is untested",
                           stacklevel=3)
+
+
+def _inner_model_hint(model, model_type: str) -> str:
+    """" (pass model.NAME ...)" where a direct sub-module of ``model`` is a ``model_type``
+    model (the full Qwen2.5-Omni holds the thinker a policy serves), else "". Read from the
+    model itself, so no family is named here."""
+    children = model.named_children() if hasattr(model, "named_children") else ()
+    for name, child in children:
+        if getattr(getattr(child, "config", None), "model_type", None) == model_type:
+            return f" (pass model.{name}, the {model_type!r} inside it)"
+    return ""
 
 
 def policy_record(cfg: PolicyConfig, trained_on: TrainedOn) -> dict:
