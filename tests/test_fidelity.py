@@ -417,15 +417,49 @@ def test_label_free_cache_trains_on_fidelity_and_is_refused_cider(tiny, tiny_cap
         assert f"reward = {reward!r} scores captions against reference captions, but 16 of 16 " \
                "train clips" in capsys.readouterr().err
         assert not (tmp_path / reward).exists()
+    # CaCoVID-AV trains with CIDEr whatever the run's reward: asked for by name, refused
+    # before any work; in the default rows, left out with a note
+    with pytest.raises(SystemExit) as stop:
+        main([*common, "--run-dir", str(tmp_path / "asked"), "--eval-methods", "random,cacovid"])
+    assert stop.value.code == 2
+    assert ("eval_methods = ['random', 'cacovid']: CaCoVID-AV trains with its own reward, CIDEr "
+            "against reference captions, but 16 of 16 train clips") in capsys.readouterr().err
+    assert not (tmp_path / "asked").exists()
     results = main([*common, "--run-dir", str(tmp_path / "run"), "--reward", "fidelity",
-                    "--eval-retentions", "0.4", "--eval-methods", "random"])
+                    "--eval-retentions", "0.4"])
+    assert "note: the table leaves CaCoVID-AV out: CaCoVID-AV trains with its own reward" in \
+        capsys.readouterr().out
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["eval_methods"] == \
+        ["random", "attention"]
     rows = {r["method"]: r for r in results["rows"]}
-    assert set(rows) == {"Full tokens", "Random", "warmup only",
+    assert set(rows) == {"Full tokens", "Random", "Attention-AV (balanced; privileged reference)",
+                         "warmup only",
                          "AVEX, L_RL (RLOO), fidelity reward, set-aware selection (this run)"}
     assert rows["Full tokens"]["exact"] == 100.0 and rows["Full tokens"]["log_prob"] < 0
     for row in rows.values():
         assert 0 <= row["exact"] <= 100 and row["log_prob"] <= 0
     assert "y_full exact (%)" in results["table"] and "C_av" not in results["table"]
+
+
+def test_evaluate_refuses_a_label_free_split_before_captioning(tiny, tiny_captioner, tmp_path):
+    """python -m avex.evaluate scores C_av, so clips without references are refused by name
+    before any caption is written, pointing to the training table that scores them."""
+    from avex.evaluate.__main__ import main as evaluate_main
+    root, cache, _ = tiny
+    data = tmp_path / "label-free"
+    label_free_cache(cache, data)
+    for command in ("sweep", "ablation"):
+        out = tmp_path / command
+        with pytest.raises(ValueError, match=r"test split of .*label-free: 4 of 4 clips have no "
+                           r"reference captions \(e\.g\. clip 'test-00000'\), and python -m "
+                           r"avex\.evaluate scores C_av against them\. A label-free cache is "
+                           r"scored by python -m avex\.train's own table"):
+            evaluate_main([command, "--data", str(data), "--captioner", str(tiny_captioner),
+                           "--cache-dir", str(tmp_path / "cache"), "--retentions", "0.4",
+                           "--seeds", "0", "--out", str(out), "--no-progress",
+                           *(["--methods", "random", "--transfer-split", "none"]
+                             if command == "sweep" else ["--variants", "A"])])
+        assert not out.exists()
 
 
 def test_reward_settings_are_checked_before_any_work(tiny, tmp_path, capsys):

@@ -269,6 +269,15 @@ def split_clips(cache, split: str, max_clips):
                          f"{sorted({r['split'] for r in cache.rows})})")
     clips = cache.split(split)
     n = len(clips) if max_clips is None else min(len(clips), max_clips)
+    bare = [clip_id for clip_id, refs in zip(clips.clip_ids[:n], clips.references("av")[:n])
+            if not refs]
+    if bare:   # every command here scores C_av: refused before any caption is written
+        raise ValueError(
+            f"{split} split of {cache.root}: {len(bare)} of {n} clips have no reference "
+            f"captions (e.g. clip {bare[0]!r}), and python -m avex.evaluate scores C_av against "
+            "them. A label-free cache is scored by python -m avex.train's own table (how often "
+            "the pruned caption reproduces the full-token one, and its log-likelihood); "
+            "export the clips with captions to evaluate them here")
     # a flipped bit in a shard passes the header checks: hash what is read (once per cache)
     print(f"{split}: {cache.verify_shards(clips.indices[:n])}")
     return [clips[i] for i in range(n)]

@@ -36,6 +36,10 @@ SETTINGS_BEFORE_THEY_EXISTED = {"reward": "cider", "selection": "topk", "redunda
 #: (results/set-aware-pilot.md), Top-K's none
 DEFAULT_REDUNDANCY = {"set-aware": 4.0, "topk": 0.0}
 
+#: the final table's other rows when none are asked for; a label-free cache leaves
+#: CaCoVID-AV out (training/loop.py, comparisons_the_data_can_train)
+DEFAULT_EVAL_METHODS = ["random", "attention", "cacovid"]
+
 PRESETS = {
     # Section 3.4 of the paper, for a real backbone (VideoLLaMA 2 / VILA features).
     "paper": dict(lr=2e-5, weight_decay=0.01, lr_warmup=0.05, grad_clip=1.0, batch_size=64,
@@ -181,7 +185,7 @@ class TrainConfig:
     deterministic: bool = False
     progress: bool = True
     # the final table's other rows (registry names; "cacovid" trains CaCoVID-AV from our warmup)
-    eval_methods: list = field(default_factory=lambda: ["random", "attention", "cacovid"])
+    eval_methods: list = field(default_factory=lambda: list(DEFAULT_EVAL_METHODS))
 
     def __post_init__(self):
         if self.selection is None:

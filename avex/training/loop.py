@@ -36,7 +36,8 @@ from avex.run_files import (CACOVID_DIR, EXCHANGE_CALIBRATION_FILE, SAVED_POLICY
 from avex.selection import AVLayout
 from avex.stop_signals import StopSignals
 from avex.training.checkpoint import load_checkpoint, set_rng_state
-from avex.training.config import TrainConfig, build_parser, explicit_settings, resolve_config
+from avex.training.config import (DEFAULT_EVAL_METHODS, TrainConfig, build_parser,
+                                  explicit_settings, resolve_config)
 from avex.training.distributed import Processes, no_sync, pick_device, unwrap
 from avex.training.exchange_diagnostics import write_report as write_exchange_report
 from avex.training.results_table import score_run
@@ -387,6 +388,7 @@ def prepare_run(cfg: TrainConfig, *, resume: bool = False, explicit: dict | None
         check_references(cfg, cache)
         if cfg.evaluate:
             cache.split(cfg.eval_split)
+            cfg.eval_methods = comparisons_the_data_can_train(cfg, cache)
     return Run(cfg, resume=resume)
 
 
@@ -403,6 +405,25 @@ def check_references(cfg: TrainConfig, cache) -> None:
                          f"but {len(missing)} of {len(train)} train clips of {cache.root} have "
                          f"none (e.g. clip {missing[0]!r}); pass --reward fidelity to train "
                          "without references")
+
+
+def comparisons_the_data_can_train(cfg: TrainConfig, cache) -> list:
+    """``cfg.eval_methods``, less CaCoVID-AV where the train clips lack references: it trains
+    with its own reward, CIDEr, whatever the run's. Left out of the default rows with a note;
+    refused when asked for by name."""
+    if "cacovid" not in cfg.eval_methods or cfg.warmup_only:
+        return list(cfg.eval_methods)
+    train = cache.split("train")
+    missing = sum(not refs for refs in train.references("av"))
+    if not missing:
+        return list(cfg.eval_methods)
+    why = (f"CaCoVID-AV trains with its own reward, CIDEr against reference captions, but "
+           f"{missing} of {len(train)} train clips of {cache.root} have none")
+    if list(cfg.eval_methods) != DEFAULT_EVAL_METHODS:
+        raise ValueError(f"eval_methods = {cfg.eval_methods}: {why}; leave 'cacovid' out "
+                         "(for instance --eval-methods random,attention)")
+    print(f"note: the table leaves CaCoVID-AV out: {why}")
+    return [name for name in cfg.eval_methods if name != "cacovid"]
 
 
 def train(cfg: TrainConfig, *, resume: bool = False) -> dict:
