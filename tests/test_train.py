@@ -82,6 +82,10 @@ def test_tiny_end_to_end_run(cache_dir, tmp_path):
     cacovid = json.loads((tmp_path / "run" / "cacovid" / "config.json").read_text())
     assert (cacovid["exchanges"], cacovid["anchors"], cacovid["rl_estimator"]) == \
         (False, 8, "group")
+    # its own reward and selection whatever the run's, and the table says so
+    assert (cacovid["reward"], cacovid["selection"]) == ("cider", "topk")
+    assert "CaCoVID-AV is trained for this table from this run's warmup and seed, with its " \
+           "own reward (CIDEr against the references) and Top-K selection" in text
     assert cacovid["warmup_from"] == str(tmp_path / "run")
     warm = load_file(str(tmp_path / "run" / "warmup_policy.safetensors"))
     warm_c = load_file(str(tmp_path / "run" / "cacovid" / "warmup_policy.safetensors"))

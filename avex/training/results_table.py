@@ -56,6 +56,10 @@ def score_run(cfg: TrainConfig, run_dir: Path, policy, captioner, cache,
     if all(clip.refs_av for clip in clips):
         rows = cider_rows(cfg, captioner, clips, methods, jobs)
         table = results_table(rows, f"{cfg.eval_split} split, {len(clips)} clips")
+        if label("cacovid") in methods:
+            table += ("\n\nCaCoVID-AV is trained for this table from this run's warmup and "
+                      "seed, with its own reward (CIDEr against the references) and Top-K "
+                      "selection, whatever this run's reward.")
         ours = run_label(cfg)
         found = differences(rows, ours, [name for name in methods if name != ours],
                             cfg.eval_retentions)
