@@ -389,12 +389,14 @@ def test_fidelity_run_calibrates_w_on_its_own_scale_and_reports_its_ties(tiny, t
         main(tiny_args(root, run, "--resume", "--reward", "cider"))
 
 
-def label_free_cache(cache, root) -> FeatureCache:
-    """The tiny benchmark's train and test clips with every reference dropped."""
+def label_free_cache(cache, root, bare=("train", "test")) -> FeatureCache:
+    """The tiny benchmark's train and test clips with the references of the ``bare`` splits
+    dropped."""
     with CacheWriter(root, dim=cache.meta.dim, n_frames=cache.meta.n_frames) as writer:
         for split, count in (("train", 16), ("test", 4)):
             for clip in clips_of(cache, split, count):
-                writer.add(clip.clip_id, split, clip.visual, clip.audio, refs_av=[],
+                writer.add(clip.clip_id, split, clip.visual, clip.audio,
+                           refs_av=[] if split in bare else clip.refs_av,
                            prompt_prefix_ids=clip.prompt_prefix_ids,
                            prompt_suffix_ids=clip.prompt_suffix_ids)
     return FeatureCache(root)
@@ -459,6 +461,29 @@ def test_evaluate_refuses_a_label_free_split_before_captioning(tiny, tiny_captio
                            "--seeds", "0", "--out", str(out), "--no-progress",
                            *(["--methods", "random", "--transfer-split", "none"]
                              if command == "sweep" else ["--variants", "A"])])
+        assert not out.exists()
+
+
+def test_evaluate_refuses_training_cider_on_train_clips_without_references(tiny, tiny_captioner,
+                                                                           tmp_path):
+    """Test clips with references, train clips without: a method or variant that would train
+    with CIDEr is refused by name before any run starts, as python -m avex.train refuses it."""
+    from avex.evaluate.__main__ import main as evaluate_main
+    root, cache, _ = tiny
+    data = tmp_path / "train-label-free"
+    label_free_cache(cache, data, bare=("train",))
+    common = ["--data", str(data), "--captioner", str(tiny_captioner), "--cache-dir",
+              str(tmp_path / "cache"), "--retentions", "0.4", "--seeds", "0", "--no-progress"]
+    cases = [(["sweep", "--methods", "random,avex,cacovid", "--transfer-split", "none"],
+              r"--methods cacovid: reward = 'cider' scores captions against reference captions, "
+              r"but 16 of 16 train clips"),
+             (["ablation", "--variants", "Dc-fid,Cc"],
+              r"variant Cc \(seed 0\): reward = 'cider' scores captions against reference "
+              r"captions, but 16 of 16 train clips")]
+    for argv, match in cases:
+        out = tmp_path / argv[0]
+        with pytest.raises(ValueError, match=match):
+            evaluate_main([*argv, *common, "--out", str(out)])
         assert not out.exists()
 
 

@@ -26,8 +26,8 @@ from avex.training.loop import run_finished, train_variant, variant_config
 from avex.training.run_records import NOT_TRAINING, check_reusable
 
 from .common import (PATHS_NOTE, ExperimentSettings, begin, check_names, check_retentions,
-                     check_seeds, check_split, fmt, given_run, load_experiment_inputs,
-                     results_json, split_clips)
+                     check_seeds, check_split, check_training_references, fmt, given_run,
+                     load_experiment_inputs, results_json, split_clips)
 
 #: The exchange term as Table 3's rows were measured (before issue #25's calibration): L_RL +
 #: 0.1 L_ex unnormalised, RLOO over 4 anchors, every type around the first anchor, g fixed, w
@@ -346,6 +346,7 @@ def run_ablation(settings: AblationSettings) -> dict:
     settings, out = begin(settings, AblationSettings, "ablation")
     cache, captioner = load_experiment_inputs(settings)
     clips = split_clips(cache, settings.split, settings.max_clips)
+    check_planned_references(settings, cache, out)
     out.mkdir(parents=True, exist_ok=True)
     decode = dict(batch_size=settings.batch_size, num_beams=settings.num_beams,
                   max_new_tokens=settings.max_new_tokens)
@@ -410,6 +411,15 @@ def run_ablation(settings: AblationSettings) -> dict:
         "seconds": round(seconds, 1), "runs_trained": len(trained)}))
     print(text)
     return {"rows": rows, "full": full, "table": text, "out": str(out)}
+
+
+def check_planned_references(settings: AblationSettings, cache, out: Path) -> None:
+    """Every run the ablation would train, checked as python -m avex.train checks it: a
+    reward that reads CIDEr needs the train clips' references."""
+    base = settings.base_train_config()
+    for (seed, name), (run_dir, changes) in settings.planned_runs(out).items():
+        check_training_references(variant_config(base, run_dir, **changes), cache,
+                                  f"variant {name} (seed {seed})")
 
 
 def trained_here(trained: list, base, run_dir, settings: dict):

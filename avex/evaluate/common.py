@@ -21,6 +21,7 @@ from avex.paths import default_captioner_path
 from avex.registry import BENCHMARK_PRESETS, CAPTIONER_PRESETS, SPLITS
 from avex.run_files import check_finished, run_policy_weights
 from avex.training.config import TrainConfig
+from avex.training.loop import check_references
 
 #: decoding when no run is given and no setting asks for one
 DECODING = {"num_beams": 1, "max_new_tokens": 24}
@@ -281,6 +282,15 @@ def split_clips(cache, split: str, max_clips):
     # a flipped bit in a shard passes the header checks: hash what is read (once per cache)
     print(f"{split}: {cache.verify_shards(clips.indices[:n])}")
     return [clips[i] for i in range(n)]
+
+
+def check_training_references(cfg: TrainConfig, cache, what: str) -> None:
+    """``python -m avex.train``'s refusal of a reward that reads CIDEr on train clips without
+    references, made before an experiment trains anything: ``what`` names the run."""
+    try:
+        check_references(cfg, cache)
+    except ValueError as err:
+        raise ValueError(f"{what}: {err}") from None
 
 
 def results_json(data) -> str:

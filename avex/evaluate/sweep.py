@@ -27,8 +27,8 @@ from avex.training.loop import train_variant, variant_config
 from avex.training.run_records import check_reusable
 
 from .common import (PATHS_NOTE, ExperimentSettings, begin, check_names, check_retentions,
-                     check_seeds, check_split, fmt, given_run, load_experiment_inputs,
-                     results_json, split_clips)
+                     check_seeds, check_split, check_training_references, fmt, given_run,
+                     load_experiment_inputs, results_json, split_clips)
 
 RETENTIONS = (0.5, 0.4, 0.3, 0.2, 0.1)
 
@@ -287,6 +287,11 @@ def run_sweep(settings: SweepSettings) -> dict:
     test = split_clips(cache, settings.split, settings.max_clips)
     transfer = [] if settings.transfer_split == "none" else \
         split_clips(cache, settings.transfer_split, settings.max_clips)
+    for method in trained_methods(settings.methods):
+        if any(given_run_dir(settings, method, seed) is None for seed in settings.seeds):
+            check_training_references(variant_config(settings.base_train_config(), out,
+                                                     **METHODS[method].train),
+                                      cache, f"--methods {method}")
     out.mkdir(parents=True, exist_ok=True)
     splits = {"test": test, **({"transfer": transfer} if transfer else {})}
     policies = train_policies(settings, captioner, out)  # training has its own progress bars
