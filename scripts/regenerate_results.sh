@@ -11,7 +11,9 @@
 #       benchmark of the round; docs/evaluation.md states each round's rule), controls (the
 #       default against its strongest CaCoVID-AV control on benchmarks 0-3's test splits; the
 #       sweep stages train it first where it is missing, and score those runs), and round5 (the
-#       same pair on seed 6 with 10 training seeds each, and every other method's sweep)
+#       same pair on seed 6 with 10 training seeds each, and every other method's sweep), and
+#       cacovid-cider (CaCoVID-AV with its own CIDEr reward from the default's warmups, as make
+#       train trains it, on benchmark 0 and seeds 5 and 6)
 #
 # RUNS (default runs/regen) holds the run directories; AVEX_CACHE (default RUNS/cache) the
 # benchmark and captioner, built on first use. Each stage logs to RUNS/<stage>.log with its wall
@@ -213,7 +215,26 @@ for stage in "${stages[@]}"; do
             run_stage round5-report "$PY" scripts/pooled_differences.py \
                 results/round3-deciding-test-arms.json results/round5-deciding-test-{Dc,Cc}-fid.json \
                 --pairs Dc-fid:Cc-fid ;;
-        *) echo "unknown stage: $stage (stages: train matched-budget sweep benchmarks motivation gates ablation profiling round2 round3 round4 controls round5)" >&2
+        cacovid-cider)   # CaCoVID-AV with its own CIDEr reward from the default's warmups (make
+                         # train's row), against the default: benchmark 0 and seeds 5 and 6, test
+            for seed in 0 5 6; do
+                judge_assets "$seed"
+                seeds=0,1,2; [ "$seed" != 6 ] || seeds=0,1,2,3,4,5,6,7,8,9
+                run_stage "cacovid-cider-b$seed" "$PY" -m avex.evaluate ablation --seeds "$seeds" \
+                    --variants Cc --retentions "$RETENTIONS" --split test $(bench_flags "$seed") \
+                    "${clips[@]}" --out "$RUNS/cacovid-cider/b$seed" --no-progress
+            done
+            cp "$RUNS/cacovid-cider/b0/ablation.json" results/cacovid-cider-test-benchmark0-Cc.json
+            cp "$RUNS/cacovid-cider/b5/ablation.json" results/cacovid-cider-deciding-test-seed5-Cc.json
+            cp "$RUNS/cacovid-cider/b6/ablation.json" results/cacovid-cider-deciding-test-seed6-Cc.json
+            run_stage cacovid-cider-report-b0 "$PY" scripts/arm_differences.py \
+                results/controls-test-benchmark0-Dc-fid.json \
+                --with results/cacovid-cider-test-benchmark0-Cc.json \
+                --with results/controls-test-benchmark0-Cc-fid.json --pairs Dc-fid:Cc,Cc-fid:Cc
+            run_stage cacovid-cider-report-deciding "$PY" scripts/pooled_differences.py \
+                results/round3-deciding-test-arms.json results/round5-deciding-test-{Dc,Cc}-fid.json \
+                results/cacovid-cider-deciding-test-seed{5,6}-Cc.json --pairs Dc-fid:Cc,Cc-fid:Cc ;;
+        *) echo "unknown stage: $stage (stages: train matched-budget sweep benchmarks motivation gates ablation profiling round2 round3 round4 controls round5 cacovid-cider)" >&2
            exit 2 ;;
     esac
 done
