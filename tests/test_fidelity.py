@@ -443,9 +443,12 @@ def test_label_free_cache_trains_on_fidelity_and_is_refused_cider(tiny, tiny_cap
     assert "y_full exact (%)" in results["table"] and "C_av" not in results["table"]
 
 
-def test_evaluate_refuses_a_label_free_split_before_captioning(tiny, tiny_captioner, tmp_path):
+def test_evaluate_refuses_a_label_free_split_before_captioning(tiny, tiny_captioner, tmp_path,
+                                                               capsys):
     """python -m avex.evaluate scores C_av, so clips without references are refused by name
-    before any caption is written, pointing to the training table that scores them."""
+    before any caption is written, pointing to the training table that scores them; the
+    command prints it as a usage error, without a traceback."""
+    from avex.evaluate.__main__ import cli
     from avex.evaluate.__main__ import main as evaluate_main
     root, cache, _ = tiny
     data = tmp_path / "label-free"
@@ -462,6 +465,13 @@ def test_evaluate_refuses_a_label_free_split_before_captioning(tiny, tiny_captio
                            *(["--methods", "random", "--transfer-split", "none"]
                              if command == "sweep" else ["--variants", "A"])])
         assert not out.exists()
+    capsys.readouterr()
+    assert cli(["sweep", "--data", str(data), "--captioner", str(tiny_captioner), "--cache-dir",
+                str(tmp_path / "cache"), "--methods", "random", "--transfer-split", "none",
+                "--out", str(tmp_path / "cli"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "python -m avex.evaluate: error: test split of " in err
+    assert "Traceback" not in err and not (tmp_path / "cli").exists()
 
 
 def test_evaluate_refuses_training_cider_on_train_clips_without_references(tiny, tiny_captioner,

@@ -46,7 +46,7 @@ from avex.training.config import build_parser as build_train_parser
 from avex.training.stopping import TrainingInterrupted
 
 from .ablation import ABLATIONS, AblationSettings, run_ablation
-from .common import DECODING, not_a_cache
+from .common import DECODING, Refused, not_a_cache
 from .diagnose import RETENTIONS as DIAGNOSE_RETENTIONS
 from .diagnose import DiagnoseSettings, run_diagnose
 from .gates import run_gates
@@ -366,13 +366,18 @@ def main(argv=None) -> dict:
 
 
 def cli(argv=None) -> int:
-    """:func:`main` as the command runs it: Ctrl-C or SIGTERM ends it with a line that says
-    what is kept, and exit status 130, instead of a traceback. Results are written only once
-    every setting is scored; a run that an ablation or sweep was training stops at its next
-    step boundary with a checkpoint, which the same command resumes."""
+    """:func:`main` as the command runs it: a refusal made before anything is written
+    (:class:`Refused`) is a usage error (exit status 2, no traceback); Ctrl-C or SIGTERM ends it
+    with a line that says what is kept, and exit status 130, instead of a traceback. Results
+    are written only once every setting is scored; a run that an ablation or sweep was
+    training stops at its next step boundary with a checkpoint, which the same command
+    resumes."""
     try:
         with sigterm_as_interrupt():
             return main(argv).get("exit_code", 0)
+    except Refused as refused:   # nothing was written: the message says what to change
+        print(f"python -m avex.evaluate: error: {refused}", file=sys.stderr)
+        return 2
     except TrainingInterrupted as stop:
         print(f"\ninterrupted: a run stopped training at checkpoint {stop.checkpoint}. No "
               "results were written; the same command resumes that run and reuses the runs "

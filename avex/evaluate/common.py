@@ -232,6 +232,12 @@ def given_run(path, checkpoint: str, name: str, *, finished: bool = False) -> di
     return settings
 
 
+class Refused(ValueError):
+    """What an experiment refuses before it writes anything (a split it can't score, a run it
+    can't train): ``python -m avex.evaluate`` prints it as a usage error, without a
+    traceback; any other error keeps its traceback."""
+
+
 def not_a_cache(path) -> str:
     what = "a file" if Path(path).is_file() else "a directory without meta.json"
     return "" if not Path(path).exists() else f" ({what}; a feature cache is a directory " \
@@ -266,14 +272,14 @@ def begin(settings, kind: type, experiment: str):
 
 def split_clips(cache, split: str, max_clips):
     if split not in {r["split"] for r in cache.rows}:
-        raise ValueError(f"split {split!r} is not in the cache (has "
+        raise Refused(f"split {split!r} is not in the cache (has "
                          f"{sorted({r['split'] for r in cache.rows})})")
     clips = cache.split(split)
     n = len(clips) if max_clips is None else min(len(clips), max_clips)
     bare = [clip_id for clip_id, refs in zip(clips.clip_ids[:n], clips.references("av")[:n])
             if not refs]
     if bare:   # every command here scores C_av: refused before any caption is written
-        raise ValueError(
+        raise Refused(
             f"{split} split of {cache.root}: {len(bare)} of {n} clips have no reference "
             f"captions (e.g. clip {bare[0]!r}), and python -m avex.evaluate scores C_av against "
             "them. A label-free cache is scored by python -m avex.train's own table (how often "
@@ -290,7 +296,7 @@ def check_training_references(cfg: TrainConfig, cache, what: str) -> None:
     try:
         check_references(cfg, cache)
     except ValueError as err:
-        raise ValueError(f"{what}: {err}") from None
+        raise Refused(f"{what}: {err}") from None
 
 
 def results_json(data) -> str:
