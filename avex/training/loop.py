@@ -395,16 +395,20 @@ def prepare_run(cfg: TrainConfig, *, resume: bool = False, explicit: dict | None
 def check_references(cfg: TrainConfig, cache) -> None:
     """A reward that reads CIDEr (``cider``, ``cider+fidelity``) needs the AV references of
     every train clip; a cache without them (label-free) trains with ``reward: fidelity``."""
-    train = cache.split("train")
     if cfg.reward == "fidelity":
         return
-    missing = [clip_id for clip_id, refs in zip(train.clip_ids, train.references("av"))
-               if not refs]
+    train = cache.split("train")
+    missing = clips_without_references(train)
     if missing:
         raise ValueError(f"reward = {cfg.reward!r} scores captions against reference captions, "
                          f"but {len(missing)} of {len(train)} train clips of {cache.root} have "
                          f"none (e.g. clip {missing[0]!r}); pass --reward fidelity to train "
                          "without references")
+
+
+def clips_without_references(split) -> list[str]:
+    """The ids of ``split``'s clips (a cache split) that have no AV reference caption."""
+    return [clip_id for clip_id, refs in zip(split.clip_ids, split.references("av")) if not refs]
 
 
 def comparisons_the_data_can_train(cfg: TrainConfig, cache) -> list:
@@ -414,11 +418,11 @@ def comparisons_the_data_can_train(cfg: TrainConfig, cache) -> list:
     if "cacovid" not in cfg.eval_methods or cfg.warmup_only:
         return list(cfg.eval_methods)
     train = cache.split("train")
-    missing = sum(not refs for refs in train.references("av"))
+    missing = clips_without_references(train)
     if not missing:
         return list(cfg.eval_methods)
     why = (f"CaCoVID-AV trains with its own reward, CIDEr against reference captions, but "
-           f"{missing} of {len(train)} train clips of {cache.root} have none")
+           f"{len(missing)} of {len(train)} train clips of {cache.root} have none")
     if list(cfg.eval_methods) != DEFAULT_EVAL_METHODS:
         raise ValueError(f"eval_methods = {cfg.eval_methods}: {why}; leave 'cacovid' out "
                          "(for instance --eval-methods random,attention)")
