@@ -13,7 +13,7 @@
 #       sweep stages train it first where it is missing, and score those runs), and round5 (the
 #       same pair on seed 6 with 10 training seeds each, and every other method's sweep), and
 #       cacovid-cider (CaCoVID-AV with its own CIDEr reward from the default's warmups, as make
-#       train trains it, on benchmark 0 and seeds 5 and 6)
+#       train trains it, on benchmark 0 (test and val) and seeds 5 and 6)
 #
 # RUNS (default runs/regen) holds the run directories; AVEX_CACHE (default RUNS/cache) the
 # benchmark and captioner, built on first use. Each stage logs to RUNS/<stage>.log with its wall
@@ -224,13 +224,24 @@ for stage in "${stages[@]}"; do
                     --variants Cc --retentions "$RETENTIONS" --split test $(bench_flags "$seed") \
                     "${clips[@]}" --out "$RUNS/cacovid-cider/b$seed" --no-progress
             done
+            # benchmark 0's val split, the same runs (scoring only)
+            mkdir -p "$RUNS/cacovid-cider/b0-val"
+            ln -sfn ../b0/runs "$RUNS/cacovid-cider/b0-val/runs"
+            run_stage cacovid-cider-b0-val "$PY" -m avex.evaluate ablation --seeds 0,1,2 \
+                --variants Cc --retentions "$RETENTIONS" --split val $(bench_flags 0) \
+                "${clips[@]}" --out "$RUNS/cacovid-cider/b0-val" --no-progress
             cp "$RUNS/cacovid-cider/b0/ablation.json" results/cacovid-cider-test-benchmark0-Cc.json
+            cp "$RUNS/cacovid-cider/b0-val/ablation.json" results/cacovid-cider-val-benchmark0-Cc.json
             cp "$RUNS/cacovid-cider/b5/ablation.json" results/cacovid-cider-deciding-test-seed5-Cc.json
             cp "$RUNS/cacovid-cider/b6/ablation.json" results/cacovid-cider-deciding-test-seed6-Cc.json
             run_stage cacovid-cider-report-b0 "$PY" scripts/arm_differences.py \
                 results/controls-test-benchmark0-Dc-fid.json \
                 --with results/cacovid-cider-test-benchmark0-Cc.json \
                 --with results/controls-test-benchmark0-Cc-fid.json --pairs Dc-fid:Cc,Cc-fid:Cc
+            run_stage cacovid-cider-report-b0-val "$PY" scripts/arm_differences.py \
+                results/cacovid-cider-val-benchmark0-Cc.json \
+                --with results/round4-val-benchmark0-Dc-fid.json \
+                --with results/controls-val-benchmark0-Cc-fid.json --pairs Dc-fid:Cc,Cc-fid:Cc
             run_stage cacovid-cider-report-deciding "$PY" scripts/pooled_differences.py \
                 results/round3-deciding-test-arms.json results/round5-deciding-test-{Dc,Cc}-fid.json \
                 results/cacovid-cider-deciding-test-seed{5,6}-Cc.json --pairs Dc-fid:Cc,Cc-fid:Cc ;;
