@@ -4,8 +4,8 @@ generation: one teacher-forced forward per set (:meth:`FrozenCaptioner.teacher_f
 
 * :class:`FullCaptions`, :func:`full_captions`: y_full of every clip of a split, under a run's
   decoding, computed once and kept under ``<cache root>/full_captions/`` keyed by the
-  captioner's and the benchmark's SHA-256 (:mod:`avex.judge_identity`), the split, the decoding and the
-  device type and dtype it ran in;
+  captioner's and the benchmark's SHA-256 (:mod:`avex.judge_identity`), the split, the decoding
+  and the device type and dtype it ran in;
 * :func:`fidelity_reward`: R_fid of each set, ``"logp"`` (100 x the mean log p(y_full | S) per
   token) or ``"margin"`` (-100 x the mean hinge max(0, 1 - margin) of each step's logit
   margin: 0 when every step's margin is >= 1 logit);

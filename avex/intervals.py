@@ -28,9 +28,10 @@ import numpy as np
 from avex import _checks
 from avex.tables import markdown_table
 
-__all__ = ["Interval", "paired_interval", "pooled_interval", "seed_rows", "differences", "difference_table",
-           "compact_per_clip", "arm_pairs", "variance_components", "planned_interval",
-           "parse_plans", "LEVEL", "REPLICATES", "SEED", "PER_CLIP_DIGITS", "RULE"]
+__all__ = ["Interval", "paired_interval", "pooled_interval", "seed_rows", "differences",
+           "difference_table", "compact_per_clip", "arm_pairs", "variance_components",
+           "planned_interval", "parse_plans", "LEVEL", "REPLICATES", "SEED", "PER_CLIP_DIGITS",
+           "RULE"]
 
 LEVEL = 0.95
 REPLICATES = 4000

@@ -3,7 +3,8 @@
 ``$AVEX_CACHE`` if set, else ``$XDG_CACHE_HOME/avex``, else ``~/.cache/avex``; under it
 ``benchmarks/<name>/`` (feature caches), ``captioners/<benchmark>-<preset>/`` (frozen captioners),
 ``attention/`` (cached full-token attention), ``full_captions/`` (cached full-token captions,
-y_full) and ``warmup_teachers/`` (cached warmup-teacher scores that read y_full). A leaf module: it imports nothing of avex.
+y_full) and ``warmup_teachers/`` (cached warmup-teacher scores that read y_full). A leaf
+module: it imports nothing of avex.
 
 Results files record paths relative to the cache root (the benchmark, the captioner) or to
 their own folder (the runs they scored), never a machine's absolute path
@@ -17,8 +18,8 @@ import shlex
 from pathlib import Path
 
 __all__ = ["default_cache_dir", "benchmarks_dir", "default_captioner_path", "attention_dir",
-           "full_captions_dir", "warmup_teachers_dir", "CAPTIONER_FILE", "CACHE_VARIABLE", "relative_path",
-           "cache_relative", "portable_command"]
+           "full_captions_dir", "warmup_teachers_dir", "CAPTIONER_FILE", "CACHE_VARIABLE",
+           "relative_path", "cache_relative", "portable_command"]
 
 #: a captioner directory's record of what it is (format, feature dim, training, reference)
 CAPTIONER_FILE = "avex_captioner.json"

@@ -78,7 +78,8 @@ ABLATIONS = {
     "g16": ("g = 16", "✓ ✓ ✓ ✓", {**TABLE3_EXCHANGES, "g": 16}),
     "g32": ("g = 32", "✓ ✓ ✓ ✓", {**TABLE3_EXCHANGES, "g": 32}),
     # the matched-budget arms: 8 captioned sets per clip per step each
-    "A": ("A: RLOO over 8 anchors (the default until issue #36)", "✗ ✗ ✗ ✗", {"exchanges": False, "anchors": 8}),
+    "A": ("A: RLOO over 8 anchors (the default until issue #36)", "✗ ✗ ✗ ✗",
+          {"exchanges": False, "anchors": 8}),
     "B": ("B: RLOO over 4 anchors + calibrated L_ex on 4 exchange sets", "✓ ✓ ✓ ✓",
           {"exchanges": True, "anchors": 4, "exchange_anchors": "each"}),
     "C": ("C: CaCoVID-AV, 8 samples, group-normalised advantage", "✗ ✗ ✗ ✗", CACOVID_ARM),

@@ -257,8 +257,9 @@ def select_keep(inputs_embeds: torch.Tensor, modality: torch.Tensor, *, scores=N
     """bool [B, L]: the audio-visual tokens :func:`prune_inputs` keeps with ``scores`` or a
     ``policy`` at ``retention`` (K = round(rho N) per row, or per item with ``per_item``;
     ties toward the lower position). A policy selects by its own rule (its
-    ``config.selection``: Top-K, or set-aware selection over its hidden states). The selection alone, for a caller that compacts by
-    itself (``avex.integrations.vllm`` keeps the rows of one media item)."""
+    ``config.selection``: Top-K, or set-aware selection over its hidden states). The selection
+    alone, for a caller that compacts by itself (``avex.integrations.vllm`` keeps the rows of
+    one media item)."""
     if policy is not None:
         if not isinstance(policy, AVEXPolicy):
             raise TypeError(f"policy must be an avex.policy.AVEXPolicy (avex.load_policy), got "

@@ -67,7 +67,8 @@ class TrainConfig:
     benchmark_preset: str = "default"  # size of the generated benchmark when data="embedded"
     captioner: str = "embedded"       # "embedded" or the path of a local Hugging Face causal LM
     captioner_preset: str = "default"  # size of the embedded captioner
-    cache_dir: str | None = None      # embedded data and captioners; default $AVEX_CACHE or ~/.cache/avex
+    # embedded data and captioners; default $AVEX_CACHE or ~/.cache/avex
+    cache_dir: str | None = None
     run_dir: str | None = None        # default runs/<date-time>; --resume alone takes the newest
     device: str = "auto"
     seed: int = 0
@@ -389,7 +390,8 @@ def load_config_file(path) -> dict:
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise ValueError(f"config {path}: expected a mapping of settings, got {type(data).__name__}")
+        raise ValueError(f"config {path}: expected a mapping of settings, got "
+                         f"{type(data).__name__}")
     return data
 
 

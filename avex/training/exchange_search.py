@@ -31,8 +31,8 @@ from avex import _checks
 from avex.fidelity import break_ties
 from avex.modality import AUDIO, VISUAL
 
-__all__ = ["SearchResult", "Swaps", "Rewards", "swap_delta_f", "round_sizes", "candidate_types", "propose",
-           "comparable", "primary", "run_search", "distill_loss", "search_seed"]
+__all__ = ["SearchResult", "Swaps", "Rewards", "swap_delta_f", "round_sizes", "candidate_types",
+           "propose", "comparable", "primary", "run_search", "distill_loss", "search_seed"]
 
 _CODE = {"v": VISUAL, "a": AUDIO}
 

@@ -4,10 +4,10 @@ warmup imitates (:func:`avex.training.steps.warmup_targets`). ``--warmup-teacher
 * ``prompt-attention`` (the paper's, and the default before round 3 of issue #36): the prompt
   suffix's attention to each AV token in the full-token prefill
   (:meth:`FrozenCaptioner.cached_text_to_av_attention`);
-* ``caption-attention`` (the default): the attention to each AV token from the positions that write y_full
-  (the captioner's own full-token caption, :func:`avex.fidelity.full_captions`) when it is
-  teacher-forced after the full tokens: the last prompt token and every caption token but the
-  last. Averaged over layers, heads and those positions, as the prompt attention is;
+* ``caption-attention`` (the default): the attention to each AV token from the positions that
+  write y_full (the captioner's own full-token caption, :func:`avex.fidelity.full_captions`)
+  when it is teacher-forced after the full tokens: the last prompt token and every caption
+  token but the last. Averaged over layers, heads and those positions, as the prompt attention is;
 * ``fidelity-gain``: each AV token's counterfactual gain under the fidelity reward,
   R_fid(S + {i}) - R_fid(S - {i}), averaged over base sets S (:func:`gain_bases`: random sets
   at :data:`GAIN_BASE_RETENTION`; retention 1 would be exact leave-one-out from the

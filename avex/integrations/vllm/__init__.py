@@ -201,7 +201,8 @@ def register() -> None:
         return
     if ARCHITECTURE not in ModelRegistry.get_supported_archs():
         ModelRegistry.register_model(
-            ARCHITECTURE, "avex.integrations.vllm.qwen2_5_vl:AVEXQwen2_5_VLForConditionalGeneration")
+            ARCHITECTURE,
+            "avex.integrations.vllm.qwen2_5_vl:AVEXQwen2_5_VLForConditionalGeneration")
     _let_runners_prune()
 
 
