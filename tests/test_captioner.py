@@ -1,6 +1,7 @@
 """The frozen captioner: a tiny one trains, saves and reloads; the input layout; captioning of
 full and pruned inputs; attention; any local Hugging Face causal LM loads by the same path."""
 import dataclasses
+import re
 import json
 
 import pytest
@@ -226,3 +227,60 @@ def test_the_tiny_preset_captioner_captions_its_validation_clips(tiny_captioner)
     record = json.loads((tiny_captioner / "avex_captioner.json").read_text())["training"]
     assert record["steps"] == PRESETS["tiny"].steps and record["lr"] == PRESETS["tiny"].lr
     assert record["val_cider"] > 5
+
+
+def another_worlds_captioner(path, tmp_path, **config):
+    """A copy of the captioner at ``path`` whose record says it was trained on the embedded
+    benchmark made with ``config`` changed."""
+    import shutil
+
+    copy = tmp_path / "captioner"
+    shutil.copytree(path, copy)
+    info = json.loads((copy / "avex_captioner.json").read_text())
+    info["benchmark"]["source"]["config"].update(config)
+    (copy / "avex_captioner.json").write_text(json.dumps(info))
+    return copy
+
+
+def test_a_captioner_of_another_embedded_benchmark_is_refused(tiny, tmp_path, capsys):
+    from avex.cache_and_captioner import check_captioner_benchmark, load_cache_and_captioner
+    from avex.evaluate.__main__ import cli as evaluate_cli
+    from avex.train import main as train_main
+
+    root, bench, path, cache = tiny
+    source = cache.meta.source
+    check_captioner_benchmark(source, path, bench)            # its own benchmark
+    seed = source["config"]["seed"]
+    other = another_worlds_captioner(path, tmp_path, seed=seed + 1)
+    match = (rf"captioner: {other} was trained on the embedded benchmark '{bench.name}', and "
+             rf"the feature cache {bench} was generated with other settings \(seed {seed + 1} "
+             rf"against {seed}: .*install --seed {seed}` for a shipped one\)")
+    with pytest.raises(ValueError, match=match):
+        check_captioner_benchmark(source, other, bench)
+    with pytest.raises(ValueError, match=match):          # the Python API, before the model
+        load_cache_and_captioner(bench, other)
+    # the command lines: a usage error, before any folder is made
+    for main, argv in ((evaluate_cli, ["sweep", "--methods", "random",
+                                       "--out", str(tmp_path / "sweep")]),
+                       (train_main, ["--run-dir", str(tmp_path / "run")])):
+        with pytest.raises(SystemExit) as stop:
+            main(argv + ["--data", str(bench), "--captioner", str(other)])
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and re.search(match, err) and "Traceback" not in err, err
+    assert not (tmp_path / "sweep").exists() and not (tmp_path / "run").exists()
+
+
+def test_a_captioner_of_another_build_of_the_same_benchmark_passes(tiny, tmp_path):
+    """The 200- and 1000-clip builds of one seed are one world: only the split sizes differ."""
+    from avex.cache_and_captioner import check_captioner_benchmark
+
+    root, bench, path, cache = tiny
+    sizes = {k: cache.meta.source["config"][k] * 5 for k in ("test", "val")}
+    check_captioner_benchmark(cache.meta.source, another_worlds_captioner(path, tmp_path, **sizes),
+                              bench)
+    # a captioner without the record (your own model) and an exported cache are not checked
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    check_captioner_benchmark(cache.meta.source, plain, bench)
+    check_captioner_benchmark({"kind": "export"}, another_worlds_captioner(
+        path, tmp_path / "x", seed=99), bench)

@@ -24,7 +24,8 @@ import torch
 from safetensors.torch import load_file
 
 from avex import _checks
-from avex.cache_and_captioner import load_cache_and_captioner, resolve_asset_paths
+from avex.cache_and_captioner import (check_captioner_benchmark, load_cache_and_captioner,
+                                     resolve_asset_paths)
 from avex.data import FeatureCache
 from avex.fidelity import full_captions
 from avex.policy import AVEXPolicy, TrainedOn, layout_of, row_layouts
@@ -385,6 +386,8 @@ def prepare_run(cfg: TrainConfig, *, resume: bool = False, explicit: dict | None
         cfg = resumed_config(cfg, explicit)
     if cfg.data != "embedded":  # a user's cache: manifest, shard headers and splits, read now
         cache = FeatureCache(cfg.data)
+        if cfg.captioner != "embedded":
+            check_captioner_benchmark(cache.meta.source, cfg.captioner, cache.root)
         check_references(cfg, cache)
         if cfg.evaluate:
             cache.split(cfg.eval_split)
