@@ -153,6 +153,53 @@ def test_a_given_run_trained_otherwise_than_its_variant_says_so_in_its_label(roo
     assert row["label"] in (tmp_path / "other" / "ablation.md").read_text()
 
 
+def test_a_given_run_trained_on_other_data_is_labelled_a_transfer(root, tmp_path):
+    import shutil
+
+    out = tmp_path / "abl"
+    run_ablation(settings(root, out, variants=["A"]))
+    moved = tmp_path / "elsewhere"
+    shutil.copytree(out / "runs" / "seed0" / "A", moved)
+    config = json.loads((moved / "config.json").read_text())
+    config.update(data="/data/benchmarks/embedded-tiny-seed7", captioner="/models/my-captioner")
+    (moved / "config.json").write_text(json.dumps(config))
+    row = run_ablation(settings(root, tmp_path / "t", variants=["A"],
+                                runs={"A": str(moved)}))["rows"][0]
+    assert row["label"] == (f"{ABLATIONS['A'][0]} (the given run: trained on "
+                            "`embedded-tiny-seed7` with captioner `my-captioner`, scored on "
+                            "`embedded-tiny-seed0` with `embedded-tiny-seed0-tiny`)")
+    assert row["label"] in (tmp_path / "t" / "ablation.md").read_text()
+
+
+def test_trained_elsewhere_compares_the_benchmark_and_captioner_by_name(tmp_path):
+    from avex.evaluate.common import trained_elsewhere
+    from avex.evaluate.sweep import transfer_notes
+
+    here = ("/cache/benchmarks/embedded-default-seed0",
+            "/cache/captioners/embedded-default-seed0-default")
+    # the embedded benchmark and captioner of the run's presets, or paths: where they moved
+    # (another cache root) is no transfer
+    assert trained_elsewhere({"data": "embedded", "captioner": "embedded"}, *here) is None
+    assert trained_elsewhere({"data": "/other/embedded-default-seed0",
+                              "captioner": "/x/embedded-default-seed0-default"}, *here) is None
+    assert trained_elsewhere({"data": "embedded", "benchmark_preset": "tiny",
+                              "captioner": "embedded", "captioner_preset": "tiny"}, *here) == (
+        "trained on `embedded-tiny-seed0` with captioner `embedded-tiny-seed0-tiny`, scored "
+        "on `embedded-default-seed0` with `embedded-default-seed0-default`")
+    assert "with captioner `c2`" in trained_elsewhere(
+        {"data": here[0], "captioner": "/m/c2"}, *here)
+    # the sweep: one note per run, however many seeds share it
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"data": "/d/embedded-default-seed3",
+                                                 "captioner": here[1]}))
+    notes = transfer_notes({"avex": {0: (None, run, 0), 1: (None, run, 0)}},
+                           {"avex": "AVEX-Prune"}, *here, tmp_path)
+    assert notes == ["AVEX-Prune: run was trained on `embedded-default-seed3` with captioner "
+                     "`embedded-default-seed0-default`, scored on `embedded-default-seed0` with "
+                     "`embedded-default-seed0-default`."]
+
+
 def test_a_changed_flag_reads_as_words_in_a_label():
     from avex.evaluate.ablation import changes_text
     assert changes_text({"retention_input": True, "rl": False, "redundancy": 2.0,

@@ -27,7 +27,7 @@ from avex.training.run_records import NOT_TRAINING, check_reusable
 
 from .common import (PATHS_NOTE, ExperimentSettings, begin, check_names, check_retentions,
                      check_seeds, check_split, check_training_references, fmt, given_run,
-                     load_experiment_inputs, results_json, split_clips)
+                     load_experiment_inputs, results_json, split_clips, trained_elsewhere)
 
 #: The exchange term as Table 3's rows were measured (before issue #25's calibration): L_RL +
 #: 0.1 L_ex unnormalised, RLOO over 4 anchors, every type around the first anchor, g fixed, w
@@ -373,8 +373,13 @@ def run_ablation(settings: AblationSettings) -> dict:
         cfg = read_run_config(run_dir)
         differs = departures(cfg, {**dataclasses.asdict(base), **table[name][2]}) \
             if name in settings.runs else {}
-        if differs:   # a given run trained otherwise than the variant: its label says how
-            label = f"{label} (the given run: {changes_text(differs)})"
+        # a given run trained otherwise than the variant, or on other data (a transfer): its
+        # label says how
+        given = [changes_text(differs)] if differs else []
+        if name in settings.runs:
+            given += [x for x in [trained_elsewhere(cfg, cache.root, captioner.path)] if x]
+        if given:
+            label = f"{label} (the given run: {'; '.join(given)})"
         for retention in retentions:
             captions = caption_split(captioner, clips, make_selector("avex", policy=policy),
                                      retention, **decode)

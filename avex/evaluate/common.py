@@ -237,6 +237,24 @@ def given_run(path, checkpoint: str, name: str, *, finished: bool = False) -> di
     return settings
 
 
+def trained_elsewhere(run_config: dict, data_root, captioner_path) -> str | None:
+    """A given run (its config.json, ``run_config``) trained on another benchmark or with
+    another captioner than it is scored with here (their folder names differ): a phrase saying
+    so, for the results' labels and notes; None where they agree. A policy may be scored on
+    other data, but a results file must not pass that off as the run's own benchmark."""
+    data = run_config.get("data", "embedded")
+    benchmark = default_benchmark_path(run_config.get("benchmark_preset", "default")).name \
+        if data == "embedded" else Path(str(data)).name
+    captioner = run_config.get("captioner", "embedded")
+    captioner = f"{benchmark}-{run_config.get('captioner_preset', 'default')}" \
+        if captioner == "embedded" else Path(str(captioner)).name
+    here = Path(data_root).name, Path(captioner_path).name
+    if (benchmark, captioner) == here:
+        return None
+    return (f"trained on `{benchmark}` with captioner `{captioner}`, scored on `{here[0]}` "
+            f"with `{here[1]}`")
+
+
 class Refused(ValueError):
     """What an experiment refuses before it writes anything (a split it can't score, a run it
     can't train): ``python -m avex.evaluate`` prints it as a usage error, without a

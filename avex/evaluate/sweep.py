@@ -28,7 +28,7 @@ from avex.training.run_records import check_reusable
 
 from .common import (PATHS_NOTE, ExperimentSettings, begin, check_names, check_retentions,
                      check_seeds, check_split, check_training_references, fmt, given_run,
-                     load_experiment_inputs, results_json, split_clips)
+                     load_experiment_inputs, results_json, split_clips, trained_elsewhere)
 
 RETENTIONS = (0.5, 0.4, 0.3, 0.2, 0.1)
 
@@ -339,6 +339,7 @@ def run_sweep(settings: SweepSettings) -> dict:
               + (f"; transfer split, {len(transfer)} clips" if transfer else "") + ")")
     notes = [decoding_note(settings)] + [n for n in [rel_note(rows[0])] if n] + [
         f"{labels[m]}: {text}." for m, text in checkpoints.items()] + \
+        transfer_notes(policies, labels, cache.root, captioner.path, out) + \
         privileged_notes(settings.methods)
     differences_md = differences_markdown(intervals, labels, settings.retentions)
     (out / "sweep.md").write_text(sweep_markdown(header, table, qualitative, labels,
@@ -513,6 +514,20 @@ def decoding_note(settings: SweepSettings) -> str:
     return (f"Decoding: {settings.num_beams} beam(s), at most {settings.max_new_tokens} new "
             "tokens"
             + (f" ({where})" if where else "") + ".")
+
+
+def transfer_notes(policies: dict, labels: dict, data_root, captioner_path,
+                   out_dir: Path) -> list[str]:
+    """One note per run trained on another benchmark or with another captioner than the sweep
+    scores with (:func:`avex.evaluate.common.trained_elsewhere`), said as such."""
+    notes = []
+    for method, by_seed in policies.items():
+        for run_dir in dict.fromkeys(run_dir for _, run_dir, _ in by_seed.values()):
+            elsewhere = trained_elsewhere(read_run_config(run_dir), data_root, captioner_path)
+            if elsewhere:
+                notes.append(f"{labels[method]}: {relative_path(run_dir, out_dir)} was "
+                             f"{elsewhere}.")
+    return notes
 
 
 def scored_checkpoints(policies: dict, out_dir: Path) -> dict:
