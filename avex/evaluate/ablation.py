@@ -308,6 +308,16 @@ def departures(run_config: dict, expected: dict) -> dict:
             if key not in PER_RUN_SETTINGS + NOT_TRAINING and run.get(key) != value}
 
 
+def given_run_label(label: str, run_config: dict, expected: dict,
+                    elsewhere: str | None) -> tuple[str, dict]:
+    """(label, departures) of a given run scored as a variant: the settings it was trained with
+    otherwise than ``expected`` (:func:`departures`) and the other data it was trained on
+    (``elsewhere``, :func:`avex.evaluate.common.trained_elsewhere`), both said in its label."""
+    differs = departures(run_config, expected)
+    given = ([changes_text(differs)] if differs else []) + ([elsewhere] if elsewhere else [])
+    return (f"{label} (the given run: {'; '.join(given)})" if given else label), differs
+
+
 def own_warmup(name: str, table: dict | None = None) -> bool:
     """A variant that trains its own warmup instead of starting from the seed's "warmup" run.
     ``table``: the variants' definitions (default :data:`ABLATIONS`)."""
@@ -371,15 +381,9 @@ def run_ablation(settings: AblationSettings) -> dict:
             run_dir = settings.shared_warmup(out, seed)
         policy = load_policy(run_dir, captioner, checkpoint=scored_checkpoint(name, table))
         cfg = read_run_config(run_dir)
-        differs = departures(cfg, {**dataclasses.asdict(base), **table[name][2]}) \
-            if name in settings.runs else {}
-        # a given run trained otherwise than the variant, or on other data (a transfer): its
-        # label says how
-        given = [changes_text(differs)] if differs else []
-        if name in settings.runs:
-            given += [x for x in [trained_elsewhere(cfg, cache.root, captioner.path)] if x]
-        if given:
-            label = f"{label} (the given run: {'; '.join(given)})"
+        label, differs = given_run_label(label, cfg, {**dataclasses.asdict(base), **table[name][2]},
+                                         trained_elsewhere(cfg, cache.root, captioner.path)) \
+            if name in settings.runs else (label, {})
         for retention in retentions:
             captions = caption_split(captioner, clips, make_selector("avex", policy=policy),
                                      retention, **decode)
