@@ -8,12 +8,12 @@ from pathlib import Path
 from avex.captioner import FrozenCaptioner
 from avex.captioner.train import ensure_captioner
 from avex.data import FeatureCache
-from avex.data.embedded import ensure_benchmark
+from avex.data.embedded import default_benchmark_path, ensure_benchmark
 from avex.data.identity import tokenizer_record
 from avex.paths import CAPTIONER_FILE, default_captioner_path
 
 __all__ = ["resolve_asset_paths", "load_cache_and_captioner", "reference_sample",
-           "check_tokenizer", "check_captioner_benchmark"]
+           "check_tokenizer", "check_captioner_benchmark", "asset_names"]
 
 #: an embedded benchmark's generator settings that only say how many clips it draws; the rest
 #: (seed, feature dim, grid, frames, noise) decide its world: concepts, words and features
@@ -112,6 +112,19 @@ def _world(source: dict) -> dict:
     return {**{k: v for k, v in config.items() if k not in SPLIT_SIZE_SETTINGS},
             "generator_version": source.get("generator_version"),
             "layout": source.get("layout")}
+
+
+def asset_names(settings: dict) -> tuple[str, str]:
+    """(benchmark, captioner): the folder names of the feature cache and the captioner that a
+    run's settings (its config.json, or TrainConfig.to_dict()) name, the embedded ones by their
+    presets. Names, not paths: a cache or captioner that only moved keeps its name."""
+    data = settings.get("data", "embedded")
+    benchmark = default_benchmark_path(settings.get("benchmark_preset", "default")).name \
+        if data == "embedded" else Path(str(data)).name
+    captioner = settings.get("captioner", "embedded")
+    captioner = f"{benchmark}-{settings.get('captioner_preset', 'default')}" \
+        if captioner == "embedded" else Path(str(captioner)).name
+    return benchmark, captioner
 
 
 def reference_sample(cache, count: int = 32) -> list[str]:

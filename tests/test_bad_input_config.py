@@ -265,3 +265,32 @@ def test_copied_or_moved_run_resumes_where_it_is_now(tmp_path, move):
     assert run.cfg.benchmark_preset == "tiny"  # the run's own settings, not the defaults
     if saved is not None:  # the original is untouched
         assert (original / "config.json").read_text() == saved
+
+
+def warmup_run(path, **settings):
+    """A run directory with a warmup policy file and the settings ``settings``."""
+    path.mkdir(parents=True)
+    (path / "warmup_policy.safetensors").write_bytes(b"")
+    (path / "config.json").write_text(json.dumps(settings))
+    return path
+
+
+def test_a_warmup_from_a_run_with_another_captioner_is_refused_before_any_file(tmp_path,
+                                                                                capsys):
+    other = warmup_run(tmp_path / "b1", data="/c/benchmarks/embedded-default-seed1",
+                       captioner="/c/captioners/embedded-default-seed1-default")
+    exits_with_usage_error(
+        train_main, ["--warmup-from", str(other), "--run-dir", str(tmp_path / "run")],
+        r"warmup_from: .*b1 was trained with captioner 'embedded-default-seed1-default' \(on "
+        r"'embedded-default-seed1'\), this run with 'embedded-default-seed0-default' \(on "
+        r"'embedded-default-seed0'\); its warmup policy scored the other captioner's", capsys)
+    assert not (tmp_path / "run").exists()
+    # the same captioner, wherever it lies now (or named by its preset), on any cache: passes
+    for name, settings in (("moved", {"data": "/x/embedded-default-seed0",
+                                      "captioner": "/x/embedded-default-seed0-default"}),
+                           ("presets", {"data": "embedded", "captioner": "embedded"}),
+                           ("other-cache", {"data": "/mine/cache",
+                                            "captioner": "/x/embedded-default-seed0-default"})):
+        run = prepare_run(TrainConfig(warmup_from=str(warmup_run(tmp_path / name, **settings)),
+                                      run_dir=str(tmp_path / f"run-{name}")))
+        assert run.cfg.warmup_from == str(tmp_path / name)

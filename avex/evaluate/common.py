@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 
 from avex import _checks
-from avex.cache_and_captioner import (check_captioner_benchmark, load_cache_and_captioner,
-                                     resolve_asset_paths)
+from avex.cache_and_captioner import (asset_names, check_captioner_benchmark,
+                                     load_cache_and_captioner, resolve_asset_paths)
 from avex.data.cache import META_FILE
 from avex.data.embedded import default_benchmark_path
 from avex.files import check_weights
@@ -242,12 +242,7 @@ def trained_elsewhere(run_config: dict, data_root, captioner_path) -> str | None
     another captioner than it is scored with here (their folder names differ): a phrase saying
     so, for the results' labels and notes; None where they agree. A policy may be scored on
     other data, but a results file must not pass that off as the run's own benchmark."""
-    data = run_config.get("data", "embedded")
-    benchmark = default_benchmark_path(run_config.get("benchmark_preset", "default")).name \
-        if data == "embedded" else Path(str(data)).name
-    captioner = run_config.get("captioner", "embedded")
-    captioner = f"{benchmark}-{run_config.get('captioner_preset', 'default')}" \
-        if captioner == "embedded" else Path(str(captioner)).name
+    benchmark, captioner = asset_names(run_config)
     here = Path(data_root).name, Path(captioner_path).name
     if (benchmark, captioner) == here:
         return None

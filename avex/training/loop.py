@@ -24,16 +24,17 @@ import torch
 from safetensors.torch import load_file
 
 from avex import _checks
-from avex.cache_and_captioner import (check_captioner_benchmark, load_cache_and_captioner,
-                                     resolve_asset_paths)
+from avex.cache_and_captioner import (asset_names, check_captioner_benchmark,
+                                     load_cache_and_captioner, resolve_asset_paths)
 from avex.data import FeatureCache
 from avex.fidelity import full_captions
 from avex.policy import AVEXPolicy, TrainedOn, layout_of, row_layouts
 from avex.progress import progress_bar, show
 from avex.registry import METHODS
 from avex.reward import CiderD
-from avex.run_files import (CACOVID_DIR, EXCHANGE_CALIBRATION_FILE, SAVED_POLICY_DIR,
-                            latest_checkpoint, read_state, warmup_policy_file)
+from avex.run_files import (CACOVID_DIR, CONFIG_FILE, EXCHANGE_CALIBRATION_FILE,
+                            SAVED_POLICY_DIR, latest_checkpoint, read_run_config, read_state,
+                            warmup_policy_file)
 from avex.selection import AVLayout
 from avex.stop_signals import StopSignals
 from avex.training.checkpoint import load_checkpoint, set_rng_state
@@ -384,6 +385,7 @@ def prepare_run(cfg: TrainConfig, *, resume: bool = False, explicit: dict | None
     cfg.run_dir = choose_run_dir(cfg, resume)
     if resume:
         cfg = resumed_config(cfg, explicit)
+    check_warmup_source(cfg)
     if cfg.data != "embedded":  # a user's cache: manifest, shard headers and splits, read now
         cache = FeatureCache(cfg.data)
         if cfg.captioner != "embedded":
@@ -393,6 +395,22 @@ def prepare_run(cfg: TrainConfig, *, resume: bool = False, explicit: dict | None
             cache.split(cfg.eval_split)
             cfg.eval_methods = comparisons_the_data_can_train(cfg, cache)
     return Run(cfg, resume=resume)
+
+
+def check_warmup_source(cfg: TrainConfig) -> None:
+    """``warmup_from``'s run must have been trained with this run's captioner (the same folder
+    name; :func:`avex.cache_and_captioner.asset_names`): its warmup policy scored that
+    captioner's embeddings of the clips, so another's would start RL from scores of inputs it
+    never saw. Another cache with the same captioner is a choice, and passes."""
+    if not cfg.warmup_from or not (Path(cfg.warmup_from) / CONFIG_FILE).is_file():
+        return
+    theirs, mine = asset_names(read_run_config(cfg.warmup_from)), asset_names(cfg.to_dict())
+    if theirs[1] != mine[1]:
+        raise ValueError(f"warmup_from: {cfg.warmup_from} was trained with captioner "
+                         f"{theirs[1]!r} (on {theirs[0]!r}), this run with {mine[1]!r} (on "
+                         f"{mine[0]!r}); its warmup policy scored the other captioner's "
+                         "embeddings of the clips. Pass a run trained with this captioner, or "
+                         "drop --warmup-from to train a warmup here")
 
 
 def check_references(cfg: TrainConfig, cache) -> None:
