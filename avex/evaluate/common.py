@@ -15,7 +15,7 @@ import numpy as np
 from avex import _checks
 from avex.cache_and_captioner import (asset_names, check_captioner_benchmark,
                                      load_cache_and_captioner, resolve_asset_paths)
-from avex.data.cache import META_FILE
+from avex.data.cache import peek_meta
 from avex.data.embedded import default_benchmark_path
 from avex.files import check_weights
 from avex.judge_identity import judge_record, judge_warnings
@@ -93,8 +93,8 @@ class ExperimentSettings:
             raise FileNotFoundError(f"--data: no feature cache at {self.data!r}"
                                     + not_a_cache(self.data))
         if self.data != "embedded" and self.captioner != "embedded":
-            check_captioner_benchmark(cache_source(self.data), self.captioner, self.data,
-                                      name="--captioner")
+            check_captioner_benchmark((peek_meta(self.data) or {}).get("source"),
+                                      self.captioner, self.data, name="--captioner")
 
     def given_runs(self) -> dict:
         """Flag -> settings of each trained run the experiment is given (checked now, before
@@ -260,16 +260,6 @@ def not_a_cache(path) -> str:
     what = "a file" if Path(path).is_file() else "a directory without meta.json"
     return "" if not Path(path).exists() else f" ({what}; a feature cache is a directory " \
         "holding meta.json)"
-
-
-def cache_source(path) -> dict | None:
-    """The ``source`` record of the feature cache at ``path`` (its meta.json), read without
-    opening the cache; None where it can't be read (opening the cache names why)."""
-    try:
-        meta = json.loads((Path(path) / META_FILE).read_text(encoding="utf-8"))
-    except (ValueError, OSError):
-        return None
-    return meta.get("source") if isinstance(meta, dict) else None
 
 
 def load_experiment_inputs(settings: ExperimentSettings):

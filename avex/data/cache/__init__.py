@@ -7,10 +7,11 @@
 """
 from avex.data.cache.format import (CLIP_ID_PATTERN, FORMAT_NAME, FORMAT_VERSION, MANIFEST_FILE,
                                     META_FILE, SHARD_DIR, SPLITS, CacheError, CacheMeta, Clip,
-                                    is_feature_cache, json_lines)
+                                    is_feature_cache, json_lines, peek_meta)
 from avex.data.cache.reader import CacheSplit, FeatureCache
 from avex.data.cache.writer import CacheWriter, check_replaceable, install_cache
 
 __all__ = ["CLIP_ID_PATTERN", "FORMAT_NAME", "FORMAT_VERSION", "MANIFEST_FILE", "META_FILE",
            "SHARD_DIR", "SPLITS", "CacheError", "CacheMeta", "CacheSplit", "CacheWriter", "Clip",
-           "FeatureCache", "check_replaceable", "install_cache", "is_feature_cache", "json_lines"]
+           "FeatureCache", "check_replaceable", "install_cache", "is_feature_cache", "json_lines",
+           "peek_meta"]

@@ -141,14 +141,20 @@ ANNOTATION_LENGTH = {"visual_role": lambda visual, audio: visual.shape[0],
                      "audio_role": lambda visual, audio: audio.shape[0]}
 
 
-def is_feature_cache(path) -> bool:
-    """Whether ``path`` is a folder holding a feature cache's meta.json (the format's name in
-    it): the one kind of folder ``overwrite`` may replace."""
+def peek_meta(path) -> dict | None:
+    """The JSON object in ``path``'s meta.json, read without opening the cache (no manifest, no
+    check); None where there is none to read (opening the cache names why)."""
     try:
         meta = json.loads((Path(path) / META_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return False
-    return isinstance(meta, dict) and meta.get("format") == FORMAT_NAME
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
+def is_feature_cache(path) -> bool:
+    """Whether ``path`` is a folder holding a feature cache's meta.json (the format's name in
+    it): the one kind of folder ``overwrite`` may replace."""
+    return (peek_meta(path) or {}).get("format") == FORMAT_NAME
 
 
 def is_count(value) -> bool:
