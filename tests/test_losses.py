@@ -164,6 +164,49 @@ def test_leave_one_out_baseline_ignores_the_anchors_own_reward():
     assert (after[0, 1:] - before[0, 1:]).tolist() == pytest.approx([-4.0] * 3, rel=1e-5)
 
 
+# rewards whose mean is not exact in float32: (sum - r) / (A - 1) differs from r by rounding
+TIED = (27.87, 0.3, 463.7)
+
+
+@pytest.mark.parametrize("value", TIED)
+def test_tied_rewards_give_no_gradient_whatever_the_rounding(value):
+    """A micro-batch whose every set ties (CIDEr's identical greedy captions) has no signal. The
+    leave-one-out and the paper's baselines are means of equal floats, and their rounding
+    error, standardised by its own std, once made advantages of +-1: full-size steps on noise."""
+    torch.manual_seed(0)
+    log_prob = torch.randn(4, 8, requires_grad=True)
+    k = torch.full((4,), 10)
+    leave_one_out_loss(log_prob, torch.full((4, 8), value), k).sum().backward()
+    assert log_prob.grad.abs().max().item() == 0.0
+    one = torch.randn(1, requires_grad=True)   # B = 1: the std fallback divides by |advantage|
+    policy_gradient_loss(one, torch.tensor([value]), torch.full((1, 3), value),
+                         torch.ones(1, 3, dtype=torch.bool), normalize=True,
+                         set_size=torch.tensor([5])).sum().backward()
+    assert one.grad.item() == 0.0
+    anchors = torch.randn(2, 4, requires_grad=True)
+    anchored_policy_gradient_loss(anchors, torch.full((2, 4), value), torch.full((2, 4), value),
+                                  torch.ones(2, 4, dtype=torch.bool), [0, 1, 2, 3],
+                                  normalize=True, set_size=torch.tensor([5, 5])).sum().backward()
+    assert anchors.grad.abs().max().item() == 0.0
+
+
+def test_a_tied_clip_beside_untied_ones_gets_exactly_zero():
+    """Only the tied clip is zeroed; the others keep their by-hand advantages, and an invalid
+    counterfactual slot does not count as a difference."""
+    log_prob = torch.zeros(2, 3, requires_grad=True)
+    rewards = torch.tensor([[27.87, 27.87, 27.87], [10.0, 10.0, 40.0]])
+    leave_one_out_loss(log_prob, rewards, torch.tensor([1, 1])).sum().backward()
+    assert log_prob.grad[0].tolist() == [0.0, 0.0, 0.0]
+    adv = torch.tensor([-15.0, -15.0, 30.0])
+    adv = adv / torch.cat([torch.zeros(3), adv]).std(unbiased=False)
+    torch.testing.assert_close(log_prob.grad[1], -adv / 3)
+    one = torch.randn(2, requires_grad=True)
+    valid = torch.tensor([[True, False], [True, True]])
+    policy_gradient_loss(one, torch.tensor([5.0, 5.0]), torch.tensor([[5.0, 9.0], [5.0, 9.0]]),
+                         valid).sum().backward()
+    assert one.grad[0].item() == 0.0 and one.grad[1].item() != 0.0
+
+
 def test_leave_one_out_needs_two_anchors():
     with pytest.raises(ValueError, match="rewards has 1 anchor per sample"):
         leave_one_out_loss(torch.zeros(2, 1), torch.zeros(2, 1), torch.ones(2))

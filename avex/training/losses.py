@@ -112,7 +112,8 @@ def policy_gradient_loss_unchecked(log_prob, anchor_reward, counterfactual_rewar
     """:func:`policy_gradient_loss` without its checks (no host sync)."""
     cf = torch.where(valid, counterfactual_rewards, torch.zeros_like(counterfactual_rewards))
     baseline = (anchor_reward + cf.sum(dim=1)) / (1 + valid.sum(dim=1))
-    advantage = (anchor_reward - baseline).detach()
+    tied = (~valid | (counterfactual_rewards == anchor_reward[:, None])).all(dim=1)
+    advantage = _zero_where_tied(anchor_reward - baseline, tied).detach()
     if normalize:
         advantage = advantage / _advantage_scale(advantage)
         k = set_size.to(log_prob.dtype)
@@ -132,10 +133,10 @@ def set_level_loss_unchecked(log_prob: torch.Tensor, reward: torch.Tensor) -> to
     """:func:`set_level_loss` without its checks (no host sync)."""
     count = reward.shape[0]
     if count < 2:
-        baseline = torch.zeros_like(reward)
-    else:
-        baseline = (reward.sum() - reward) / (count - 1)
-    return -(reward - baseline).detach() * log_prob
+        return -reward.detach() * log_prob
+    baseline = (reward.sum() - reward) / (count - 1)
+    advantage = _zero_where_tied(reward - baseline, (reward == reward[:1]).all())
+    return -advantage.detach() * log_prob
 
 
 def leave_one_out_loss(log_prob: torch.Tensor, rewards: torch.Tensor,
@@ -159,7 +160,8 @@ def leave_one_out_loss_unchecked(log_prob: torch.Tensor, rewards: torch.Tensor,
     """:func:`leave_one_out_loss` without its checks (no host sync)."""
     count = rewards.shape[1]
     baseline = (rewards.sum(dim=1, keepdim=True) - rewards) / (count - 1)
-    advantage = (rewards - baseline).detach()
+    tied = (rewards == rewards[:, :1]).all(dim=1, keepdim=True)
+    advantage = _zero_where_tied(rewards - baseline, tied).detach()
     advantage = advantage / _advantage_scale(advantage)
     k = set_size.to(log_prob.dtype)[:, None]
     scaled = torch.where(k > 0, log_prob / k.clamp_min(1), torch.zeros_like(log_prob))
@@ -229,7 +231,9 @@ def anchored_policy_gradient_loss_unchecked(log_prob, anchor_rewards, counterfac
     member = F.one_hot(owner, anchors).to(anchor_rewards.dtype)               # [E, A]
     cf = torch.where(valid, counterfactual_rewards, torch.zeros_like(counterfactual_rewards))
     baseline = (anchor_rewards + cf @ member) / (1 + valid.to(member.dtype) @ member)
-    advantage = (anchor_rewards - baseline).detach()
+    differs = valid & (counterfactual_rewards != anchor_rewards[:, owner])   # [B, E]
+    tied = (differs.to(member.dtype) @ member) == 0                          # [B, A]
+    advantage = _zero_where_tied(anchor_rewards - baseline, tied).detach()
     if normalize:
         advantage = advantage / _advantage_scale(advantage)
         k = set_size.to(log_prob.dtype)[:, None]
@@ -261,6 +265,14 @@ def avex_objective(log_prob, anchor_reward, counterfactual_rewards, delta_f, val
     zero = torch.zeros((), dtype=rl.dtype, device=rl.device)
     loss = (rl if use_rl else zero) + (lambda_ex * ex if use_exchange else zero)
     return {"loss": loss, "rl": rl.detach(), "exchange": ex.detach()}
+
+
+def _zero_where_tied(advantage: torch.Tensor, tied: torch.Tensor) -> torch.Tensor:
+    """``advantage`` with exact zeros wherever every reward it compares is the same (``tied``,
+    broadcast to it). A baseline computed as a mean of equal floats need not equal them, and
+    the batch std of the rounding left over would standardise it to +-1: a full-size step on
+    no signal, where every set of a micro-batch ties (CIDEr's greedy captions often do)."""
+    return torch.where(tied, torch.zeros_like(advantage), advantage)
 
 
 def _advantage_scale(advantage: torch.Tensor) -> torch.Tensor:
