@@ -58,7 +58,7 @@ CLI_CASES = [
     usage("evaluate ablation --seeds -1", evaluate_main, ["ablation", "--seeds", "-1"], "seeds must be >= 0, got -1"),
     usage("evaluate ablation --run with two seeds", evaluate_main, ["ablation", "--seeds", "0,1", "--run", "full=/tmp"], r"--run reuses one run per variant, so it takes one seed; got seeds \[0, 1\]"),
     usage("evaluate ablation --train-args overridden by a variant", evaluate_main, ["ablation", "--variants", "Dc-fid", "--train-args", "--reward cider+fidelity"], r"--train-args: reward='cider\+fidelity' would be overridden: variant 'Dc-fid' is defined with reward='fidelity'"),
-    usage("evaluate ablation --train-args '--retention 0.3'", evaluate_main, ["ablation", "--train-args", "--retention 0.3"], r"--train-args: retention=0.3 would be replaced by the experiment's own retention, 0.2; give the experiment --retention instead"),
+    usage("evaluate ablation --train-args '--retention 0.3'", evaluate_main, ["ablation", "--train-args", "--retention 0.3"], r"--train-args: retention = 0.3 has no effect while train_retentions is"),
     usage("evaluate sweep --train-args '--seed 3'", evaluate_main, ["sweep", "--train-args", "--seed 3"], r"--train-args: seed=3 is set by the experiment for each run it trains"),
     usage("evaluate sweep --train-args overridden by CaCoVID-AV", evaluate_main, ["sweep", "--train-args", "--reward cider+fidelity"], r"--train-args: reward='cider\+fidelity' would be overridden: method 'CaCoVID-AV' is defined with reward='cider'"),
     usage("evaluate ablation --variants bogus", evaluate_main, ["ablation", "--variants", "bogus"], r"variants must be one of .* got 'bogus'"),

@@ -73,6 +73,10 @@ CONFIG_CASES = [
     case("own cache, embedded captioner", cfg(data="."), ValueError, "captioner='embedded' goes with data='embedded'"),
     case("epochs 0 without warmup_only", cfg(epochs=0.0), ValueError, "epochs is 0: the run would take no RL step"),
     case("warmup_only with warmup_epochs 0", cfg(warmup_only=True, warmup_epochs=0.0), ValueError, "warmup_only with warmup_epochs 0 trains nothing"),
+    case("eval_retentions duplicated", cfg(eval_retentions=[0.4, 0.4]), ValueError, r"eval_retentions has duplicates: \[0.4, 0.4\]"),
+    case("eval_retentions empty", cfg(eval_retentions=[]), ValueError, "eval_retentions is empty: the table would score no retention"),
+    case("train_retentions with 1.0", cfg(train_retentions=[0.5, 1.0]), ValueError, "train_retentions holds 1.0, which keeps every token"),
+    case("retention 1.0 alone", cfg(train_retentions=[], retention=1.0), ValueError, "retention holds 1.0, which keeps every token"),
 ]
 
 
@@ -134,6 +138,15 @@ TRAIN_CLI_CASES = [
     usage("--exchange-selection greedy", train_main, ["--exchange-selection", "greedy"], r"exchange_selection must be one of .* got 'greedy'"),
     usage("--exchange-types vv,vv", train_main, ["--exchange-types", "vv,vv"], r"exchange_types has duplicates: \['vv', 'vv'\]"),
     usage("--epochs 0", train_main, ["--epochs", "0"], "epochs is 0: the run would take no RL step"),
+    usage("--retention beside the draw", train_main, ["--retention", "0.9"], r"retention = 0.9 has no effect while train_retentions is \[0.5, 0.4, 0.3, 0.2, 0.1\].*--train-retentions 0.9"),
+    usage("--warmup-only with an RL setting", train_main, ["--warmup-only", "--lr", "0.5"], r"lr = 0.5 has no effect in a warmup-only run"),
+    usage("--warmup-only with --anchors", train_main, ["--warmup-only", "--anchors", "3"], r"anchors = 3 has no effect in a warmup-only run"),
+    usage("--warmup-only with CaCoVID-AV asked", train_main, ["--warmup-only", "--eval-methods", "random,cacovid"], r"eval_methods = \['random', 'cacovid'\] has no effect in a warmup-only run"),
+    usage("--no-evaluate with a table setting", train_main, ["--no-evaluate", "--eval-retentions", "0.3"], r"eval_retentions = \[0.3\] has no effect with --no-evaluate"),
+    usage("--normalize-rl with rloo", train_main, ["--normalize-rl"], r"normalize_rl = True has no effect with rl_estimator 'rloo' and no exchange term"),
+    usage("--no-rl without exchanges", train_main, ["--no-rl"], r"rl = False has no effect without the exchange term"),
+    usage("--exchange-search with --anchors", train_main, ["--exchange-search", "--selection", "topk", "--anchors", "4"], r"anchors = 4 has no effect with the exchange search"),
+    usage("--eval-retentions empty", train_main, ["--eval-retentions", ""], r"eval_retentions is empty|invalid comma-separated"),
     pytest.param(train_main, ["--device", "cuda:1"], "CUDA is not available|this machine has 1 CUDA", id="--device cuda:1 on a machine without it", marks=pytest.mark.skipif(torch.cuda.device_count() > 1, reason="this machine has a cuda:1")),
 ]
 
@@ -294,3 +307,23 @@ def test_a_warmup_from_a_run_with_another_captioner_is_refused_before_any_file(t
         run = prepare_run(TrainConfig(warmup_from=str(warmup_run(tmp_path / name, **settings)),
                                       run_dir=str(tmp_path / f"run-{name}")))
         assert run.cfg.warmup_from == str(tmp_path / name)
+
+
+def _fake_warmup_run(path: Path) -> Path:
+    path.mkdir()
+    (path / "warmup_policy.safetensors").write_bytes(b"")  # only its presence is checked here
+    return path
+
+
+@pytest.mark.parametrize("extra,match", [
+    (["--warmup-only"], "warmup_only with warmup_from=.* trains nothing"),
+    (["--warmup-epochs", "2"], r"warmup_epochs = 2.0 has no effect with warmup_from"),
+    (["--warmup-lr", "1e-3"], r"warmup_lr = 0.001 has no effect with warmup_from"),
+])
+def test_warmup_settings_beside_a_read_warmup_are_refused(tmp_path, capsys, extra, match):
+    """--warmup-from reads the warmup, so warmup-only trains nothing and the warmup's own
+    settings would be dropped: refused before any file is written."""
+    source = _fake_warmup_run(tmp_path / "source")
+    exits_with_usage_error(train_main, ["--warmup-from", str(source), *extra,
+                                         "--run-dir", str(tmp_path / "run")], match, capsys)
+    assert not (tmp_path / "run").exists()

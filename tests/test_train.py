@@ -372,3 +372,43 @@ def test_a_run_saved_before_reward_and_selection_existed_resumes_with_cider_and_
                                                  "selection": "set-aware", "redundancy": 2.0}))
     cfg = resumed_config(TrainConfig(run_dir=str(run), selection="topk"))
     assert (cfg.reward, cfg.selection, cfg.redundancy) == ("fidelity", "set-aware", 2.0)
+
+
+@pytest.mark.slow
+def test_a_stop_while_the_table_is_made_names_this_runs_resume(cache_dir, tmp_path, capsys,
+                                                              monkeypatch):
+    """A stop while CaCoVID-AV trains for the table, or while the table is scored, exits 130
+    with this run's resume command (a comparison's own run would resume without the table),
+    never a traceback; the resumed run then writes the table."""
+    from avex.training import loop
+    from avex.training.stopping import TrainingInterrupted
+
+    run_dir = tmp_path / "run"
+    args = tiny_args(cache_dir, run_dir, "--eval-retentions", "0.4", "--max-eval-clips", "4")
+    resume = f"python -m avex.train --resume --run-dir {run_dir}"
+
+    def comparison_stopped(*_, **__):
+        raise TrainingInterrupted(run_dir / "cacovid" / "checkpoints" / "step-00000002",
+                                  f"python -m avex.train --resume --run-dir {run_dir}/cacovid")
+
+    monkeypatch.setattr(loop, "train_variant", comparison_stopped)
+    with pytest.raises(SystemExit) as stop:
+        main(args)
+    err = capsys.readouterr().err
+    assert stop.value.code == 130 and f"{resume}\n" in err + "\n" and "/cacovid" not in \
+        err.split("resume with:")[1], err
+    assert "training a comparison method of the table stopped" in err
+
+    def scoring_stopped(*_, **__):
+        raise KeyboardInterrupt
+
+    monkeypatch.undo()
+    monkeypatch.setattr(loop, "score_run", scoring_stopped)
+    with pytest.raises(SystemExit) as stop:
+        main(["--resume", "--run-dir", str(run_dir), "--no-progress"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 130 and "stopped while scoring the table" in err, err
+    assert resume in err and "Traceback" not in err
+    monkeypatch.undo()
+    assert main(["--resume", "--run-dir", str(run_dir), "--no-progress"])["rows"]
+    assert (run_dir / "results.md").exists()

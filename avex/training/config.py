@@ -230,6 +230,9 @@ class TrainConfig:
         if self.warmup_only and self.warmup_epochs == 0:
             raise ValueError("warmup_only with warmup_epochs 0 trains nothing; give "
                              "--warmup-epochs > 0")
+        if self.warmup_only and self.warmup_from is not None:
+            raise ValueError(f"warmup_only with warmup_from={self.warmup_from!r} trains "
+                             "nothing (the warmup would be read, not trained); drop one")
 
     def _validate_optimiser(self) -> None:
         """Batch sizes and learning rates."""
@@ -272,6 +275,11 @@ class TrainConfig:
                             f"{type(self.eval_retentions).__name__}: {self.eval_retentions!r}")
         for i, r in enumerate(self.eval_retentions):
             _checks.ratio(f"eval_retentions[{i}]", r)
+        if len(set(self.eval_retentions)) != len(self.eval_retentions):
+            raise ValueError(f"eval_retentions has duplicates: {list(self.eval_retentions)}")
+        if self.evaluate and not self.eval_retentions:
+            raise ValueError("eval_retentions is empty: the table would score no retention; "
+                             "give at least one, or --no-evaluate")
         _checks.choice("eval_split", self.eval_split, set(SPLITS))
         _checks.optional_int_at_least("max_eval_clips", self.max_eval_clips, 1)
         _checks.int_at_least("checkpoint_every", self.checkpoint_every, 1)
@@ -300,6 +308,11 @@ class TrainConfig:
                             f"{type(self.train_retentions).__name__}: {self.train_retentions!r}")
         for r in self.train_retentions:
             _checks.ratio("train_retentions", r)
+        for name, values in (("train_retentions", self.train_retentions),
+                             ("retention", [] if self.train_retentions else [self.retention])):
+            if 1.0 in values:  # every token kept: one possible set, nothing to learn
+                raise ValueError(f"{name} holds 1.0, which keeps every token: every sampled "
+                                 "set is the same and RL has nothing to learn; use ratios < 1")
         _checks.flag("policy_positional", self.policy_positional)
 
     def _validate_rl(self) -> None:
@@ -452,6 +465,15 @@ SEARCH_SETTINGS = ("search_rounds", "search_candidates", "search_deep", "distill
                    "distill_loss")
 
 
+#: settings only the RL phase reads (the warmup reads its own lr, epochs and the batch sizes)
+RL_SETTINGS = ("epochs", "lr", "lr_warmup", "anchors", "rl_estimator", "normalize_rl", "rl",
+               "lambda_target", "lambda_best", "lambda_pairs", "retention_lr", "tau")
+#: settings only the warmup reads
+WARMUP_SETTINGS = ("warmup_epochs", "warmup_lr")
+#: settings only the end-of-run table reads
+TABLE_SETTINGS = ("eval_retentions", "eval_split", "max_eval_clips", "eval_methods")
+
+
 def explicit_settings(args: argparse.Namespace, *, with_preset: bool = True) -> dict:
     """The settings the command line asked for: the preset's, the config file's, then flags."""
     values = dict(PRESETS[args.preset]) if with_preset else {}
@@ -475,6 +497,7 @@ def resolve_config(args: argparse.Namespace) -> TrainConfig:
     cfg = TrainConfig(**{**PRESETS[args.preset], **asked}).validate()
     if not getattr(args, "resume", False):  # a resume checks its own run
         refuse_without_effect(cfg, asked)
+        refuse_outside_their_phase(cfg, asked)
     return cfg
 
 
@@ -506,3 +529,43 @@ def refuse_without_effect(cfg: TrainConfig, asked: dict) -> None:
         raise ValueError(f"g = {asked['g']!r} has no effect while g_fraction is "
                          f"{cfg.g_fraction} (g = g_fraction x K); add --g-fraction 0 for a "
                          "fixed g")
+
+
+def refuse_outside_their_phase(cfg: TrainConfig, asked: dict) -> None:
+    """Refuse a setting of ``asked`` whose phase the run skips, or that another setting
+    overrides: a warmup-only run's RL settings, a --warmup-from run's warmup settings, the
+    table's settings with --no-evaluate, ``retention`` beside ``train_retentions``, and the RL
+    estimator's settings where the estimator does not read them."""
+    def refuse(name, why, fix):
+        raise ValueError(f"{name} = {asked[name]!r} has no effect {why}; {fix}")
+
+    skipped = [(RL_SETTINGS, "in a warmup-only run (no RL phase)", "drop it or --warmup-only")
+               ] if cfg.warmup_only else []
+    if cfg.warmup_from is not None:
+        skipped.append((WARMUP_SETTINGS, "with warmup_from (the warmup is read, not trained)",
+                        "drop it or --warmup-from"))
+    if not cfg.evaluate:
+        skipped.append((TABLE_SETTINGS, "with --no-evaluate (no table is scored)",
+                        "drop it or --no-evaluate"))
+    if cfg.exchange_search:
+        skipped.append((("anchors", "rl_estimator", "rl", "normalize_rl"),
+                        "with the exchange search (it draws no anchors)",
+                        "drop it or --exchange-search"))
+    for names, why, fix in skipped:
+        for name in names:
+            if name in asked:
+                refuse(name, why, fix)
+    if cfg.warmup_only and "cacovid" in asked.get("eval_methods", ()):
+        refuse("eval_methods", "in a warmup-only run: CaCoVID-AV trains from the finished "
+               "run's RL settings", "leave 'cacovid' out, or drop --warmup-only")
+    if "retention" in asked and cfg.train_retentions:
+        refuse("retention", f"while train_retentions is {list(cfg.train_retentions)} (RL "
+               "draws from those)", "to train at one retention pass --train-retentions "
+               f"{asked['retention']}")
+    if "normalize_rl" in asked and not (cfg.rl_estimator == "paper" and cfg.exchanges):
+        refuse("normalize_rl", f"with rl_estimator {cfg.rl_estimator!r}"
+               + ("" if cfg.exchanges else " and no exchange term"),
+               "it scales the paper estimator's advantages beside --exchanges; drop it")
+    if "rl" in asked and not cfg.rl and not cfg.exchanges:
+        refuse("rl", "without the exchange term: L_RL is then the only signal and trains "
+               "all the same", "add --exchanges for L_ex alone, or drop --no-rl")

@@ -193,12 +193,30 @@ class Run:
                 self.run_rl(model, captioner, clips_train, start_step, saved)
         results = {}
         if cfg.evaluate:
-            comparisons = self.train_comparisons()
-            if self.procs.main:
-                results = score_run(cfg, self.run_dir, policy, captioner, cache, comparisons)
+            results = self.score_table(policy, captioner, cache)
         self.procs.barrier()
         self.procs.close()
         return results
+
+    def score_table(self, policy, captioner, cache) -> dict:
+        """Train the table's comparison methods, then score the table (the main process). A
+        stop in either names this run's resume command, which redoes what is missing: a
+        comparison's own run would resume without the table."""
+        resume = self.books.resume_command()
+        try:
+            comparisons = self.train_comparisons()
+        except TrainingInterrupted as stop:
+            raise TrainingInterrupted(stop.checkpoint, resume,
+                                      "training a comparison method of the table stopped at "
+                                      "a step boundary") from None
+        if not self.procs.main:
+            return {}
+        try:
+            return score_run(self.cfg, self.run_dir, policy, captioner, cache, comparisons)
+        except KeyboardInterrupt:
+            raise TrainingInterrupted(latest_checkpoint(self.run_dir), resume,
+                                      "stopped while scoring the table; the trained policy is "
+                                      "saved") from None
 
     def train_comparisons(self) -> dict:
         """The trained methods of the final table, each trained from this run's seed and warmup
@@ -508,6 +526,6 @@ def main(argv=None) -> dict:
     try:
         return {"run_dir": run.cfg.run_dir, **run.execute()}
     except TrainingInterrupted as stop:
-        print(f"training stopped at a step boundary; checkpoint: {stop.checkpoint}\n"
+        print(f"{stop.what}; checkpoint: {stop.checkpoint}\n"
               f"resume with:\n  {stop.resume}", file=sys.stderr, flush=True)
         sys.exit(130)

@@ -10,9 +10,10 @@ class TrainingInterrupted(KeyboardInterrupt):
     ``resume`` is the command that continues the run. ``python -m avex.train`` prints it and
     exits with status 130."""
 
-    def __init__(self, checkpoint: Path, resume: str):
-        super().__init__(f"training stopped; checkpoint {checkpoint}; resume with: {resume}")
-        self.checkpoint, self.resume = checkpoint, resume
+    def __init__(self, checkpoint: Path, resume: str,
+                 what: str = "training stopped at a step boundary"):
+        super().__init__(f"{what}; checkpoint {checkpoint}; resume with: {resume}")
+        self.checkpoint, self.resume, self.what = checkpoint, resume, what
 
 
 #: RL steps at the start of a run whose rewards must not all be 0
