@@ -98,6 +98,8 @@ CLI_CASES = [
     usage("policy --backbone a file that isn't JSON", policy_main, ["--backbone", THIS_FILE], r"backbone '.*test_bad_input_cli\.py': .* is not a Hugging Face config \(JSONDecodeError"),
     usage("policy --backbone a folder without config.json", policy_main, ["--backbone", TESTS], r"backbone '.*tests': .*config\.json is not a Hugging Face config \(FileNotFoundError"),
     usage("captioner train --data missing", captioner_main, ["train", "--data", "/no/such"], "--data: no feature cache at '/no/such'"),
+    usage("captioner train --data with --seed", captioner_main, ["train", "--data", "/no/such", "--seed", "3"], r"--seed 3 has no effect with --data"),
+    usage("captioner train --data with --benchmark-preset", captioner_main, ["train", "--data", "/no/such", "--benchmark-preset", "tiny"], r"--benchmark-preset tiny has no effect with --data"),
     usage("captioner caption -n 0", captioner_main, ["caption", "--data", ".", "-n", "0"], "n must be >= 1, got 0"),
     usage("captioner caption --retention 2", captioner_main, ["caption", "--data", ".", "--retention", "2"], r"retention must be in \(0, 1\], got 2.0"),
     usage("captioner caption --num-beams 0", captioner_main, ["caption", "--data", ".", "--num-beams", "0"], "num_beams must be >= 1, got 0"),

@@ -35,14 +35,20 @@ def cmd_train(args) -> int:
     changes = {k: getattr(args, k) for k in ("steps", "batch_size", "lr")
                if getattr(args, k) is not None}
     cfg = dataclasses.replace(cfg, **changes).validate()
-    _checks.int_at_least("seed", args.seed, 0)
     if args.device is not None:
         _checks.available_device("device", args.device)
     if args.data:
+        for flag, value in (("--benchmark-preset", args.benchmark_preset), ("--seed", args.seed)):
+            if value is not None:  # they choose the embedded benchmark that --data replaces
+                raise ValueError(f"{flag} {value} has no effect with --data (the captioner "
+                                 f"trains on {args.data!r}); drop one")
         bench = Path(args.data)
         if not (bench / "meta.json").is_file():
             raise FileNotFoundError(f"--data: no feature cache at {args.data!r}")
     else:
+        args.benchmark_preset = args.benchmark_preset or "default"
+        args.seed = 0 if args.seed is None else args.seed
+        _checks.int_at_least("seed", args.seed, 0)
         if args.benchmark_preset not in BENCHMARK_PRESETS:
             raise ValueError(f"benchmark_preset must be one of {sorted(BENCHMARK_PRESETS)}, "
                              f"got {args.benchmark_preset!r}")
@@ -146,9 +152,9 @@ def main(argv=None) -> int:
     train.add_argument("--preset", default="default", choices=sorted(PRESETS),
                        help="captioner size: tiny (tests), default (2 layers, hidden 128), "
                        "large (4 layers, hidden 256)")
-    train.add_argument("--benchmark-preset", default="default",
-                       help="embedded benchmark to train on (built if missing)")
-    train.add_argument("--seed", type=int, default=0, help="benchmark seed")
+    train.add_argument("--benchmark-preset", default=None,
+                       help="embedded benchmark to train on (built if missing; default: default)")
+    train.add_argument("--seed", type=int, default=None, help="benchmark seed (default 0)")
     train.add_argument("--data", default=None, help="train on this feature cache instead")
     train.add_argument("--out", default=None, help="save here instead of the cache directory")
     train.add_argument("--cache-dir", default=None,
