@@ -52,7 +52,9 @@ def test_a_killed_process_resumes_to_the_one_process_cache(tmp_path):
     rows = [json.loads(line) for line in (media / "captions.jsonl").read_text().splitlines()]
     for i in range(4, 16):   # enough clips that a process is killed with work left
         (media / f"clip{i}.mp4").symlink_to(media / f"clip{i % 4}.mp4")
-        rows.append({"file": f"clip{i}.mp4", "captions": ["a dog barks"], "split": "train"})
+        # in the split of the file it links to: one file in two splits is refused
+        rows.append({"file": f"clip{i}.mp4", "captions": ["a dog barks"],
+                     "split": rows[i % 4]["split"]})
     (media / "captions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     example.save_model(example.build_model("qwen2_5_vl"), example.build_processor("qwen2_5_vl"),
                        tmp_path / "model")

@@ -76,7 +76,9 @@ def vision_inputs(media) -> dict:
     the rate they were sampled at (the video processor's metadata): Qwen's M-RoPE times the
     frames by it, and a video longer than ``max_frames`` allows is sampled below ``--fps``."""
     if media.kind == "image":
-        return {"images": [media.frames[0]]}
+        # [H, W, 3]: the processor would read an image a few pixels tall as [C, H, W]
+        return {"images": [media.frames[0]],
+                "images_kwargs": {"input_data_format": "channels_last"}}
     count = len(media.frames)
     return {"videos": [media.frames],
             "videos_kwargs": {"fps": media.fps,

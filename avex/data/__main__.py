@@ -21,9 +21,10 @@ from pathlib import Path
 import torch
 
 from .. import _checks
-from .cache import SPLITS, CacheError, FeatureCache
-from .captions import ExportError, media_rows, read_captions
-from .export import ExportSettings, export_cache, load_model
+from .cache import CacheError, FeatureCache
+from .captions import LABEL_FREE_SPLIT, ExportError
+from .export import (ExportSettings, check_headers, check_out, export_cache, load_model,
+                     model_dir_family, read_rows)
 from .processor import load_processor
 from .embedded import (PRESETS, benchmark_name, build_benchmark, default_benchmark_path,
                        resolve_config)
@@ -65,42 +66,87 @@ def cmd_build(args) -> int:
     return 0
 
 
-def cmd_export(args) -> int:
-    settings = ExportSettings(prompt=args.prompt, fps=args.fps, max_frames=args.max_frames,
-                              use_audio_in_video=args.use_audio_in_video, dtype=args.dtype)
-    # settings, captions, media and output path are checked before the model loads
+#: the names export's messages start with ("out: ..."), each the CLI flag it stands for
+EXPORT_FLAGS = ("out", "media", "captions", "model", "processor", "split")
+
+#: files a processor folder holds, one at least (AutoTokenizer reads the first two)
+PROCESSOR_FILES = ("tokenizer_config.json", "tokenizer.json", "processor_config.json",
+                   "preprocessor_config.json")
+
+
+def _flagged(err: ExportError) -> ExportError:
+    """``err`` with the argument its message starts with named as the CLI's flag."""
+    head, sep, rest = str(err).partition(": ")
+    return ExportError(f"--{head}: {rest}") if sep and head in EXPORT_FLAGS else err
+
+
+def _check_export(args, settings: ExportSettings):
+    """Everything that needs no model loaded, in this order: the settings, the output, the
+    device, the clips, the model and processor folders, and every file's header against the
+    model's family. Returns the clips."""
     settings.validate()
-    _checks.output_dir("out", args.out)
-    _checks.available_device("device", args.device)
-    if args.captions is not None:
-        read_captions(args.captions, args.media)
-    else:
-        media_rows(args.media, args.split)
-    if not Path(args.model, "config.json").is_file():
-        raise ExportError(f"--model: {args.model!r} is not a Hugging Face model directory "
-                          "(no config.json)")
+    try:
+        check_out(args.out, args.overwrite, [("media folder", args.media),
+                                             ("captions file", args.captions),
+                                             ("model", args.model)], cli=True)
+        _checks.available_device("--device", args.device)
+        if args.captions is not None and args.split is not None:
+            raise ExportError(f"--split: {args.split!r} is for a label-free export (no "
+                              "--captions); a captions file gives each line its own 'split'")
+        rows = read_rows(args.media, args.captions, _split(args))
+        family = model_dir_family(args.model, "--model")
+        processor = args.processor
+        if processor is not None and not Path(processor).is_dir():
+            raise ExportError(f"--processor: no folder at {processor!r}")
+        if processor is not None and not any(Path(processor, f).is_file()
+                                             for f in PROCESSOR_FILES):
+            raise ExportError(f"--processor: {processor!r} holds none of {list(PROCESSOR_FILES)}"
+                              "; pass the folder save_pretrained wrote the processor to")
+        check_headers(rows, family)
+    except ExportError as err:
+        raise _flagged(err) from None
+    return rows
+
+
+def _split(args) -> str:
+    return LABEL_FREE_SPLIT if args.split is None else args.split
+
+
+def _export_device(args) -> str:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     device = args.device
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and world > 1:   # each process its own GPU
         device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
-    model = load_model(args.model, device)
+    return device
+
+
+def cmd_export(args) -> int:
+    settings = ExportSettings(prompt=args.prompt, fps=args.fps, max_frames=args.max_frames,
+                              use_audio_in_video=args.use_audio_in_video, dtype=args.dtype)
+    rows = _check_export(args, settings)   # before the model loads
+    model = load_model(args.model, _export_device(args), name="--model")
     processor = load_processor(args.processor or args.model, model)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
     launcher = f"torchrun --nproc-per-node {world} -m avex.data " if world > 1 else \
         "python -m avex.data "
+    resume = launcher + shlex.join(args.argv)
     started = time.perf_counter()
     try:
         out = export_cache(args.media, args.captions, args.out, model=model,
                            processor=processor, settings=settings, overwrite=args.overwrite,
-                           progress=not args.no_progress, split=args.split,
-                           resume_command=launcher + shlex.join(args.argv))
+                           progress=not args.no_progress,
+                           split=_split(args),
+                           resume_command=resume, rows=rows, cli=True)
     except KeyboardInterrupt as stop:   # ExportInterrupted, or a second Ctrl-C mid-clip
-        resume = getattr(stop, "resume", launcher + shlex.join(args.argv))
-        print(f"\n{stop if str(stop) else 'export stopped'}; the clips done are kept in "
-              f"{Path(args.out).parent / ('.' + Path(args.out).name + '.export')}; resume "
-              f"with: {resume}", file=sys.stderr)
+        kept = Path(args.out).parent / ("." + Path(args.out).name + ".export")
+        done = f" after {stop.done} of {stop.total} clips" if hasattr(stop, "done") else ""
+        print(f"\nexport stopped{done}; the clips done are kept in {kept}; resume with: "
+              f"{resume}", file=sys.stderr)
         return 130
+    except ExportError as err:
+        raise _flagged(err) from None
     if int(os.environ.get("RANK", "0")) == 0:
         cache = FeatureCache(out)
         labels = sum(bool(row["refs_av"]) for row in cache.rows)
@@ -157,8 +203,10 @@ def main(argv=None) -> int:
                         help='JSON lines: {"file": ..., "captions": [...], "split": "train"} '
                         "(captions may be left out); without it every media file under "
                         "--media is a clip of --split, without references")
-    export.add_argument("--split", default="train", choices=SPLITS,
-                        help="the split of every clip when there is no --captions file")
+    export.add_argument("--split", default=None,
+                        help="the split of every clip when there is no --captions file: train "
+                        "only (avex.train needs train clips, avex.evaluate scores only clips "
+                        "with references); for val/test clips write a captions file")
     export.add_argument("--model", required=True,
                         help="a local Hugging Face model directory (the captioner to train with)")
     export.add_argument("--processor", default=None,

@@ -14,18 +14,22 @@ The captions file is JSON lines, one clip a line::
 ``file`` is relative to the media folder; ``split`` one of train, val, test, transfer;
 ``captions`` may be left out (a label-free clip: training with the fidelity reward needs no
 references); optional ``id`` (default: the file's path, made a clip id), ``visual_captions``
-and ``audio_captions`` (the C_v / C_a references). Without a captions file, every media file
-under the folder is a clip of one split, without references.
+and ``audio_captions`` (the C_v / C_a references); no media file in two splits. Without a
+captions file, every media file under the folder is a train clip without references, and what
+else the folder holds is named in a printed note (:func:`read_rows`).
 
 What is checked when (docs/workflow.md says the same):
 
 * before anything is written, in this order: the settings and the output path (an existing
-  folder only if it is a feature cache and ``overwrite`` is given; never the working or home
-  directory), the model family, every captions line, the processor against the model, every
-  file's header and whether the model takes its kind; then the lock (a second export into the
-  same output is refused at once); then the probe pass: every file still to export is decoded
-  in full once, and one that can't be decoded or decodes shorter than its header says is
-  refused, naming its captions line;
+  folder only if it is a feature cache and ``overwrite`` is given; never a symbolic link, the
+  working or home directory), the model family, every captions line (or the media folder's
+  files), the processor against the model, every file's header and whether the model takes
+  its kind; then the lock (a second export into the same output is refused at once); then the
+  probe pass: every file still to export is decoded in full once, and one that can't be
+  decoded or decodes shorter than its header says is refused, naming its captions line. The
+  CLI makes every check that needs no model (all but the processor's) before it loads the
+  model (:func:`check_out`, :func:`read_rows`, :func:`model_dir_family`,
+  :func:`check_headers`), and hands the clips to :func:`export_cache`;
 * while exporting: each file is decoded again and checked against its header the same way,
   and a clip whose processed sequence has no audio-visual token is refused before it is
   written.
@@ -41,22 +45,25 @@ verifies it.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import torch.distributed as torch_dist
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from avex import _checks
 from avex.adapters import FAMILIES as ADAPTERS
 from avex.adapters import adapt, adapter_for
 from avex.adapters._export import family_processor_inputs, unusable_kind
 from avex.data.cache import CacheWriter, FeatureCache, check_replaceable
-from avex.data.captions import CaptionRow, ExportError, media_rows, read_captions
+from avex.data.captions import (CaptionRow, ExportError, check_headers, media_rows,
+                                note_cut_audio, read_captions, read_rows)
 from avex.data.identity import settings_sha256, tokenizer_record, weights_sha256
-from avex.data.media import MediaError, MediaSettings, check_media, probe, read_media
+from avex.data.media import MediaError, MediaSettings, check_media, read_media
 from avex.data.parts import ExportLock, merge_parts, partial_dir, remove_stale
 from avex.data.processor import with_frames_video_processor
 from avex.files import save_tensors_atomically, write_json_atomically
@@ -67,7 +74,7 @@ from avex.stop_signals import StopSignals
 
 __all__ = ["ExportSettings", "ExportError", "ExportInterrupted", "read_captions",
            "media_rows", "check_processor", "family_inputs", "export_cache", "load_model",
-           "EXPORT_FAMILIES"]
+           "check_out", "read_rows", "check_headers", "model_dir_family", "EXPORT_FAMILIES"]
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 #: model types export knows how to prompt (their adapter's export_inputs); the other adapters
@@ -184,26 +191,60 @@ def family_inputs(model, processor, media, settings: ExportSettings) -> tuple[di
     reason = unusable_kind(family, media.kind, media.audio is not None)
     if reason:
         raise ExportError(f"{media.path}: {reason}")
-    return family_processor_inputs(family, model, processor, media, settings.prompt,
-                                   use_audio_in_video=settings.use_audio_in_video)
+    inputs, model_kwargs = family_processor_inputs(
+        family, model, processor, media, settings.prompt,
+        use_audio_in_video=settings.use_audio_in_video)
+    return inputs, model_kwargs
+
+
+def model_dir_family(path, name: str = "model"):
+    """The adapter module of the model a local Hugging Face folder holds, from its
+    config.json alone (a full Qwen2.5-Omni's is its thinker's): what export checks before the
+    model loads. A folder without a readable config.json, or of a family export can't prompt,
+    is refused naming ``name``."""
+    file = Path(path, "config.json")
+    if not file.is_file():
+        raise ExportError(f"{name}: {str(path)!r} is not a Hugging Face model directory "
+                          "(no config.json)")
+    try:
+        config = json.loads(file.read_text(encoding="utf-8"))
+        kind = config["model_type"]
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as err:
+        raise ExportError(f"{name}: {file} is not a readable model config "
+                          f"({type(err).__name__}: {err})") from None
+    wrapped = {m.WRAPPED_BY[0]: m.MODEL_TYPES[0] for m in ADAPTERS.values()
+               if hasattr(m, "WRAPPED_BY")}
+    kind = wrapped.get(kind, kind)
+    try:
+        return export_family(SimpleNamespace(config=SimpleNamespace(model_type=kind)))
+    except ExportError as err:
+        raise ExportError(f"{name}: {str(err).removeprefix('model: ')}") from None
 
 
 # ----------------------------------------------------------------------------------------------
 # Export
 # ----------------------------------------------------------------------------------------------
 
-def load_model(path, device: str = "cpu"):
+def load_model(path, device: str = "cpu", name: str = "model"):
     """The audio-visual model of a local Hugging Face directory, as the class its config.json
     names (``architectures``), in eval mode on ``device`` (the frozen captioner loads it the
-    same way); the thinker of a full Qwen2.5-Omni."""
+    same way); the thinker of a full Qwen2.5-Omni. A folder whose config or weights can't be
+    read (missing, cut short, corrupt) is refused naming ``name``."""
     import transformers
 
-    config = transformers.AutoConfig.from_pretrained(str(path))
-    names = [n for n in (config.architectures or []) if hasattr(transformers, n)]
-    if not names:
-        raise ExportError(f"model: {path}/config.json (model_type {config.model_type!r}) names "
-                          "no model class this transformers has")
-    model = getattr(transformers, names[0]).from_pretrained(str(path), dtype=torch.float32)
+    try:
+        config = transformers.AutoConfig.from_pretrained(str(path))
+        names = [n for n in (config.architectures or []) if hasattr(transformers, n)]
+        if not names:
+            raise ExportError(f"{name}: {path}/config.json (model_type {config.model_type!r}) "
+                              "names no model class this transformers has")
+        model = getattr(transformers, names[0]).from_pretrained(str(path), dtype=torch.float32)
+    except ExportError:
+        raise
+    except (OSError, ValueError, RuntimeError, KeyError, SafetensorError) as err:
+        raise ExportError(f"{name}: can't load the model in {str(path)!r} "
+                          f"({type(err).__name__}: {str(err)[:300]}); are its config.json "
+                          "and weights complete?") from None
     return getattr(model, "thinker", model).eval().to(device)
 
 
@@ -224,12 +265,19 @@ def _fingerprint(model, processor, settings) -> dict:
     are added when the cache is written, so a fixed caption doesn't void a partial export):
     the model (its type, its weights' hash), the tokenizer, the processor, the settings."""
     return {"model_type": model.config.model_type,
-            "model": str(getattr(model.config, "_name_or_path", "")),
+            "model": _model_path(model),
             "weights_sha256": weights_sha256(model),
             "tokenizer": tokenizer_record(processor.tokenizer),
             "processor": type(processor).__name__,
             "processor_sha256": _processor_settings(processor),
             "settings": asdict(settings)}
+
+
+def _model_path(model) -> str:
+    """Where ``model`` was loaded from, resolved where it is a path: the same folder spelt
+    otherwise (relative, a trailing slash, a link) is the same model."""
+    name = str(getattr(model.config, "_name_or_path", "") or "")
+    return str(Path(name).resolve()) if name and Path(name).exists() else name
 
 
 def _source(row: CaptionRow) -> str:
@@ -288,22 +336,35 @@ def _export_clip(model, processor, row: CaptionRow, settings: ExportSettings, ra
             **({} if positions is None else {"position_ids": positions[..., present].cpu()})}
 
 
-def _check_out(out: Path, overwrite: bool, inputs: list) -> None:
+# ----------------------------------------------------------------------------------------------
+# Checks that need no model loaded: the output (the clips and their headers: avex.data.captions)
+# ----------------------------------------------------------------------------------------------
+
+def check_out(out, overwrite: bool, inputs: list, *, cli: bool = False) -> None:
     """The output before anything is read: a folder that may be written (nothing there, an
-    empty folder, or, with ``overwrite``, a feature cache), not the working or home directory,
-    and no folder holding the media, the captions or the model."""
-    _checks.output_dir("out", str(out))
+    empty folder, or, with ``overwrite``, a feature cache), not a symbolic link, not the
+    working or home directory, and no folder holding one of ``inputs`` ((what, path): the
+    media, the captions, the model). ``cli``: the messages name the CLI's flags."""
+    out = Path(out)
+    name = "--out" if cli else "out"
+    if out.is_symlink():
+        raise ExportError(f"{name}: {str(out)!r} is a symbolic link (to "
+                          f"{os.readlink(out)!r}); the cache is written beside it and renamed "
+                          f"into place, which would replace the link: pass the folder it "
+                          f"points to ({out.resolve()}) instead")
+    _checks.output_dir(name, str(out))
     target = out.resolve()
-    for name, path in inputs:
+    for what, path in inputs:
         if path is not None and (Path(path).resolve() == target
                                  or target in Path(path).resolve().parents):
-            raise ExportError(f"out: {str(out)!r} holds the {name} ({path}); write the cache "
-                              "to a folder of its own")
+            raise ExportError(f"{name}: {str(out)!r} holds the {what} ({path}); write the "
+                              "cache to a folder of its own")
     try:
         check_replaceable(out, overwrite)
     except FileExistsError as err:
-        raise ExportError(f"out: {err}" + ("" if overwrite else " (the CLI's --overwrite)")) \
-            from None
+        text = str(err).replace("overwrite=True", "--overwrite") if cli else \
+            str(err) + ("" if overwrite else " (the CLI's --overwrite)")
+        raise ExportError(f"{name}: {text}") from None
 
 
 class _Ranks(TorchrunProcess):
@@ -340,32 +401,28 @@ class _Ranks(TorchrunProcess):
 def export_cache(media_dir, captions, out, *, model, processor,
                  settings: ExportSettings | None = None, overwrite: bool = False,
                  progress: bool = True, split: str = "train",
-                 resume_command: str | None = None) -> Path:
+                 resume_command: str | None = None, rows: list | None = None,
+                 cli: bool = False) -> Path:
     """Export every clip of ``captions`` (a JSONL file, :func:`read_captions`; None: every
     media file under ``media_dir`` as a ``split`` clip without references, :func:`media_rows`)
     through ``processor`` and ``model`` into a feature cache at ``out``; see the module
-    docstring for what is checked when. Under torchrun each process exports its share; every
-    process returns ``out``. Ctrl-C or SIGTERM stops at a clip boundary:
-    :class:`ExportInterrupted`, the clips done kept, naming ``resume_command`` (the CLI's
-    own command line) as the way on."""
+    docstring for what is checked when. ``rows``: the clips as :func:`read_rows` and
+    :func:`check_headers` gave them (the CLI reads them before it loads the model); None reads
+    them here. Under torchrun each process exports its share; every process returns ``out``.
+    Ctrl-C or SIGTERM stops at a clip boundary: :class:`ExportInterrupted`, the clips done
+    kept, naming ``resume_command`` (the CLI's own command line) as the way on."""
     settings = (settings or ExportSettings()).validate()
     out = Path(out)
-    _check_out(out, overwrite, [("media folder", media_dir), ("captions file", captions),
-                                ("model", getattr(model.config, "_name_or_path", None) or None)])
+    check_out(out, overwrite, [("media folder", media_dir), ("captions file", captions),
+                               ("model", getattr(model.config, "_name_or_path", None) or None)],
+              cli=cli)
     family = export_family(model)
-    rows = read_captions(captions, media_dir) if captions is not None else \
-        media_rows(media_dir, split)
+    rows = read_rows(media_dir, captions, split) if rows is None else rows
     check_processor(model, processor)
     processor = with_frames_video_processor(processor, model)
     rate = _sampling_rate(model, processor)
-    for row in rows:  # every header, before anything is decoded or written
-        try:
-            info = probe(row.file)
-        except MediaError as err:
-            raise ExportError(f"{err} ({row.where})") from None
-        reason = unusable_kind(family, info["kind"], info["audio"])
-        if reason:
-            raise ExportError(f"{row.file} ({row.where}): {reason}")
+    check_headers(rows, family)   # every header, before anything is decoded or written
+    note_cut_audio(rows, family, processor, settings)
     ranks = _Ranks()
     lock = ExportLock(partial_dir(out))
     try:
