@@ -75,7 +75,9 @@ def _list(name: str, kind, what: str):
     return parse
 
 
-def _common(parser):
+def _common(parser, *, trains: bool = True):
+    """The flags every experiment takes; ``trains``: whether it may train a policy (else
+    ``--train-args`` is hidden, and refused when given)."""
     parser.add_argument("--data", default="embedded",
                         help="'embedded' or the path of a feature cache (default: embedded)")
     parser.add_argument("--captioner", default="embedded",
@@ -94,7 +96,8 @@ def _common(parser):
     parser.add_argument("--device", default="auto")
     parser.add_argument("--train-args", default="",
                         help="extra flags for python -m avex.train when a policy is trained "
-                             "here, e.g. \"--epochs 1\"")
+                             "here, e.g. \"--epochs 1\" or a single flag, --train-args "
+                             "--exchanges" if trains else argparse.SUPPRESS)
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True)
 
 
@@ -131,7 +134,9 @@ def _add_sweep(sub) -> None:
                        help="score the latest checkpoint of a run that did not finish training "
                             "(the table names the checkpoint)")
     sweep.add_argument("--fastv-layer", type=int, default=None)
-    sweep.add_argument("--qualitative", type=int, default=3, help="clips shown at 40%%")
+    sweep.add_argument("--qualitative", type=int, default=3,
+                       help="clips whose captions are shown, at the retention of --retentions "
+                            "nearest 40%%")
 
 
 def _add_ablation(sub) -> None:
@@ -142,7 +147,8 @@ def _add_ablation(sub) -> None:
                      help="the variants to train and score (default: every variant; with "
                           "--derive, the variants it derives from)")
     abl.add_argument("--retention", type=float, default=0.2,
-                     help="training and evaluation retention (default 0.2)")
+                     help="the retention scored when --retentions is not given (default "
+                          "0.2); training draws its own (train_retentions: 50-10%%)")
     abl.add_argument("--retentions", type=_list("retentions", float, "numbers"), default=None,
                      help="evaluate every variant at each of these (e.g. 0.5,0.4,0.3,0.2,0.1: "
                           "the matched-budget comparison's table); default: --retention")
@@ -160,7 +166,7 @@ def _add_ablation(sub) -> None:
 def _add_motivation(sub) -> None:
     """``python -m avex.evaluate motivation``: the motivation figure's flags."""
     mot = sub.add_parser("motivation", help="the paper's Fig. 1")
-    _common(mot)
+    _common(mot, trains=False)
     mot.add_argument("--split", default="test")
     mot.add_argument("--clips", type=int, default=40)
     mot.add_argument("--base-retention", type=float, default=0.2)
@@ -173,7 +179,7 @@ def _add_diagnose(sub) -> None:
     """``python -m avex.evaluate diagnose``: the diagnosis's flags."""
     diag = sub.add_parser("diagnose", help="where a trained policy's lost C_av goes "
                           "(issue #33)")
-    _common(diag)
+    _common(diag, trains=False)
     diag.add_argument("--run", required=True,
                       help="the python -m avex.train run directory whose policy is diagnosed")
     diag.add_argument("--retentions", type=_list("retentions", float, "numbers"),
@@ -199,8 +205,11 @@ def _add_gates(sub) -> None:
     gates = sub.add_parser("gates", help="measure the embedded benchmark's gates")
     gates.add_argument("--benchmark", default=None, help="feature cache (default: the "
                        "embedded benchmark of --preset / --seed)")
-    gates.add_argument("--preset", default="default", choices=sorted(BENCHMARK_PRESETS))
-    gates.add_argument("--seed", type=int, default=0)
+    gates.add_argument("--preset", default=None, choices=sorted(BENCHMARK_PRESETS),
+                       help="the embedded benchmark's preset (default: default); not with "
+                            "--benchmark")
+    gates.add_argument("--seed", type=int, default=None,
+                       help="the embedded benchmark's seed (default: 0); not with --benchmark")
     gates.add_argument("--captioner", default=None, help="captioner directory (default: the "
                        "embedded captioner trained on the benchmark)")
     gates.add_argument("--captioner-preset", default="default")
@@ -220,7 +229,7 @@ def _add_gates(sub) -> None:
 
 def run_gates_command(args, argv) -> int:
     bench = Path(args.benchmark) if args.benchmark else default_benchmark_path(
-        args.preset, args.cache_dir, seed=args.seed)
+        args.preset or "default", args.cache_dir, seed=args.seed or 0)
     captioner = Path(args.captioner) if args.captioner else default_captioner_path(
         bench.name, args.captioner_preset, args.cache_dir)
     report = run_gates(bench, captioner, seeds=args.seeds,
@@ -302,6 +311,9 @@ def settings_of(args):
             if not sep:
                 raise ValueError(f"--run must be VARIANT=DIR with VARIANT one of "
                                  f"{list(ABLATIONS)}, got {item!r}")
+            if name in runs:
+                raise ValueError(f"--run {name}= is given twice ({runs[name]} and {path}); "
+                                 "give one run per variant")
             runs[name] = path
         derived = dict(derived_variant(item) for item in args.derive)
         variants = args.variants if args.variants is not None else list(dict.fromkeys(
@@ -329,7 +341,15 @@ def check_gates_args(args) -> None:
     for name, low in (("seeds", 1), ("counterfactual_clips", 1), ("base_sets", 1)):
         _checks.int_at_least(name, getattr(args, name), low)
     _checks.optional_int_at_least("max_clips", args.max_clips, 1)
-    _checks.int_at_least("seed", args.seed, 0)
+    _checks.optional_int_at_least("seed", args.seed, 0)
+    if args.benchmark is not None:   # they choose the embedded benchmark --benchmark replaces
+        given = [f"--{name} {value}" for name, value in (("preset", args.preset),
+                                                          ("seed", args.seed))
+                 if value is not None]
+        if given:
+            raise ValueError(f"{' and '.join(given)} would have no effect with --benchmark "
+                             f"{args.benchmark}: they choose the embedded benchmark it "
+                             "replaces; drop them")
     if args.benchmark is not None and not (Path(args.benchmark) / "meta.json").is_file():
         raise FileNotFoundError(f"--benchmark: no feature cache at {args.benchmark!r}"
                                 + not_a_cache(args.benchmark))
@@ -345,14 +365,35 @@ def parse_args(argv):
                                 "--help"):
         argv = ["sweep"] + argv
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(joined_train_args(argv))
     try:
         if args.command == "gates":
             check_gates_args(args)
             return args, None
-        return args, settings_of(args).validate()
+        settings = settings_of(args).validate()
+        unused = settings.training_unused()   # flags given at their defaults too
+        if args.train_args.strip() and unused:
+            raise ValueError(f"--train-args {args.train_args!r} would have no effect: "
+                             f"{unused}; drop it")
+        return args, settings
     except (ValueError, TypeError, OSError) as err:
         parser.error(str(err))
+
+
+def joined_train_args(argv: list) -> list:
+    """``argv`` with ``--train-args VALUE`` written ``--train-args=VALUE`` where VALUE starts
+    with '-': argparse takes a lone ``--exchanges`` for a flag of its own, so ``--train-args
+    --exchanges`` would be refused as missing its value ("expected one argument")."""
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] == "--train-args" and i + 1 < len(argv) and argv[i + 1].startswith("-") \
+                and argv[i + 1] != "--":
+            out.append(f"--train-args={argv[i + 1]}")
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
 
 
 def main(argv=None) -> dict:

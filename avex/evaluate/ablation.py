@@ -160,11 +160,14 @@ class AblationSettings(ExperimentSettings):
             raise ValueError(f"--run reuses one run per variant, so it takes one seed; got "
                              f"seeds {list(self.seeds)}")
         table = self.definitions()
+        captioner = self.captioner_model() if self.runs else None
         for name, path in self.runs.items():
             if name not in table:
                 raise ValueError(f"--run must be VARIANT=DIR with VARIANT one of "
                                  f"{list(table)}, got {name!r}")
-            given_run(path, scored_checkpoint(name, table), f"--run {name}")
+            self.check_run_used(name, path)
+            given_run(path, scored_checkpoint(name, table), f"--run {name}",
+                      captioner=captioner)
         self.check_training_kept(self.trained_definitions(), "variant",
                                  retention=self.retention)
         own = [name for name in self.variants
@@ -177,6 +180,25 @@ class AblationSettings(ExperimentSettings):
             base = self.base_train_config()
             for run_dir, run in self.planned_runs(Path(self.out)).values():
                 check_reusable(variant_config(base, run_dir, **run))
+
+    def check_run_used(self, name: str, path) -> None:
+        """Refuse a given run (``--run NAME=DIR``) that nothing would read: a variant not in
+        ``variants``; for "warmup", one neither scored nor started from by a variant trained
+        here, or one that ``train.warmup_from`` would compete with."""
+        if name in self.variants:
+            pass
+        elif name != "warmup":
+            raise ValueError(f"--run {name}={path} would have no effect: {name!r} is not in "
+                             f"--variants ({','.join(self.variants)}); add it or drop the run")
+        elif not any(uses_shared_warmup(v, self.definitions()) for v in self.variants
+                     if v not in self.runs):
+            raise ValueError(f"--run warmup={path} would have no effect: warmup is not in "
+                             f"--variants ({','.join(self.variants)}) and no variant trained "
+                             "here starts from the shared warmup; drop the run")
+        if name == "warmup" and self.train.warmup_from is not None:
+            raise ValueError(f"--run warmup={path} and --train-args' warmup_from="
+                             f"{self.train.warmup_from!r} both name the shared warmup; give "
+                             "one of them")
 
     def trained_definitions(self) -> dict:
         """Variant -> the settings of each run this ablation trains: every variant not given

@@ -21,7 +21,8 @@ from avex.files import check_weights
 from avex.judge_identity import judge_record, judge_warnings
 from avex.paths import default_captioner_path
 from avex.registry import BENCHMARK_PRESETS, CAPTIONER_PRESETS, SPLITS
-from avex.run_files import check_finished, run_policy_weights
+from avex.policy.saved import read_policy_record
+from avex.run_files import POLICY_RECORD_FILE, check_finished, run_policy_weights
 from avex.training.config import TrainConfig
 from avex.training.loop import check_references
 
@@ -63,6 +64,11 @@ class ExperimentSettings:
         or training (the error names the setting and the value it got)."""
         settings = dataclasses.replace(self)
         settings.check()
+        unused = settings.training_unused()
+        if unused and settings.asked_training():
+            asked = ", ".join(f"{k}={v!r}" for k, v in settings.asked_training().items())
+            raise ValueError(f"--train-args would have no effect: {unused}; drop it (it sets "
+                             f"{asked})")
         settings.resolve_decoding(settings.given_runs())
         return settings
 
@@ -82,6 +88,9 @@ class ExperimentSettings:
         if not isinstance(self.train, TrainConfig):
             raise TypeError(f"train must be a TrainConfig, got {type(self.train).__name__}")
         self.train.validate()
+        # a run trained here picks this device (avex.training's pick_device) only once the
+        # splits are captioned: checked now, as --device is
+        _checks.available_device("--train-args: device", self.train.device)
         if self.data != "embedded" and not Path(self.data).exists():
             raise FileNotFoundError(f"--data: no feature cache at {self.data!r}")
         if self.captioner != "embedded" and not Path(self.captioner).exists():
@@ -100,6 +109,12 @@ class ExperimentSettings:
         """Flag -> settings of each trained run the experiment is given (checked now, before
         anything else runs); none here."""
         return {}
+
+    def training_unused(self) -> str | None:
+        """Why ``train`` (``--train-args``) would change nothing, as a phrase; None where the
+        experiment trains a policy (or reads ``train`` otherwise). Such a ``train`` is
+        refused rather than silently ignored."""
+        return None
 
     def resolve_decoding(self, runs: dict) -> None:
         """Set ``num_beams`` / ``max_new_tokens``: a setting's value, else the given runs' own
@@ -176,15 +191,34 @@ class ExperimentSettings:
             except (ValueError, TypeError) as err:
                 raise ValueError(f"--train-args with {what} {name!r}: {err}") from None
 
-    def captioner_depth(self) -> int | None:
-        """The captioner's layer count from its config.json, when it is already on disk."""
-        path = Path(self.captioner) if self.captioner != "embedded" else default_captioner_path(
+    def captioner_dir(self) -> Path:
+        """The captioner's directory (the embedded one's, built or not)."""
+        return Path(self.captioner) if self.captioner != "embedded" else default_captioner_path(
             default_benchmark_path(self.benchmark_preset, self.cache_dir).name,
             self.captioner_preset, self.cache_dir)
+
+    def captioner_depth(self) -> int | None:
+        """The captioner's layer count from its config.json, when it is already on disk."""
         try:
-            return int(json.loads((path / "config.json").read_text())["num_hidden_layers"])
+            return int(json.loads((self.captioner_dir() / "config.json").read_text())
+                       ["num_hidden_layers"])
         except (OSError, ValueError, KeyError, TypeError):
             return None  # not built yet, or not a plain config: checked once it is loaded
+
+    def captioner_model(self) -> dict | None:
+        """The captioner's model type and hidden size (what a policy records it was trained
+        with) from its config.json, with its directory; None when it can't be read without
+        loading the model (not built yet): checked once it is loaded."""
+        path = self.captioner_dir()
+        if not (path / "config.json").is_file():
+            return None
+        try:
+            from transformers import AutoConfig
+            config = AutoConfig.from_pretrained(str(path))
+            return {"model_type": config.model_type, "path": path,
+                    "hidden_size": int(config.get_text_config().hidden_size)}
+        except Exception:   # an unknown model type, a config it can't read: checked later
+            return None
 
 
 def check_names(name: str, values, choices) -> None:
@@ -194,6 +228,8 @@ def check_names(name: str, values, choices) -> None:
         raise ValueError(f"{name} is empty")
     for value in values:
         _checks.choice(name, value, set(choices))
+    if len(set(values)) != len(values):   # one measurement would pass for two
+        raise ValueError(f"{name} has duplicates: {list(values)}")
 
 
 def check_split(name: str, value, *extra) -> str:
@@ -223,11 +259,16 @@ def check_retentions(retentions) -> None:
         raise ValueError(f"retentions has duplicates: {list(retentions)}")
 
 
-def given_run(path, checkpoint: str, name: str, *, finished: bool = False) -> dict:
+def given_run(path, checkpoint: str, name: str, *, finished: bool = False,
+              captioner: dict | None = None) -> dict:
     """A run's settings, checked with a readable weights file (its header read, not the
     tensors) before the output folder is made or anything is trained; ``finished``: refuse a
-    run that did not finish training."""
+    run that did not finish training; ``captioner``: the captioner it will be scored with
+    (:meth:`ExperimentSettings.captioner_model`), refused where the run's policy was trained
+    with another model type or width."""
     weights, settings = run_policy_weights(path, checkpoint, name=name)
+    if captioner is not None:
+        check_run_captioner(path, settings, name, captioner)
     try:
         check_weights(weights)
     except ValueError as err:
@@ -235,6 +276,29 @@ def given_run(path, checkpoint: str, name: str, *, finished: bool = False) -> di
     if finished:
         check_finished(path, name=name)
     return settings
+
+
+def check_run_captioner(path, run_config: dict, name: str, captioner: dict) -> None:
+    """Refuse a run whose ``policy.json`` says its policy was trained with a captioner of
+    another model type or hidden size than ``captioner`` (:meth:`ExperimentSettings.
+    captioner_model`): loading it would fail only after the splits are captioned. A run
+    without the record (from before it) is checked once it is loaded."""
+    record = Path(path) / POLICY_RECORD_FILE
+    if not record.is_file():
+        return
+    try:
+        trained_on = read_policy_record(record)[1]
+    except (ValueError, TypeError, OSError) as err:
+        raise ValueError(f"{name}: {err}") from None
+    run_has = {"model_type": trained_on.model_type, "hidden_size": trained_on.hidden_size}
+    differ = [f"{key.replace('_', ' ')} {captioner[key]!r} (the run's: {value!r})"
+              for key, value in run_has.items() if captioner[key] != value]
+    if differ:
+        raise ValueError(f"{name}: {path}'s policy was trained with another captioner "
+                         f"(`{asset_names(run_config)[1]}`): the captioner given here, "
+                         f"{captioner['path']}, has {'; '.join(differ)}; score the run with "
+                         "the captioner it was trained with (--captioner, "
+                         "--captioner-preset)")
 
 
 def trained_elsewhere(run_config: dict, data_root, captioner_path) -> str | None:

@@ -119,7 +119,11 @@ class DiagnoseSettings(ExperimentSettings):
 
     def given_runs(self) -> dict:
         return {"--run": given_run(self.run, "latest", "run",
-                                   finished=not self.allow_unfinished)}
+                                   finished=not self.allow_unfinished,
+                                   captioner=self.captioner_model())}
+
+    def training_unused(self) -> str:
+        return "diagnose trains no policy (it reads the one of --run)"
 
 
 # -- the generator's annotations -------------------------------------------------------------

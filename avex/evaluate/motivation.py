@@ -41,6 +41,9 @@ class MotivationSettings(ExperimentSettings):
         _checks.int_at_least("group", self.group, 1)
         _checks.int_at_least("seed", self.seed, 0)
 
+    def training_unused(self) -> str:
+        return "motivation trains no policy"
+
 
 def run_motivation(settings: MotivationSettings) -> dict:
     """Fig. 1 of the paper on ``settings.clips`` clips of ``settings.split``; every setting is

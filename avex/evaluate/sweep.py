@@ -68,12 +68,38 @@ class SweepSettings(ExperimentSettings):
             raise ValueError(f"fastv_layer must be <= the captioner's {depth} layers, got "
                              f"{self.fastv_layer}")
         _checks.int_at_least("qualitative", self.qualitative, 0)
+        self.check_flags_used()
         self.check_training_kept({METHODS[m].label: METHODS[m].train
                                   for m in trained_methods(self.methods)
                                   if getattr(self, f"{m}_run") is None}, "method")
         if self.out is not None:   # a run already in --out must be the run asked for
             for cfg in self.planned_runs(Path(self.out)):
                 check_reusable(cfg)
+
+    def check_flags_used(self) -> None:
+        """Refuse a flag about a method not in ``methods``, and ``--allow-unfinished`` without a
+        given run: accepted, either would change nothing."""
+        for flag, method in (("--avex-run", "avex"), ("--cacovid-run", "cacovid"),
+                             ("--fastv-layer", "fastv")):
+            value = getattr(self, flag[2:].replace("-", "_"))
+            if value is not None and method not in self.methods:
+                raise ValueError(f"{flag} {value!r} would have no effect: {method} is not in "
+                                 f"--methods ({','.join(self.methods)}); add it or drop it")
+        if self.allow_unfinished and all(getattr(self, f"{m}_run") is None
+                                         for m in trained_methods(self.methods)):
+            raise ValueError("--allow-unfinished would have no effect: it applies to a given "
+                             "run (--avex-run, --cacovid-run), and none is given")
+
+    def training_unused(self) -> str | None:
+        """Why ``train`` would change nothing: no method of ``methods`` is trained here."""
+        trained = trained_methods(self.methods)
+        if not trained:
+            return (f"no method of --methods ({','.join(self.methods)}) is trained (only "
+                    f"{' and '.join(trained_methods(METHODS))} are)")
+        if all(getattr(self, f"{m}_run") is not None for m in trained):
+            return (f"every trained method of --methods ({','.join(trained)}) is given a run "
+                    "(--avex-run, --cacovid-run), so the sweep trains none")
+        return None
 
     def planned_runs(self, out: Path) -> list:
         """The settings of each run the sweep trains in ``out``, in its order: every trained
@@ -95,16 +121,18 @@ class SweepSettings(ExperimentSettings):
     def given_runs(self) -> dict:
         """The given runs (``--avex-run``, ``--cacovid-run``, one per seed for a pattern),
         finished unless ``allow_unfinished``: flag -> the run's settings."""
-        runs = {}
+        runs, captioner = {}, None
         for method in ("avex", "cacovid"):
             path = getattr(self, f"{method}_run")
+            if path is not None and captioner is None:
+                captioner = self.captioner_model()
             if path is None:
                 continue
             flag = f"--{method}-run"
             for seed in self.seeds if "{seed}" in path else [None]:
                 runs[flag if seed is None else f"{flag} (seed {seed})"] = given_run(
                     path if seed is None else path.replace("{seed}", str(seed)), "latest", flag,
-                    finished=not self.allow_unfinished)
+                    finished=not self.allow_unfinished, captioner=captioner)
         return runs
 
 
