@@ -3,8 +3,10 @@ error naming the flag and the value, before the model loads and before anything 
 (a linked --out, a folder that isn't a cache, corrupt weights, a missing --processor, a file
 name that isn't UTF-8, a captions file that isn't UTF-8, a file in two splits, a label-free
 --split nothing could use); what a label-free export passes over is named; a resume doesn't
-depend on how --model is spelt; tiny images and long audio are taken as they are.
-Media and models are the example's tiny ones (examples/train_once_prune_anywhere.py)."""
+depend on how --model is spelt; tiny images and long audio are taken as they are, while audio
+too short for one audio token and images or video frames more elongated than the Qwen resize
+takes are refused from their headers. Media and models are the example's tiny ones
+(examples/train_once_prune_anywhere.py)."""
 import json
 import os
 from pathlib import Path
@@ -334,3 +336,159 @@ def test_audio_longer_than_the_window_is_named(made, tmp_path, capsys):
            "(WhisperFeatureExtractor); the model hears the first 6 s of each: long.wav (8.0 s)" \
         in err
     assert "short.wav" not in err
+
+
+# --- what the processor makes no tokens of: refused from the header ----------------------------
+
+def write_wav(path: Path, samples: int, rate: int = 16000) -> Path:
+    import soundfile
+
+    noise = np.random.default_rng(0).standard_normal(samples)
+    soundfile.write(str(path), (0.2 * noise).astype(np.float32), rate)
+    return path
+
+
+def write_mov(path: Path, width: int, height: int, audio_samples: int | None = None) -> Path:
+    """A second of MPEG-4 video (8 frames of noise), with a PCM audio track of
+    ``audio_samples`` at 16 kHz where given (a MOV's header states each track's length)."""
+    import av
+
+    rng = np.random.default_rng(0)
+    with av.open(str(path), "w") as out:
+        video = out.add_stream("mpeg4", rate=8)
+        video.width, video.height, video.pix_fmt = width, height, "yuv420p"
+        sound = None if audio_samples is None else out.add_stream("pcm_s16le", rate=16000)
+        if sound is not None:
+            sound.layout = "mono"
+        for _ in range(8):
+            frame = rng.integers(0, 255, (height, width, 3), dtype=np.uint8)
+            for packet in video.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
+                out.mux(packet)
+        for packet in video.encode():
+            out.mux(packet)
+        if sound is None:
+            return path
+        wave = np.full((1, audio_samples), 0.3, dtype=np.float32)
+        frame = av.AudioFrame.from_ndarray(wave, format="flt", layout="mono")
+        frame.sample_rate, frame.pts = 16000, 0
+        for packet in [*sound.encode(frame), *sound.encode()]:
+            out.mux(packet)
+    return path
+
+
+@pytest.mark.parametrize("family", ["qwen2_audio", "qwen2_5_omni"])
+def test_the_shortest_audio_is_where_the_processor_makes_its_first_token(family):
+    from avex.adapters import FAMILIES
+    from avex.adapters._export import shortest_audio
+
+    processor = EX.build_processor(family)
+    least = shortest_audio(FAMILIES[family], processor.feature_extractor)
+    audio = processor.tokenizer.convert_tokens_to_ids(processor.audio_token)
+    for samples, tokens in ((least - 1, 0), (least, 1)):
+        ids = processor(text=[processor.audio_token], audio=[np.zeros(samples, np.float32)],
+                        sampling_rate=16000, return_tensors="pt")["input_ids"]
+        assert int((ids == audio).sum()) == tokens, samples
+    assert least == 321   # hop length 160: 3 mel frames, 2 after the convolution, 1 pooled
+
+
+@pytest.mark.parametrize("family", ["qwen2_audio", "qwen2_5_omni"])
+def test_audio_too_short_for_one_token_is_refused_before_the_model_loads(made, tmp_path, capsys,
+                                                                         no_model_load, family):
+    media, model = made
+    _, folder = model(family)
+    clips = clips_folder(tmp_path, media, "sound.wav")
+    argv = ["--media", str(clips), "--model", str(folder), "--out", str(tmp_path / "cache")]
+    for name, samples, rate in (("tick.wav", 160, 16000), ("tick.wav", 441, 22050)):
+        write_wav(clips / name, samples, rate)
+        err = usage_error(capsys, *argv)
+        assert f"{clips / name} (media file {name}): its audio lasts " in err
+        assert "under the 20.06 ms (321 samples) from which " \
+               f"{model(family)[0].config.model_type}'s processor makes one audio token " \
+               "(WhisperFeatureExtractor, hop length 160)" in err
+    assert "lasts 20.0 ms as its header says (320 samples at 16000 Hz)" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["clips"]
+    (clips / "tick.wav").unlink()
+    write_mov(clips / "quiet.mov", 16, 16, audio_samples=160)   # its track: 10 ms
+    err = usage_error(capsys, *argv)
+    omni = family == "qwen2_5_omni"
+    track = "its audio track (heard with the video)" if omni else "its audio track"
+    assert f"{clips / 'quiet.mov'} (media file quiet.mov): {track} lasts 10.0 ms as its " \
+           "header says (160 samples at 16000 Hz)" in err
+    assert ("or export without use_audio_in_video" in err) == omni
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["clips"]
+    if omni:
+        with pytest.raises(AssertionError, match="the model was loaded"):   # the track unheard
+            cli(*argv, "--no-use-audio-in-video")
+
+
+def test_audio_too_short_for_one_token_is_refused_before_export_cache_writes(made, tmp_path):
+    from avex.data.processor import load_processor
+
+    media, model = made
+    built, folder = model("qwen2_audio")
+    clips = clips_folder(tmp_path, media, "sound.wav")
+    write_wav(clips / "tiny.wav", 160)
+    with pytest.raises(ExportError, match=r"tiny.wav \(media file tiny.wav\): its audio lasts "
+                                          r"10.0 ms .* under the 20.06 ms \(321 samples\)"):
+        export_cache(clips, None, tmp_path / "cache", model=built,
+                     processor=load_processor(folder, built), progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["clips"]
+
+
+def test_the_aspect_ratio_limit_is_the_qwen_resizes():
+    from avex.adapters import FAMILIES
+    from avex.data.video import QwenVLFramesProcessor
+
+    processor = EX.build_processor("qwen2_5_vl")
+    assert FAMILIES["qwen2_5_vl"].MAX_ASPECT_RATIO == FAMILIES["qwen2_5_omni"].MAX_ASPECT_RATIO
+    limit = FAMILIES["qwen2_5_vl"].MAX_ASPECT_RATIO
+    frames = QwenVLFramesProcessor(patch_size=2, temporal_patch_size=2, merge_size=2)
+    for width, fails in ((2 * limit, False), (2 * limit + 2, True)):
+        pixels = np.zeros((2, width, 3), dtype=np.uint8)
+        for process in (lambda: processor.image_processor(images=[pixels],
+                                                          input_data_format="channels_last"),
+                        lambda: frames(videos=[[pixels, pixels]])):
+            if fails:
+                with pytest.raises(ValueError, match="aspect ratio"):
+                    process()
+            else:
+                process()
+
+
+@pytest.mark.parametrize("family", ["qwen2_5_vl", "qwen2_5_omni"])
+def test_an_image_or_video_too_elongated_is_refused_before_the_model_loads(made, tmp_path,
+                                                                          capsys, no_model_load,
+                                                                          family):
+    from PIL import Image
+
+    media, model = made
+    _, folder = model(family)
+    clips = clips_folder(tmp_path, media, "still.png")
+    argv = ["--media", str(clips), "--model", str(folder), "--out", str(tmp_path / "cache")]
+    Image.fromarray(np.zeros((500, 2, 3), dtype=np.uint8)).save(clips / "strip.png")
+    err = usage_error(capsys, *argv)
+    name = model(family)[0].config.model_type
+    assert f"{clips / 'strip.png'} (media file strip.png): the image is 2x500 pixels (width x " \
+           f"height), the longer side 250 times the shorter; {name}'s processor takes at most " \
+           "200 times" in err
+    (clips / "strip.png").unlink()
+    write_mov(clips / "band.mov", 500, 2)
+    err = usage_error(capsys, *argv)
+    assert f"{clips / 'band.mov'} (media file band.mov): its video frames are 500x2 pixels" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["clips"]
+
+
+def test_an_image_too_elongated_is_refused_before_export_cache_writes(made, tmp_path):
+    from PIL import Image
+
+    from avex.data.processor import load_processor
+
+    media, model = made
+    built, folder = model("qwen2_5_vl")
+    clips = clips_folder(tmp_path, media, "still.png")
+    Image.fromarray(np.zeros((2, 500, 3), dtype=np.uint8)).save(clips / "wide.png")
+    with pytest.raises(ExportError, match=r"wide.png \(media file wide.png\): the image is "
+                                          r"500x2 pixels .* at most 200 times"):
+        export_cache(clips, None, tmp_path / "cache", model=built,
+                     processor=load_processor(folder, built), progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["clips"]

@@ -7,7 +7,10 @@ modules. Each family module says its own part next to its ``adapt``:
 * ``export_inputs(model, processor, media, prompt)``: the processor keywords of one decoded
   file, and the keywords its ``adapt`` needs besides the processor's output (with
   ``AUDIO_IN_VIDEO``, also ``use_audio_in_video``);
-* or ``EXPORT_REFUSED``: why a cache of it can't be trained on.
+* or ``EXPORT_REFUSED``: why a cache of it can't be trained on;
+* optionally ``MAX_ASPECT_RATIO``: the most elongated image or video frame its processor
+  takes, and ``audio_tokens(frames)``: the audio tokens its processor makes of so many valid
+  mel frames; export refuses a file past either from its header (:func:`unusable_header`).
 
 ``media`` is an :class:`avex.data.media.Media`: ``kind`` ("video", "audio", "image"), the
 sampled ``frames`` and the rate they were taken at (``fps``), ``audio`` samples at the
@@ -15,8 +18,8 @@ feature extractor's rate.
 """
 from __future__ import annotations
 
-__all__ = ["family_processor_inputs", "unusable_kind", "marker", "prompt_text",
-           "vision_inputs"]
+__all__ = ["family_processor_inputs", "unusable_kind", "unusable_header", "shortest_audio",
+           "marker", "prompt_text", "vision_inputs"]
 
 
 def family_processor_inputs(family, model, processor, media, prompt: str, *,
@@ -49,6 +52,58 @@ def unusable_kind(family, kind: str, has_audio: bool) -> str | None:
     if kind == "video" and not family.SEES and not has_audio:
         return f"{name} takes no video, and this video has no audio track for it"
     return None
+
+
+def unusable_header(family, header: dict, *, extractor=None,
+                    use_audio_in_video: bool = True) -> str | None:
+    """Why ``family`` can't make a clip of a file with this header (:func:`avex.data.media.probe`;
+    None where it can, or where the header doesn't say): an image or video frame more
+    elongated than its ``MAX_ASPECT_RATIO``, or audio it hears too short for one audio token
+    (:func:`shortest_audio`; ``extractor``: the processor's feature extractor, None: not
+    checked)."""
+    name, kind = family.MODEL_TYPES[0], header["kind"]
+    limit = getattr(family, "MAX_ASPECT_RATIO", None)
+    width, height = header.get("width") or 0, header.get("height") or 0
+    if limit and family.SEES and kind in ("image", "video") and width and height \
+            and max(width, height) / min(width, height) > limit:
+        what = "the image is" if kind == "image" else "its video frames are"
+        return (f"{what} {width}x{height} pixels (width x height), the longer side "
+                f"{max(width, height) / min(width, height):.4g} times the shorter; {name}'s "
+                f"processor takes at most {limit} times: crop or pad it")
+    heard = kind == "audio" or (kind == "video" and header["audio"] and (
+        not family.SEES or (getattr(family, "AUDIO_IN_VIDEO", False) and use_audio_in_video)))
+    least = shortest_audio(family, extractor) if heard and family.HEARS else None
+    seconds = header["audio_seconds"]
+    if least is None or not seconds:
+        return None
+    rate = int(extractor.sampling_rate)
+    samples = int(seconds * rate + 1e-6)
+    if samples >= least:
+        return None
+    with_video = kind == "video" and family.SEES
+    track = "its audio" if kind == "audio" else \
+        "its audio track (heard with the video)" if with_video else "its audio track"
+    fix = " (or export without use_audio_in_video)" if with_video else ""
+    return (f"{track} lasts {seconds * 1e3:.1f} ms as its header says ({samples} samples at "
+            f"{rate} Hz), under the {least / rate * 1e3:.2f} ms ({least} samples) from which "
+            f"{name}'s processor makes one audio token ({type(extractor).__name__}, hop length "
+            f"{extractor.hop_length}); the model would hear nothing of it: lengthen it or leave "
+            f"it out{fix}")
+
+
+def shortest_audio(family, extractor) -> int | None:
+    """The fewest samples (at ``extractor``'s sampling rate) of which ``family``'s processor
+    makes one audio token; None where the family or extractor doesn't say. A Whisper-style
+    extractor marks one valid mel frame per ``hop_length`` samples begun (its attention mask
+    taken every ``hop_length``), and the family's ``audio_tokens`` counts the tokens of so many
+    frames."""
+    count = getattr(family, "audio_tokens", None)
+    hop = getattr(extractor, "hop_length", None)
+    if count is None or not isinstance(hop, int) or hop < 1 \
+            or not getattr(extractor, "sampling_rate", None):
+        return None
+    frames = next((n for n in range(1, 1025) if count(n) >= 1), None)
+    return None if frames is None else (frames - 1) * hop + 1
 
 
 def marker(processor, config, *names: str) -> str:

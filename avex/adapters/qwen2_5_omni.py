@@ -16,7 +16,11 @@ from avex.adapters._capture import (AdaptedInputs, adapted, audio_token_counts,
                                     check_placeholders, check_processor_outputs,
                                     placeholder_runs, refuse_unused, require, token_id)
 from avex.adapters._export import marker, prompt_text, vision_inputs
+# its vision resize is Qwen2-VL's (the same aspect ratio limit), and its audio tower downsamples
+# the mel frames as Qwen2-Audio's does (the processor's _get_feat_extract_output_lengths)
+from avex.adapters.qwen2_5_vl import MAX_ASPECT_RATIO  # noqa: F401
 from avex.adapters.qwen2_5_vl import check_per_video, check_vision_blocks
+from avex.adapters.qwen2_audio import audio_tokens  # noqa: F401
 
 MODEL_TYPES = ("qwen2_5_omni_thinker",)
 # the model computes position ids of its own ([3, B, L] M-RoPE), which an export must

@@ -24,6 +24,10 @@ OWN_POSITIONS = True
 PROCESSOR = "Qwen2_5_VLProcessor"
 VIDEO = "qwen2_vl"
 SEES, HEARS = True, False
+# the most elongated image or video frame (its longer side over its shorter) the Qwen2-VL
+# resize takes (transformers' smart_resize, and avex.data.video's frames processor): export
+# refuses a longer one from its header (avex.adapters._export.unusable_header)
+MAX_ASPECT_RATIO = 200
 # vLLM (avex.integrations.vllm): the architecture the plugin serves pruned
 VLLM_ARCHITECTURE = "Qwen2_5_VLForConditionalGeneration"
 

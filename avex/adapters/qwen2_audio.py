@@ -19,6 +19,15 @@ SEES, HEARS = False, True
 AUDIO_INPUTS = ("input_features", "feature_attention_mask")
 
 
+def audio_tokens(frames: int) -> int:
+    """The audio tokens the processor gives (and the audio tower makes of) ``frames`` valid
+    mel frames: the tower's stride-2 convolution, then its stride-2 pooling. Fewer than 3
+    frames make none: export refuses such audio from its header
+    (avex.adapters._export.unusable_header)."""
+    convolved = (frames - 1) // 2 + 1
+    return max(0, (convolved - 2) // 2 + 1)
+
+
 def adapt(model, **processor_outputs) -> AdaptedInputs:
     """``processor_outputs``: what ``Qwen2AudioProcessor`` returns (``input_ids``,
     ``attention_mask``, ``input_features``, ``feature_attention_mask``)."""

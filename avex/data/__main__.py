@@ -83,7 +83,7 @@ def _flagged(err: ExportError) -> ExportError:
 def _check_export(args, settings: ExportSettings):
     """Everything that needs no model loaded, in this order: the settings, the output, the
     device, the clips, the model and processor folders, and every file's header against the
-    model's family. Returns the clips."""
+    model's family and its processor's feature extractor. Returns the clips."""
     settings.validate()
     try:
         check_out(args.out, args.overwrite, [("media folder", args.media),
@@ -102,10 +102,28 @@ def _check_export(args, settings: ExportSettings):
                                              for f in PROCESSOR_FILES):
             raise ExportError(f"--processor: {processor!r} holds none of {list(PROCESSOR_FILES)}"
                               "; pass the folder save_pretrained wrote the processor to")
-        check_headers(rows, family)
+        extractor = _feature_extractor(family, processor or args.model,
+                                       "--processor" if processor else "--model")
+        check_headers(rows, family, extractor=extractor,
+                      use_audio_in_video=settings.use_audio_in_video)
     except ExportError as err:
         raise _flagged(err) from None
     return rows
+
+
+def _feature_extractor(family, folder, flag: str):
+    """The processor's audio feature extractor, as the processor will be loaded with it, for
+    a family that hears (None for one that doesn't): the header check needs its hop length
+    and sampling rate before the model loads."""
+    if not family.HEARS:
+        return None
+    import transformers
+
+    try:
+        return transformers.AutoFeatureExtractor.from_pretrained(str(folder))
+    except (OSError, ValueError) as err:
+        raise ExportError(f"{flag}: can't load the processor's feature extractor from "
+                          f"{str(folder)!r} ({type(err).__name__}: {str(err)[:300]})") from None
 
 
 def _split(args) -> str:

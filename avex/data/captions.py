@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from avex.adapters._export import unusable_kind
+from avex.adapters._export import unusable_header, unusable_kind
 from avex.data.cache import CLIP_ID_PATTERN, SPLITS
 from avex.data.media import KINDS, MediaError, media_kind, probe
 
@@ -297,16 +297,22 @@ def read_rows(media_dir, captions, split: str = LABEL_FREE_SPLIT) -> list[Captio
     return rows
 
 
-def check_headers(rows: list[CaptionRow], family) -> None:
-    """Every file's header (read once: ``row.header``), and whether ``family`` (an adapter
-    module) takes its kind, before anything is decoded or written."""
+def check_headers(rows: list[CaptionRow], family, *, extractor=None,
+                  use_audio_in_video: bool = True) -> None:
+    """Every file's header (read once: ``row.header``), whether ``family`` (an adapter
+    module) takes its kind, and whether its processor can make tokens of it (an image not too
+    elongated, audio long enough for one token with ``extractor``, the processor's feature
+    extractor: :func:`avex.adapters._export.unusable_header`), before anything is decoded or
+    written."""
     for row in rows:
         if row.header is None:
             try:
                 row.header = probe(row.file)
             except MediaError as err:
                 raise ExportError(f"{err} ({row.where})") from None
-        reason = unusable_kind(family, row.header["kind"], row.header["audio"])
+        reason = unusable_kind(family, row.header["kind"], row.header["audio"]) or \
+            unusable_header(family, row.header, extractor=extractor,
+                            use_audio_in_video=use_audio_in_video)
         if reason:
             raise ExportError(f"{row.file} ({row.where}): {reason}")
 

@@ -24,12 +24,13 @@ What is checked when (docs/workflow.md says the same):
   folder only if it is a feature cache and ``overwrite`` is given; never a symbolic link, the
   working or home directory), the model family, every captions line (or the media folder's
   files), the processor against the model, every file's header and whether the model takes
-  its kind; then the lock (a second export into the same output is refused at once); then the
-  probe pass: every file still to export is decoded in full once, and one that can't be
-  decoded or decodes shorter than its header says is refused, naming its captions line. The
-  CLI makes every check that needs no model (all but the processor's) before it loads the
-  model (:func:`check_out`, :func:`read_rows`, :func:`model_dir_family`,
-  :func:`check_headers`), and hands the clips to :func:`export_cache`;
+  its kind and its processor makes tokens of it (an image not too elongated, audio long
+  enough for one audio token); then the lock (a second export into the same output is
+  refused at once); then the probe pass: every file still to export is decoded in full
+  once, and one that can't be decoded or decodes shorter than its header says is refused,
+  naming its captions line. The CLI makes every check that needs no model (all but the
+  processor's) before it loads the model (:func:`check_out`, :func:`read_rows`,
+  :func:`model_dir_family`, :func:`check_headers`), and hands the clips to :func:`export_cache`;
 * while exporting: each file is decoded again and checked against its header the same way,
   and a clip whose processed sequence has no audio-visual token is refused before it is
   written.
@@ -421,7 +422,9 @@ def export_cache(media_dir, captions, out, *, model, processor,
     check_processor(model, processor)
     processor = with_frames_video_processor(processor, model)
     rate = _sampling_rate(model, processor)
-    check_headers(rows, family)   # every header, before anything is decoded or written
+    check_headers(rows, family,   # every header, before anything is decoded or written
+                  extractor=getattr(processor, "feature_extractor", None) if rate else None,
+                  use_audio_in_video=settings.use_audio_in_video)
     note_cut_audio(rows, family, processor, settings)
     ranks = _Ranks()
     lock = ExportLock(partial_dir(out))

@@ -120,11 +120,18 @@ def _seconds(stream, container) -> float:
     return (container.duration or 0) / 1e6
 
 
+def _frame_size(stream) -> tuple[int, int]:
+    """(width, height) of a video stream's frames as its header states them; 0 where not."""
+    context = getattr(stream, "codec_context", None)
+    return (int(getattr(context, "width", 0) or 0), int(getattr(context, "height", 0) or 0))
+
+
 def probe(path) -> dict:
     """Open ``path`` and read its header only: ``{"kind", "video_frames", "video_seconds",
-    "audio", "audio_seconds", "duration"}`` (counts and durations as the header states them, 0
-    where it doesn't). A file that is missing, unreadable, or has nothing to decode is
-    refused. The header is what :func:`read_media` checks the decoded file against."""
+    "audio", "audio_seconds", "duration", "width", "height"}`` (counts, durations and an image's
+    or video frame's size as the header states them, 0 where it doesn't). A file that is
+    missing, unreadable, or has nothing to decode is refused. The header is what
+    :func:`read_media` checks the decoded file against."""
     path = Path(path)
     kind = media_kind(path)
     if not path.is_file():
@@ -141,7 +148,7 @@ def probe(path) -> dict:
         if not width or not height:
             raise MediaError(f"{path}: the image is empty ({width}x{height})")
         return {"kind": kind, "video_frames": 1, "video_seconds": 0.0, "audio": False,
-                "audio_seconds": 0.0, "duration": 0.0}
+                "audio_seconds": 0.0, "duration": 0.0, "width": width, "height": height}
     if kind == "audio" and path.suffix.lower() in SOUNDFILE_SUFFIXES:
         try:
             info = soundfile.info(str(path))
@@ -153,7 +160,7 @@ def probe(path) -> dict:
             raise MediaError(f"{path}: the audio file holds no samples")
         seconds = frames / info.samplerate
         return {"kind": kind, "video_frames": 0, "video_seconds": 0.0, "audio": True,
-                "audio_seconds": seconds, "duration": seconds}
+                "audio_seconds": seconds, "duration": seconds, "width": 0, "height": 0}
     try:
         with av.open(str(path)) as container:
             video = [s for s in container.streams if s.type == "video"]
@@ -162,6 +169,7 @@ def probe(path) -> dict:
             frames = video[0].frames if video else 0
             video_seconds = _seconds(video[0], container) if video else 0.0
             audio_seconds = _seconds(audio[0], container) if audio else 0.0
+            width, height = _frame_size(video[0]) if video else (0, 0)
     except Exception as err:  # av.error.* (InvalidDataError, ...), OSError
         raise MediaError(f"{path}: unreadable {kind} ({type(err).__name__}: {err})") from None
     if kind == "video" and not video:
@@ -169,7 +177,8 @@ def probe(path) -> dict:
     if kind == "audio" and not audio:
         raise MediaError(f"{path}: an audio file without an audio stream")
     return {"kind": kind, "video_frames": frames, "video_seconds": video_seconds,
-            "audio": bool(audio), "audio_seconds": audio_seconds, "duration": duration}
+            "audio": bool(audio), "audio_seconds": audio_seconds, "duration": duration,
+            "width": width, "height": height}
 
 
 #: a decoded stream may fall short of its header by this much (seconds, or a share of the
