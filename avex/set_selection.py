@@ -33,6 +33,7 @@ from __future__ import annotations
 import torch
 
 from avex import _checks
+from avex.kernels import _checks as _key_checks
 from avex.kernels.gumbel_topk import gumbel_topk
 from avex.kernels.gumbel_topk_ref import compute_dtype, shifted_logits
 from avex.kernels.set_aware import set_aware_picks_unchecked
@@ -64,7 +65,7 @@ def _check(scores, hidden, budget, redundancy, tau) -> torch.Tensor:
     _checks.tensor("budget", budget, ndim=1, integer=True)
     _checks.same_device("hidden", hidden, "scores", scores)
     _checks.same_device("budget", budget, "scores", scores)
-    _checks.positive_float("tau", tau)
+    tau = _checks.positive_float("tau", tau)
     if isinstance(redundancy, torch.Tensor):
         if redundancy.dim() != 0 or not redundancy.is_floating_point():
             raise ValueError(f"redundancy must be a number or a 0-D float tensor, got shape "
@@ -81,6 +82,9 @@ def _check(scores, hidden, budget, redundancy, tau) -> torch.Tensor:
         raise ValueError(f"budget has {budget.shape[0]} rows but scores has {scores.shape[0]}")
     if bool(torch.isnan(scores).any()) or bool(torch.isposinf(scores).any()):
         raise ValueError("scores must be finite or -inf (padding), got NaN or +inf")
+    _key_checks.tau_for_keys(tau, scores)
+    if bool(_key_checks.key_overflow(scores, scores > float("-inf"), tau, extra=beta)):
+        raise _key_checks.key_range_error(scores, scores > float("-inf"), tau, extra=beta)
     _checks.finite("hidden", hidden)
     selectable = (scores > float("-inf")).sum(1)
     bad = (budget < 0) | (budget > selectable)

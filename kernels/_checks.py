@@ -76,3 +76,52 @@ def choice(name: str, value, options) -> str:
     if not known:
         raise ValueError(f"{name} must be one of {sorted(options)}, got {value!r}")
     return value
+
+
+def _key_dtype(scores: torch.Tensor) -> torch.dtype:
+    """The ranking keys' dtype: float64 for float64 scores, else float32 (as
+    ``gumbel_topk_ref.compute_dtype``)."""
+    return torch.float64 if scores.dtype == torch.float64 else torch.float32
+
+
+def key_dtype_max(scores: torch.Tensor) -> float:
+    """The largest ranking key the kernels can hold for ``scores``."""
+    return torch.finfo(_key_dtype(scores)).max
+
+
+def _spans(scores: torch.Tensor, valid: torch.Tensor, extra: float) -> torch.Tensor:
+    """Each row's largest minus smallest valid score, plus ``extra``, in the key dtype (where it
+    overflows, it is inf: past the range all the same)."""
+    s = scores.detach().to(_key_dtype(scores))
+    hi = torch.where(valid, s, float("-inf")).amax(dim=1)
+    lo = torch.where(valid, s, float("inf")).amin(dim=1)
+    return torch.where(valid.any(dim=1), hi - lo, torch.zeros_like(hi)) + extra
+
+
+def key_overflow(scores: torch.Tensor, valid: torch.Tensor, tau: float,
+                 extra: float = 0.0) -> torch.Tensor:
+    """A 0-D bool tensor (no host sync): whether some row's ranking keys, (s - row max) / tau
+    over its ``valid`` scores, lose their order: a span past the key dtype's range turns the
+    lower keys to -inf, which then tie. ``extra``: what the key may drop by besides (set-aware
+    selection's redundancy term)."""
+    return (_spans(scores, valid, extra) / float(tau) >= key_dtype_max(scores)).any()
+
+
+def key_range_error(scores: torch.Tensor, valid: torch.Tensor, tau: float,
+                    extra: float = 0.0) -> ValueError:
+    """The refusal :func:`key_overflow` calls for, naming the row, its span and tau."""
+    span = _spans(scores.double(), valid, extra)   # float64: the figure the message quotes
+    row = int(span.argmax())
+    return ValueError(
+        f"scores of row {row} span {float(span[row]):.3g} (largest minus smallest selectable "
+        f"score{' plus the redundancy' if extra else ''}); divided by tau = {tau:g} that passes "
+        f"the ranking keys' range ({key_dtype_max(scores):.3g}), where they would tie and rank "
+        "wrongly: rescale the scores or raise tau")
+
+
+def tau_for_keys(tau: float, scores: torch.Tensor) -> float:
+    """``tau`` (already a positive float) refused where the key dtype can't hold it."""
+    if tau >= key_dtype_max(scores):
+        raise ValueError(f"tau must be below {key_dtype_max(scores):.3g} (the ranking keys' "
+                         f"range for {scores.dtype} scores), got {tau:g}")
+    return tau

@@ -224,7 +224,7 @@ def plackett_luce_log_prob(scores: torch.Tensor, indices: torch.Tensor, *, tau: 
 
 def _check_common(scores, k, lengths, tau, k_name: str = "k"):
     _checks.tensor("scores", scores, ndim=2, floating=True)
-    _checks.positive_float("tau", tau)
+    _checks.tau_for_keys(_checks.positive_float("tau", tau), scores)
     batch, width = scores.shape
     if width == 0:
         raise ValueError("scores has no tokens (shape [B, 0])")
@@ -248,10 +248,10 @@ def _check_common(scores, k, lengths, tau, k_name: str = "k"):
         k_rows = torch.full((batch,), k, dtype=torch.int64, device=scores.device)
     else:
         raise TypeError(f"{k_name} must be an int or an integer tensor, got {type(k).__name__}")
-
     # Every data-dependent check in one device sync.
-    valid_counts = ((torch.arange(width, device=scores.device) < lengths[:, None])
-                    & (scores > float("-inf"))).sum(dim=1)
+    cols = torch.arange(width, device=scores.device)
+    valid = (cols < lengths[:, None]) & (scores > float("-inf"))
+    valid_counts = valid.sum(dim=1)
     stats = torch.stack([
         torch.isnan(scores).any().long(), torch.isposinf(scores).any().long(),
         lengths.min() if batch else torch.zeros((), dtype=torch.int64, device=scores.device),
@@ -259,12 +259,15 @@ def _check_common(scores, k, lengths, tau, k_name: str = "k"):
         k_rows.min() if batch else torch.ones((), dtype=torch.int64, device=scores.device),
         k_rows.max() if batch else torch.ones((), dtype=torch.int64, device=scores.device),
         (k_rows > valid_counts).any().long(),
+        _checks.key_overflow(scores, valid, tau).long(),
     ]).tolist()
-    has_nan, has_posinf, len_min, len_max, k_min, k_max, k_too_big = stats
+    has_nan, has_posinf, len_min, len_max, k_min, k_max, k_too_big, overflow = stats
     if has_nan:
         raise ValueError("scores contains NaN")
     if has_posinf:
         raise ValueError("scores contains +inf; only finite values and -inf (padding) are allowed")
+    if overflow:
+        raise _checks.key_range_error(scores, valid, float(tau))
     if len_min < 0 or len_max > width:
         bad = len_min if len_min < 0 else len_max
         raise ValueError(f"lengths must lie in [0, {width}] (the width of scores), got {bad}")

@@ -466,6 +466,11 @@ def test_inference_path_rejects_bad_input_as_the_general_path(call, error, match
     (lambda s: gumbel_topk(s, 2, lengths=torch.tensor([8, 1])), ValueError, "k = 2 for row 1"),
     (lambda s: gumbel_topk(s, 2, tau=0.0), ValueError, "tau must be a finite number > 0, got 0.0"),
     (lambda s: gumbel_topk(s, 2, tau=-1), ValueError, "tau"),
+    # keys (s - max) / tau past float32: the lower ones turn -inf and tie (a wrong Top-K)
+    (lambda s: gumbel_topk(torch.tensor([[3e38, -3e38, -1e38, -2e38]] * 2), 2), ValueError,
+     r"scores of row \d span .* divided by tau = 1 that passes the ranking keys' range"),
+    (lambda s: gumbel_topk(s, 2, tau=1e-39), ValueError, "divided by tau = 1e-39"),
+    (lambda s: gumbel_topk(s, 2, tau=1e300), ValueError, r"tau must be below 3.4e\+38"),
     (lambda s: gumbel_topk(s.masked_fill(s > 0, float("nan")), 2), ValueError, "NaN"),
     (lambda s: gumbel_topk(s.masked_fill(s > 0, float("inf")), 2), ValueError, r"\+inf"),
     (lambda s: gumbel_topk(s[0], 2), ValueError, r"scores must be 2-D, got shape \[8\]"),
@@ -586,3 +591,15 @@ def test_compiled_kernel_matches_reference_on_cuda(kmax):
     k = torch.randint(1, kmax + 1, (64,), generator=gen).cuda()
     for sample in (True, False):
         assert_kernel_matches_reference(scores, k, lengths, 0.5, 17, sample)
+
+
+def test_inference_top_k_beyond_the_key_range_is_right_or_refused():
+    """Scores spanning past float32: the inference path either returns torch.topk's answer
+    (its K + 1 keys still fall strictly) or refuses; it never ties them toward index 0."""
+    for scores in (torch.tensor([[3e38, -3e38, -1e38, -2e38]]), torch.randn(3, 9) * 1e38):
+        try:
+            got = gumbel_topk(scores, 2, sample=False)[0]
+        except ValueError as err:
+            assert "ranking keys' range" in str(err)
+        else:
+            assert torch.equal(got, scores.topk(2).indices)

@@ -216,9 +216,11 @@ def _keep(picks, modality):
 
 def _train(cache_dir, run_dir, *extra):
     from avex.train import main
+    # a run given --warmup-from trains no warmup, and refuses warmup settings
+    warmup = [] if "--warmup-from" in extra else ["--warmup-epochs", "0.5"]
     return main(["--benchmark-preset", "tiny", "--captioner-preset", "tiny",
                  "--cache-dir", str(cache_dir), "--run-dir", str(run_dir), "--batch-size", "8",
-                 "--micro-batch-size", "4", "--epochs", "0.5", "--warmup-epochs", "0.5",
+                 "--micro-batch-size", "4", "--epochs", "0.5", *warmup,
                  "--no-progress", "--no-evaluate", "--seed", "3", *extra])
 
 

@@ -293,6 +293,12 @@ def test_bad_input_is_refused_naming_the_argument():
         (dict(redundancy=float("nan")), ValueError, "redundancy must be a finite number"),
         (dict(redundancy="1"), TypeError, "redundancy must be a number"),
         (dict(tau=0.0), ValueError, "tau must be a finite number > 0"),
+        # keys past float32 turn -inf and tie: the same token was picked K times
+        (dict(scores=scores.index_put((torch.tensor([0, 0]), torch.tensor([0, 1])),
+                                      torch.tensor([3e38, -3e38]))), ValueError,
+         r"span .* plus the redundancy"),
+        (dict(tau=1e-39), ValueError, "divided by tau = 1e-39"),
+        (dict(tau=1e300), ValueError, r"tau must be below"),
         (dict(hidden=hidden[:, :3]), ValueError, r"hidden must have shape \[2, 6\] \+ \[D\]"),
         (dict(budget=torch.tensor([7, 1])), ValueError, r"budget\[0\] = 7 must lie in \[0, 6\]"),
         (dict(budget=torch.tensor([1.0, 1.0])), TypeError, "budget must be an integer tensor"),
@@ -473,9 +479,11 @@ def test_diagnose_samples_a_set_aware_policy_by_its_own_law():
 
 
 def tiny_run_args(cache_dir, run_dir, *extra):
+    # a run given --warmup-from trains no warmup, and refuses warmup settings
+    warmup = [] if "--warmup-from" in extra else ["--warmup-epochs", "0.5"]
     return ["--benchmark-preset", "tiny", "--captioner-preset", "tiny",
             "--cache-dir", str(cache_dir), "--run-dir", str(run_dir), "--batch-size", "8",
-            "--micro-batch-size", "4", "--epochs", "0.5", "--warmup-epochs", "0.5",
+            "--micro-batch-size", "4", "--epochs", "0.5", *warmup,
             "--no-progress", "--no-evaluate", "--seed", "3", *extra]
 
 
