@@ -109,13 +109,30 @@ def available_device(name: str, value) -> str:
     return value
 
 
+def placement(name: str, value) -> str | torch.device | None:
+    """Where to put a module: None (the caller's default), or a device :func:`available_device`
+    accepts, given as a str or a ``torch.device`` (one of another type, a model's ``mps``,
+    as it is); 'auto' is resolved (CUDA where available, else the CPU)."""
+    if value is None:
+        return None
+    if isinstance(value, torch.device):
+        if value.type not in ("cpu", "cuda"):
+            return value
+        value = str(value)
+    available_device(name, value)
+    if value == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return value
+
+
 def optional_int_at_least(name: str, value, low: int) -> int | None:
     return None if value is None else int_at_least(name, value, low)
 
 
 def ratio(name: str, value) -> float:
-    """A retention ratio in (0, 1]."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    """A retention ratio in (0, 1]: any real number (numpy's float32 and int64 scalars too),
+    not a bool."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a number in (0, 1], got {type(value).__name__}")
     value = float(value)
     if not (0.0 < value <= 1.0):

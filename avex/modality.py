@@ -23,7 +23,7 @@ import torch
 from avex import _checks
 
 __all__ = ["PAD", "VISUAL", "AUDIO", "TEXT", "CODES", "check_code_values", "codes_from_ids",
-           "check_codes", "check_attention_mask"]
+           "check_codes", "check_attention_mask", "signed_codes"]
 
 PAD, VISUAL, AUDIO, TEXT = -1, 0, 1, 2
 CODES = (PAD, VISUAL, AUDIO, TEXT)
@@ -59,8 +59,21 @@ def check_attention_mask(attention_mask: torch.Tensor, input_ids: torch.Tensor |
     return attention_mask
 
 
+def signed_codes(modality: torch.Tensor) -> torch.Tensor:
+    """``modality`` as int64 where its dtype is unsigned (uint8 codes, e.g. from numpy, hold
+    no PAD, so such rows simply have no padding; compared as they are, -1 would wrap to 255);
+    any other tensor as it is."""
+    if modality.is_floating_point() or modality.is_complex() or modality.dtype.is_signed \
+            or modality.dtype == torch.bool:
+        return modality
+    return modality.long()
+
+
 def check_code_values(name: str, value: torch.Tensor) -> torch.Tensor:
-    """Every entry one of :data:`CODES`; the error names ``name``, the value and where it is."""
+    """Every entry one of :data:`CODES` (unsigned codes read as their values, not wrapped);
+    the error names ``name``, the value and where it is. Returns the codes as
+    :func:`signed_codes`, so that comparisons with ``PAD`` hold."""
+    value = signed_codes(value)
     bad = (value < PAD) | (value > TEXT)
     if bool(bad.any()):
         where = torch.nonzero(bad)[0].tolist()

@@ -10,13 +10,15 @@
 """
 from avex.policy.config import PolicyConfig
 from avex.policy.load import load_policy
-from avex.policy.network import POSITION_FEATURES, AVEXPolicy, parameter_count, position_features
+from avex.policy.network import (POSITION_FEATURES, AVEXPolicy, check_finite_tokens,
+                                 parameter_count, position_features)
 from avex.policy.saved import (ACCEPTED_LAYOUTS, LAYOUTS, POLICY_CONFIG, POLICY_FORMAT,
                                POLICY_WEIGHTS, TrainedOn, is_saved_policy, layout_of,
                                policy_record, read_policy_record, read_saved_policy,
                                row_layouts)
 
 __all__ = ["ACCEPTED_LAYOUTS", "AVEXPolicy", "LAYOUTS", "POLICY_CONFIG", "POLICY_FORMAT",
-           "POLICY_WEIGHTS", "POSITION_FEATURES", "PolicyConfig", "TrainedOn", "is_saved_policy",
+           "POLICY_WEIGHTS", "POSITION_FEATURES", "PolicyConfig", "TrainedOn",
+           "check_finite_tokens", "is_saved_policy",
            "layout_of", "load_policy", "parameter_count", "policy_record", "position_features",
            "read_policy_record", "read_saved_policy", "row_layouts"]

@@ -22,14 +22,26 @@ def load_policy(path, captioner=None, *, model=None, checkpoint: str = "latest",
 
     ``model`` (or ``captioner``, whose LLM is taken) is the model the policy will serve: it is
     checked against what the policy was trained on (model type, hidden size) before anything
-    is loaded, and the policy goes to its device (else ``device``, else the CPU). The latest
+    is loaded, and the policy goes to its device (else ``device``: 'cpu', 'cuda', 'cuda:N' or
+    'auto', refused before anything is read where this machine lacks it; else the CPU). The latest
     checkpoint of a run that did not finish is refused unless ``allow_unfinished``. A run made
     before runs recorded their policy (no ``policy.json``) needs the model to rebuild it."""
     _checks.flag("allow_unfinished", allow_unfinished)
+    device = _checks.placement("device", device)
     if captioner is not None:
+        if getattr(captioner, "model", None) is None:
+            raise TypeError(f"captioner must be a FrozenCaptioner (its .model is the LLM the "
+                            f"policy will serve), got {type(captioner).__name__}")
         model = captioner.model if model is None else model
+    if model is not None:
+        if not callable(getattr(model, "parameters", None)) \
+                or getattr(model, "config", None) is None:
+            raise TypeError(f"model must be the Hugging Face model the policy will serve (with "
+                            f".config and .parameters()), got {type(model).__name__}: "
+                            f"{model!r:.80}")
     if model is not None and device is None:
-        device = next(model.parameters()).device
+        first = next(model.parameters(), None)
+        device = first.device if first is not None else None
     path = Path(path)
     if is_saved_policy(path):
         if checkpoint != "latest":

@@ -34,7 +34,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from avex import _checks
-from avex.modality import AUDIO, PAD, TEXT, VISUAL, check_code_values, packed_positions
+from avex.modality import (AUDIO, PAD, TEXT, VISUAL, check_code_values, packed_positions,
+                           signed_codes)
 from avex.policy.config import PolicyConfig
 from avex.policy.saved import TrainedOn, load_saved_policy, save_policy
 from avex.set_selection import select_indices
@@ -183,6 +184,7 @@ class AVEXPolicy(nn.Module):
         discarded): the training path, kept as it was so that trained policies reproduce.
         Inference reads only what the scores depend on: :meth:`score`."""
         self._check_inputs(inputs_embeds, modality)
+        modality = signed_codes(modality)
         _checks.flag("with_hidden", with_hidden)
         rho = self._row_retention(retention, modality.shape[0], modality.device)
         is_av = (modality == VISUAL) | (modality == AUDIO)
@@ -216,9 +218,12 @@ class AVEXPolicy(nn.Module):
         packed to the left, so the network runs on [B, M] and [B, T] instead of [B, L]. The
         inference path (serving, evaluation, profiling); it equals :meth:`forward` to float
         rounding, with the same Top-K (tests/test_policy.py). Inputs of another layout than
-        the policy was trained on are refused (:meth:`check_inputs`). A policy with
+        the policy was trained on are refused (:meth:`check_inputs`), and so are non-finite
+        embeddings of its tokens (:func:`check_finite_tokens`: padding is never read). A policy with
         ``config.retention_input`` needs ``retention`` (one rho, or one per row) here."""
         self.check_inputs(inputs_embeds, modality)
+        modality = signed_codes(modality)
+        check_finite_tokens(inputs_embeds, modality)
         is_av = (modality == VISUAL) | (modality == AUDIO)
         is_text = modality == TEXT
         _checks.flag("with_hidden", with_hidden)
@@ -228,14 +233,18 @@ class AVEXPolicy(nn.Module):
                              "retention=0.2, or one per row")
         rho = self._row_retention(retention, modality.shape[0], modality.device)
         if not bool(is_text.any(1).all()):  # forward lets a row without text read every position
-            return self.forward(inputs_embeds, modality, retention=retention,
-                                with_hidden=with_hidden)
+            # (padding zeroed: its NaN would reach the row's scores through 0 * NaN)
+            return self.forward(inputs_embeds.masked_fill((modality == PAD)[..., None], 0),
+                                modality, retention=retention, with_hidden=with_hidden)
         av_at, av_valid = packed_positions(is_av)
         text_at, text_valid = packed_positions(is_text)
         rows = torch.arange(modality.shape[0], device=modality.device)[:, None]
         av_codes = modality[rows, av_at].masked_fill(~av_valid, PAD)
-        av_scores, av_hidden = self._encode(inputs_embeds[rows, av_at], av_codes,
-                                            inputs_embeds[rows, text_at], text_valid, rho)
+        # the slots past a row's count read position 0 (padding, or another kind of token):
+        # zeroed, so that masked keys weigh 0 * 0 and not 0 * NaN in attention
+        av_scores, av_hidden = self._encode(
+            inputs_embeds[rows, av_at].masked_fill(~av_valid[..., None], 0), av_codes,
+            inputs_embeds[rows, text_at].masked_fill(~text_valid[..., None], 0), text_valid, rho)
         out = torch.full(modality.shape, float("-inf"), dtype=torch.float32,
                          device=modality.device)
         row, col = torch.nonzero(av_valid, as_tuple=True)
@@ -348,6 +357,19 @@ class AVEXPolicy(nn.Module):
         """The policy :meth:`save_pretrained` wrote to ``path``, in eval mode. With ``model``,
         the model it will serve is checked against the record first (:meth:`check_model`)."""
         return load_saved_policy(cls, path, model=model, device=device)
+
+def check_finite_tokens(inputs_embeds: torch.Tensor, modality: torch.Tensor) -> None:
+    """Refuse NaN or inf in the embedding of a text or audio-visual token (what the policy
+    reads; padding, never read, may hold anything), naming the sample, position and kind."""
+    bad = ~torch.isfinite(inputs_embeds).all(-1) & (signed_codes(modality) != PAD)
+    if bool(bad.any()):
+        b, pos = torch.nonzero(bad)[0].tolist()
+        kind = {VISUAL: "visual", AUDIO: "audio", TEXT: "text"}[int(modality[b, pos])]
+        value = inputs_embeds[b, pos][~torch.isfinite(inputs_embeds[b, pos])][0].item()
+        raise ValueError(f"inputs_embeds holds {value} at sample {b}, position {pos} (a {kind} "
+                         "token); the policy reads every text and audio-visual token's "
+                         "embedding, so they must be finite")
+
 
 INDEX_PERIODS = (2, 4, 8, 16, 32, 64, 128)   # sinusoids of the raw index (patch slot, frame)
 FRACTION_HARMONICS = (1, 2, 3, 4)            # sinusoids of index / (count - 1) (place in clip)

@@ -254,6 +254,7 @@ def save_policy(policy, path) -> Path:
 def load_saved_policy(cls, path, *, model=None, device=None):
     """The policy (of class ``cls``) that :func:`save_policy` wrote to ``path``, in eval mode.
     With ``model``, the model it will serve is checked against the record first."""
+    device = _checks.placement("device", device)
     path = Path(path)
     cfg, trained_on = read_saved_policy(path)
     if model is not None:

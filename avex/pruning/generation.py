@@ -1,7 +1,8 @@
 """``generate`` and ``forward`` on pruned inputs: ``model.generate`` (or one forward) given
 the positions of the unpruned sequence, decode steps continuing from the last original
 position + 1, a padded or varlen (packed) prefill, and the refusals that keep it exact
-(sliding windows that could bind, 1-D positions on an M-RoPE model, missing per-token inputs)."""
+(sliding windows that could bind, 1-D positions on an M-RoPE model and M-RoPE positions on
+a 1-D one, missing per-token inputs)."""
 from __future__ import annotations
 
 import contextlib
@@ -152,8 +153,17 @@ def uses_mrope(model) -> bool:
 
 def _check_mrope_positions(model, pruned):
     """Audio-visual tokens pruned with the default 1-D positions, for a model that places them
-    on M-RoPE's three axes: every position after the first media item would be off."""
-    if pruned.position_ids.dim() != 2 or pruned.av_count is None or not uses_mrope(model):
+    on M-RoPE's three axes: every position after the first media item would be off. And the
+    reverse: positions of higher rank for a model that takes [B, L] (it would fail deep
+    inside its rotary embedding)."""
+    mrope = uses_mrope(model)
+    if pruned.position_ids.dim() > 2 and not mrope:
+        raise ValueError(
+            f"pruned.position_ids has shape {list(pruned.position_ids.shape)} (positions of "
+            f"rank {pruned.position_ids.dim()}, M-RoPE's), but {type(model).__name__} takes "
+            "position_ids of shape [B, L]; prune_inputs' position_ids are the model's own: "
+            "leave them out for a model with 1-D rotary positions")
+    if pruned.position_ids.dim() != 2 or pruned.av_count is None or not mrope:
         return
     if bool((pruned.av_count > 0).any()):
         row = int(torch.nonzero(pruned.av_count > 0)[0, 0])

@@ -10,8 +10,9 @@ import torch
 from avex import _checks
 from avex.kernels.compact import compact
 from avex.kernels.gumbel_topk import gumbel_topk
-from avex.modality import AUDIO, PAD, TEXT, VISUAL, check_code_values, check_codes
-from avex.policy import AVEXPolicy
+from avex.modality import (AUDIO, PAD, TEXT, VISUAL, check_code_values, check_codes,
+                           signed_codes)
+from avex.policy import AVEXPolicy, check_finite_tokens
 from avex.selection import AVLayout, num_kept
 
 __all__ = ["PrunedInputs", "prune_inputs", "expand_av_keep", "gather_tokens", "select_keep",
@@ -68,7 +69,7 @@ def prune_inputs(inputs_embeds: torch.Tensor, modality: torch.Tensor, *, scores=
     Args:
         inputs_embeds: [B, L, D] the full input embeddings, padded on either side.
         modality: int [B, L], one of ``PAD`` (-1), ``VISUAL`` (0), ``AUDIO`` (1), ``TEXT`` (2)
-            per position.
+            per position (unsigned codes, e.g. uint8, are read as their values: no padding).
         scores: float [B, L] keep scores aligned with ``inputs_embeds``; only the values at
             audio-visual positions are read. With ``retention``, each sample keeps its
             K = round(rho * N) highest-scoring AV tokens (N = its AV tokens; ties toward the
@@ -100,7 +101,7 @@ def prune_inputs(inputs_embeds: torch.Tensor, modality: torch.Tensor, *, scores=
     Returns:
         :class:`PrunedInputs`. Differentiable w.r.t. ``inputs_embeds``.
     """
-    _check_inputs(inputs_embeds, modality, positions)
+    modality = _check_inputs(inputs_embeds, modality, positions)
     _check_native(position_ids, per_token, modality, positions)
     is_av = (modality == VISUAL) | (modality == AUDIO)
     is_text = modality == TEXT
@@ -177,7 +178,7 @@ def expand_av_keep(av_keep: torch.Tensor, modality: torch.Tensor) -> torch.Tenso
     _checks.tensor("av_keep", av_keep, ndim=(2, 3), boolean=True)
     _checks.tensor("modality", modality, ndim=2, integer=True)
     _checks.same_device("av_keep", av_keep, "modality", modality)
-    check_code_values("modality", modality)
+    modality = check_code_values("modality", modality)
     squeeze = av_keep.dim() == 2
     av_keep = av_keep[:, None, :] if squeeze else av_keep
     batch = modality.shape[0]
@@ -205,6 +206,7 @@ def _check_inputs(inputs_embeds, modality, positions):
         raise ValueError(f"modality must have shape {list(inputs_embeds.shape[:2])} "
                          f"(the [B, L] of inputs_embeds), got {list(modality.shape)}")
     check_codes(modality)
+    return signed_codes(modality)
 
 
 def _check_native(position_ids, per_token, modality, positions):
@@ -260,6 +262,7 @@ def select_keep(inputs_embeds: torch.Tensor, modality: torch.Tensor, *, scores=N
     ``config.selection``: Top-K, or set-aware selection over its hidden states). The selection
     alone, for a caller that compacts by itself (``avex.integrations.vllm`` keeps the rows of
     one media item)."""
+    modality = signed_codes(modality)
     if policy is not None:
         if not isinstance(policy, AVEXPolicy):
             raise TypeError(f"policy must be an avex.policy.AVEXPolicy (avex.load_policy), got "
@@ -269,6 +272,8 @@ def select_keep(inputs_embeds: torch.Tensor, modality: torch.Tensor, *, scores=N
                              "with scores")
         if retention is None:
             raise ValueError("retention is required with policy")
+        policy.check_inputs(inputs_embeds, modality)   # before per_item copies the rows
+        check_finite_tokens(inputs_embeds, modality)
         retention = row_retention(retention, modality.shape[0])
         if policy.trained_on is not None:
             for rho in sorted(set(retention if isinstance(retention, list) else [retention])):
@@ -278,6 +283,8 @@ def select_keep(inputs_embeds: torch.Tensor, modality: torch.Tensor, *, scores=N
         raise ValueError(f"{missing} is required: pass scores with retention, or keep")
     retention = row_retention(retention, modality.shape[0])
     _checks.flag("per_item", per_item)
+    if scores is not None:
+        _check_scores(scores, modality)
     choose = _per_item_keep if per_item else _row_keep
     return choose(inputs_embeds, modality, scores, policy, retention)
 
@@ -285,6 +292,8 @@ def select_keep(inputs_embeds: torch.Tensor, modality: torch.Tensor, *, scores=N
 def row_retention(retention, rows: int) -> float | list[float]:
     """``retention`` checked: one rho in (0, 1] for every row, or one per row (a 1-D tensor
     or a list of ``rows`` numbers), returned as a float or a list of floats."""
+    if _is_array(retention):   # a numpy array: as the tensor it would be
+        retention = torch.from_numpy(retention) if retention.ndim else retention.item()
     if isinstance(retention, torch.Tensor) and retention.dim() == 0:
         retention = retention.item()
     if not isinstance(retention, (torch.Tensor, list, tuple)):
@@ -299,6 +308,12 @@ def row_retention(retention, rows: int) -> float | list[float]:
         raise ValueError(f"retention holds {len(retention)} values but inputs_embeds has "
                          f"{rows} rows; pass one per row, or one number for all")
     return [_checks.ratio(f"retention[{b}]", rho) for b, rho in enumerate(retention)]
+
+
+def _is_array(value) -> bool:
+    """Whether ``value`` is a numpy array (numpy is not imported for the test)."""
+    return type(value).__module__ == "numpy" and hasattr(value, "ndim") and hasattr(value,
+                                                                                  "dtype")
 
 
 def _kept_counts(retention, counts: torch.Tensor, rows=None) -> torch.Tensor:
@@ -319,6 +334,7 @@ def item_index(modality: torch.Tensor) -> torch.Tensor:
     side; a video with its audio interleaved in chunks (Qwen2.5-Omni's use_audio_in_video) is
     many runs."""
     _checks.tensor("modality", modality, ndim=2, integer=True)
+    modality = signed_codes(modality)
     is_av = (modality == VISUAL) | (modality == AUDIO)
     previous = torch.cat([modality.new_full((modality.shape[0], 1), PAD), modality[:, :-1]], 1)
     starts = is_av & (previous != modality)
@@ -358,35 +374,38 @@ def _per_item_keep(inputs_embeds, modality, scores, policy, retention):
     else:
         scores = scores[row_of] if len(row_of) else scores[:0]
     chosen = _top_k_keep(scores, retention, codes, own, rows=row_of, policy=policy,
-                         hidden=hidden)
+                         hidden=hidden, items=item_of)
     keep = torch.zeros(modality.shape, dtype=torch.long, device=modality.device)
     return keep.index_add_(0, row_of, chosen.long()) > 0
 
 
-def _top_k_keep(scores, retention, modality, is_av, rows=None, policy=None, hidden=None):
+def _top_k_keep(scores, retention, modality, is_av, rows=None, policy=None, hidden=None,
+                items=None):
     """bool [B, L]: each row's K = round(rho N) AV tokens by ``policy``'s selection rule
-    (Top-K of ``scores`` without a policy; set-aware selection reads ``hidden`` [B, L, D])."""
-    _checks.tensor("scores", scores, ndim=2, floating=True)
-    _checks.same_device("scores", scores, "modality", modality)
-    if scores.shape != modality.shape:
-        raise ValueError(f"scores must have shape {list(modality.shape)} (one per position of "
-                         f"inputs_embeds), got {list(scores.shape)}")
+    (Top-K of ``scores`` without a policy; set-aware selection reads ``hidden`` [B, L, D]).
+    With ``rows`` (and ``items``), row i is item ``items[i]`` of sample ``rows[i]``."""
     k = _kept_counts(retention, is_av.sum(1), rows)
     av_scores = torch.where(is_av, scores.detach(), torch.full_like(scores, float("-inf")))
     for bad, what in ((torch.isnan(av_scores), "NaN"), (torch.isposinf(av_scores), "+inf")):
         if bool(bad.any()):
             b, pos = torch.nonzero(bad)[0].tolist()
-            raise ValueError(f"scores contains {what} at audio-visual position {pos} of sample "
-                             f"{b}; scores must be finite there (-inf: never keep)")
+            where = f"audio-visual position {pos} of {_sample(b, rows, items)}"
+            if policy is not None:  # its inputs were checked finite: the policy itself is off
+                raise ValueError(f"the policy's scores contain {what} at {where}, though "
+                                 "inputs_embeds is finite at every token; check the policy's "
+                                 "weights (avex.load_policy)")
+            raise ValueError(f"scores contains {what} at {where}; scores must be finite there "
+                             "(-inf: never keep)")
     selectable = (av_scores > float("-inf")).sum(1)
     short = selectable < k
     if bool(short.any()):
         b = int(torch.nonzero(short)[0, 0])
         rho = retention if not isinstance(retention, list) else \
             retention[b if rows is None else int(rows[b])]
-        raise ValueError(f"scores: sample {b} has {int(selectable[b])} audio-visual tokens with a "
-                         f"score > -inf, but retention={rho} keeps {int(k[b])} of its "
-                         f"{int(is_av[b].sum())}; give its tokens finite scores, or pass keep")
+        raise ValueError(f"scores: {_sample(b, rows, items)} has {int(selectable[b])} "
+                         f"audio-visual tokens with a score > -inf, but retention={rho} keeps "
+                         f"{int(k[b])} of its {int(is_av[b].sum())}; give its tokens finite "
+                         "scores, or pass keep")
     # Top-K over the AV axis [B, M], not the whole sequence [B, L]: a long prompt must not
     # widen the rows the kernel ranks. Order is kept, so ties still go to the lower position.
     layout = AVLayout.of(modality)
@@ -403,3 +422,19 @@ def _top_k_keep(scores, retention, modality, is_av, rows=None, policy=None, hidd
     positions = layout.positions[rows].gather(1, indices.clamp_min(0))
     keep[rows[:, None].expand_as(indices)[chosen], positions[chosen]] = True
     return keep
+
+
+def _check_scores(scores, modality):
+    _checks.tensor("scores", scores, ndim=2, floating=True)
+    _checks.same_device("scores", scores, "modality", modality)
+    if scores.shape != modality.shape:
+        raise ValueError(f"scores must have shape {list(modality.shape)} (one per position of "
+                         f"inputs_embeds), got {list(scores.shape)}")
+
+
+def _sample(b: int, rows=None, items=None) -> str:
+    """How an error names row ``b`` of :func:`_top_k_keep`: a sample, or an item of one."""
+    if rows is None:
+        return f"sample {b}"
+    item = "" if items is None else f"item {int(items[b])} of "
+    return f"{item}sample {int(rows[b])}"
