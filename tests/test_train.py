@@ -412,3 +412,19 @@ def test_a_stop_while_the_table_is_made_names_this_runs_resume(cache_dir, tmp_pa
     monkeypatch.undo()
     assert main(["--resume", "--run-dir", str(run_dir), "--no-progress"])["rows"]
     assert (run_dir / "results.md").exists()
+
+
+@pytest.mark.slow
+def test_each_rl_record_logs_the_rate_its_step_trained_at(cache_dir, tmp_path):
+    """metrics.jsonl's lr is the schedule's factor at that step times --lr (it once logged the
+    next step's, so the last step read 0 though it trained above 0)."""
+    from avex.training.steps import cosine_with_warmup
+
+    run_dir = tmp_path / "run"
+    main(tiny_args(cache_dir, run_dir, "--no-evaluate"))
+    cfg = json.loads((run_dir / "config.json").read_text())
+    rl = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()
+          if json.loads(line)["phase"] == "rl"]
+    factor = cosine_with_warmup(len(rl), cfg["lr_warmup"])
+    assert [r["lr"] for r in rl] == pytest.approx([cfg["lr"] * factor(r["step"]) for r in rl])
+    assert rl[-1]["lr"] > 0

@@ -357,9 +357,10 @@ class Run:
                     sums[name] = sums.get(name, 0.0) + value * weight
             sums = {name: value.cpu() for name, value in sums.items()}  # one copy a step
             total_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            lr = scheduler.get_last_lr()[0]   # the rate this step trained at, before step()
             optimizer.step()
             scheduler.step()
-            record = {"phase": "rl", "step": step, "lr": scheduler.get_last_lr()[0],
+            record = {"phase": "rl", "step": step, "lr": lr,
                       "grad_norm": float(total_norm), "time": time.time(),
                       **{k: v for k, v in sums.items()}}
             record["reward_diagnostics"] = reward_diagnostics   # this rank's micro-batches
