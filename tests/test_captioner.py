@@ -284,3 +284,53 @@ def test_a_captioner_of_another_build_of_the_same_benchmark_passes(tiny, tmp_pat
     check_captioner_benchmark(cache.meta.source, plain, bench)
     check_captioner_benchmark({"kind": "export"}, another_worlds_captioner(
         path, tmp_path / "x", seed=99), bench)
+
+
+def _usage_error(argv, capsys, match):
+    with pytest.raises(SystemExit) as stop:
+        captioner_cli(argv)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and re.search(match, err) and "Traceback" not in err, err
+
+
+def test_captioner_train_never_deletes_a_folder_of_the_users(tiny, tmp_path, capsys,
+                                                               monkeypatch):
+    """Saving replaces the whole --out folder, so one holding other files (the current folder
+    too) or a link is refused before training; the files are all still there."""
+    root, bench, path, cache = tiny
+    mine = tmp_path / "mine"
+    (mine / "sub").mkdir(parents=True)
+    (mine / "thesis.tex").write_text("important")
+    (mine / "sub" / "data.csv").write_text("x")
+    args = ["train", "--preset", "tiny", "--data", str(bench), "--no-progress"]
+    for out in (str(mine), "."):
+        monkeypatch.chdir(mine if out == "." else tmp_path)
+        for extra in ([], ["--overwrite"]):
+            _usage_error(args + ["--out", out, *extra], capsys,
+                         "holds files that are not a captioner")
+    (tmp_path / "link").symlink_to(path)
+    _usage_error(args + ["--out", str(tmp_path / "link"), "--overwrite"], capsys,
+                 "is a symbolic link")
+    assert sorted(p.relative_to(mine).as_posix() for p in mine.rglob("*")) == [
+        "sub", "sub/data.csv", "thesis.tex"]
+    assert (tmp_path / "link").is_symlink() and (path / "avex_captioner.json").is_file()
+
+
+def test_already_trained_is_said_only_of_the_same_training(tiny, tmp_path, capsys):
+    """A captioner at --out trained on another benchmark, or with other settings, is not
+    reported as already trained: refused, naming what differs."""
+    root, bench, path, cache = tiny
+    other = another_worlds_captioner(path, tmp_path, seed=cache.meta.source["config"]["seed"] + 1)
+    base = ["train", "--preset", "tiny", "--data", str(bench), "--no-progress", "--out"]
+    _usage_error(base + [str(other)], capsys, r"was trained otherwise: the benchmark")
+    assert captioner_cli(base + [str(path)]) == 0
+    assert "already trained" in capsys.readouterr().out
+    _usage_error(base + [str(path), "--steps", "7"], capsys,
+                 r"training settings steps=150 \(asked 7\)")
+
+
+def test_caption_refuses_a_captioner_of_another_benchmark(tiny, tmp_path, capsys):
+    root, bench, path, cache = tiny
+    other = another_worlds_captioner(path, tmp_path, seed=cache.meta.source["config"]["seed"] + 1)
+    _usage_error(["caption", "--captioner", str(other), "--data", str(bench), "-n", "1"], capsys,
+                 "--captioner: .* was trained on the embedded benchmark")

@@ -157,7 +157,11 @@ def test_captioner_install_replaces_a_captioner_trained_in_the_cache(shipped_tin
     (installed / CAPTIONER_FILE).write_text(json.dumps(info))
     (installed / "model.safetensors").write_bytes(b"trained here")
     capsys.readouterr()
-    assert captioner_main(args) == 0
+    with pytest.raises(SystemExit) as stop:   # never without --overwrite: it would be lost
+        captioner_main(args)
+    assert stop.value.code == 2 and "pass --overwrite" in capsys.readouterr().err
+    assert (installed / "model.safetensors").read_bytes() == b"trained here"
+    assert captioner_main(args + ["--overwrite"]) == 0
     assert "in place of the captioner trained there" in capsys.readouterr().out
     reference.verify_reference(installed, shipped_tiny)
     assert captioner_main(args) == 0            # already the reference: left as it is

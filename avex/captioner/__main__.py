@@ -22,11 +22,12 @@ import torch
 from .. import _checks
 from ..data import PRESETS as BENCHMARK_PRESETS
 from ..data import SPLITS, FeatureCache, default_benchmark_path, ensure_benchmark
+from ..data.cache import peek_meta
 from ..paths import default_captioner_path
 from ..selection import num_kept, random_keep
 from .frozen import CAPTIONER_FILE, FrozenCaptioner
 from .reference import install_reference, reference_name, references, verify_reference
-from .train import PRESETS, ensure_captioner, train_captioner
+from .train import PRESETS, check_captioner_out, ensure_captioner, train_captioner
 
 
 def cmd_train(args) -> int:
@@ -57,11 +58,15 @@ def cmd_train(args) -> int:
         bench = default_benchmark_path(args.benchmark_preset, args.cache_dir, seed=args.seed)
     out = Path(args.out) if args.out else default_captioner_path(bench.name, args.preset,
                                                                   args.cache_dir)
+    where = "--out" if args.out else "cache_dir"
     if (out / CAPTIONER_FILE).is_file() and not args.overwrite:
+        check_same_training(out, bench, cfg, where)
         print(f"captioner already trained at {out} (pass --overwrite to retrain)")
         return 0
-    # where the model goes must take it before hours of training, not after
-    _checks.output_dir("out" if args.out else "cache_dir", str(out))
+    # where the model goes must take it before hours of training, not after; and never a
+    # folder of the user's (saving replaces the folder)
+    check_captioner_out(out, args.overwrite, where)
+    _checks.output_dir(where, str(out))
     if not args.data:
         bench = ensure_benchmark(args.benchmark_preset, cache_dir=args.cache_dir,
                                  seed=args.seed, progress=not args.no_progress)
@@ -71,6 +76,29 @@ def cmd_train(args) -> int:
     print(f"trained captioner ({cfg.num_layers} layers, hidden {cfg.hidden_size}, {cfg.steps} "
           f"steps) -> {path} in {time.perf_counter() - started:.1f} s")
     return 0
+
+
+def check_same_training(out: Path, bench: Path, cfg, where: str) -> None:
+    """Refuse to call the captioner at ``out`` "already trained" when its record says it was
+    trained on another benchmark (generator settings, or another cache's meta.json) or with
+    other training settings than asked for."""
+    info = json.loads((out / CAPTIONER_FILE).read_text(encoding="utf-8"))
+    differs = []
+    if (bench / "meta.json").is_file():
+        source = (peek_meta(bench) or {}).get("source")
+        if (info.get("benchmark") or {}).get("source") != source:
+            differs.append(f"the benchmark (it was trained on "
+                           f"{(info.get('benchmark') or {}).get('path', '?')!r})")
+    trained = info.get("training") or {}
+    asked = {k: v for k, v in dataclasses.asdict(cfg).items() if k in trained}
+    changed = sorted(k for k, v in asked.items() if trained[k] != v)
+    if changed:
+        differs.append("training settings " + ", ".join(
+            f"{k}={trained[k]!r} (asked {asked[k]!r})" for k in changed))
+    if differs:
+        raise ValueError(f"{where}: the captioner at {str(out)!r} was trained otherwise: "
+                         + "; ".join(differs) + "; pass --overwrite to retrain it there, or "
+                         "another --out")
 
 
 def cmd_install(args) -> int:
@@ -85,6 +113,10 @@ def cmd_install(args) -> int:
                          "`python -m avex.captioner train`")
     path = default_captioner_path(bench.name, args.preset, args.cache_dir)
     replaced = (path / CAPTIONER_FILE).is_file() and installed_reference(path) != name
+    if replaced and not args.overwrite:
+        raise ValueError(f"a captioner trained here is at {str(path)!r}, where the shipped "
+                         f"reference {name} goes; pass --overwrite to replace it with the "
+                         "reference (the judge of every committed figure), or move it first")
     if replaced:  # a captioner trained here sits where the reference goes: the judge is the
         # shipped one, so it takes that place (the same weights where this machine trained
         # the reference itself)
@@ -119,6 +151,10 @@ def cmd_caption(args) -> int:
         _checks.available_device("device", args.device)
     if not Path(args.data, "meta.json").is_file():
         raise FileNotFoundError(f"--data: no feature cache at {args.data!r}")
+    if args.captioner is not None:   # an embedded captioner beside another benchmark's cache
+        from ..cache_and_captioner import check_captioner_benchmark
+        check_captioner_benchmark((peek_meta(args.data) or {}).get("source"), args.captioner,
+                                  args.data, "--captioner")
     captioner = FrozenCaptioner.load(args.captioner, device=args.device)
     cache = FeatureCache(args.data, expected_dim=captioner.feature_dim)
     split = cache.split(args.split)
@@ -145,6 +181,8 @@ def main(argv=None) -> int:
     install.add_argument("--seed", type=int, default=0, help="benchmark seed")
     install.add_argument("--cache-dir", default=None,
                          help="root of the cache (default: $AVEX_CACHE, else ~/.cache/avex)")
+    install.add_argument("--overwrite", action="store_true",
+                         help="replace a captioner trained at the reference's place")
     install.add_argument("--no-progress", action="store_true")
     install.set_defaults(run=cmd_install, parser=install)
 

@@ -156,9 +156,7 @@ def train_captioner(benchmark_path, out_dir, cfg: CaptionerConfig = CaptionerCon
     from transformers import AutoTokenizer
 
     cfg.validate()
-    out_dir = Path(out_dir)
-    if (out_dir / CAPTIONER_FILE).exists() and not overwrite:
-        raise FileExistsError(f"a captioner already exists at {out_dir}; pass overwrite=True")
+    out_dir = check_captioner_out(out_dir, overwrite)
     cache = FeatureCache(benchmark_path)
     tokenizer_path = cache.tokenizer_path()
     if tokenizer_path is None:
@@ -238,6 +236,32 @@ def _fit(captioner, model, projector, data: _TrainSet, cfg: CaptionerConfig,
         if step % 10 == 0:
             show(bar, loss=f"{np.mean(losses[-20:]):.3f}")
     return losses, time.perf_counter() - started
+
+
+def check_captioner_out(out_dir, overwrite: bool, name: str = "out") -> Path:
+    """``out_dir``, resolved, where a captioner may be written: a new or empty folder, or (with
+    ``overwrite``) one holding a captioner, which is then replaced. Anything else is refused,
+    naming ``name``: saving replaces the whole folder, and a user's files are never deleted."""
+    given = Path(out_dir)
+    if given.is_symlink():
+        raise ValueError(f"{name}: {str(given)!r} is a symbolic link (to "
+                         f"{str(given.resolve())!r}); pass the folder itself")
+    out_dir = given.resolve()
+    if not out_dir.exists():
+        return out_dir
+    if not out_dir.is_dir():
+        raise ValueError(f"{name}: {str(given)!r} is a file, not a folder")
+    if (out_dir / CAPTIONER_FILE).is_file():
+        if not overwrite:
+            raise FileExistsError(f"{name}: a captioner already exists at {str(given)!r}; "
+                                  "pass --overwrite (overwrite=True) to replace it")
+        return out_dir
+    held = sorted(p.name for p in out_dir.iterdir())
+    if held:
+        raise ValueError(f"{name}: {str(given)!r} holds files that are not a captioner (e.g. "
+                         f"{held[:3]}); saving replaces the whole folder, so give a new or "
+                         "empty one")
+    return out_dir
 
 
 def _save(out_dir: Path, model, tokenizer, projector, info: dict) -> None:
