@@ -2,23 +2,18 @@
 on first use. Training and evaluation both resolve and load their assets here."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from avex.captioner import FrozenCaptioner
+from avex.captioner.pairing import check_captioner_benchmark
 from avex.captioner.train import ensure_captioner
 from avex.data import FeatureCache
 from avex.data.embedded import default_benchmark_path, ensure_benchmark
 from avex.data.identity import tokenizer_record
-from avex.paths import CAPTIONER_FILE, default_captioner_path
+from avex.paths import default_captioner_path
 
 __all__ = ["resolve_asset_paths", "load_cache_and_captioner", "reference_sample",
            "check_tokenizer", "check_captioner_benchmark", "asset_names"]
-
-#: an embedded benchmark's generator settings that only say how many clips it draws; the rest
-#: (seed, feature dim, grid, frames, noise) decide its world: concepts, words and features
-SPLIT_SIZE_SETTINGS = ("train", "val", "test", "transfer", "clips_per_shard")
-
 
 def resolve_asset_paths(data: str, captioner: str, *, benchmark_preset: str = "default",
                         captioner_preset: str = "default", cache_dir=None,
@@ -69,49 +64,6 @@ def check_tokenizer(cache, captioner, captioner_path) -> None:
             "sub-folder when it has one, else its folder). Their ids differ, so the captions "
             "would be scored against references read otherwise; train with the model the cache "
             "was exported from, or save that model's tokenizer in the captioner's tokenizer/")
-
-
-def check_captioner_benchmark(source, captioner_path, data_root, name: str = "captioner") -> None:
-    """An embedded captioner records the embedded benchmark it was trained on (its
-    avex_captioner.json); given a feature cache that the same generator made with other
-    settings (``source``: the cache's meta.json source; a 200- and a 1000-clip build of one
-    seed agree), it would caption another world's features with its own words and score
-    nothing that means anything, so it is refused, naming the settings that differ. A
-    captioner or cache without that record (your own model, an exported cache) passes."""
-    record = Path(captioner_path) / CAPTIONER_FILE
-    if not isinstance(source, dict) or source.get("kind") != "embedded" or not record.is_file():
-        return
-    try:
-        info = json.loads(record.read_text(encoding="utf-8"))
-    except (ValueError, OSError):  # FrozenCaptioner.load names a corrupt record
-        return
-    trained = info.get("benchmark") if isinstance(info, dict) else None
-    trained_source = trained.get("source") if isinstance(trained, dict) else None
-    if not isinstance(trained_source, dict) or trained_source.get("kind") != "embedded":
-        return
-    mine, theirs = _world(trained_source), _world(source)
-    differ = [f"{key} {mine.get(key)!r} against {theirs.get(key)!r}"
-              for key in sorted(set(mine) | set(theirs)) if mine.get(key) != theirs.get(key)]
-    if differ:
-        seed = theirs.get("seed")
-        # a shipped reference records the benchmark's name, a captioner trained here its path
-        label = trained.get("name") or Path(str(trained.get("path") or "")).name
-        raise ValueError(
-            f"{name}: {captioner_path} was trained on the embedded benchmark "
-            f"{label or '(not named)'!r}, and the feature cache {data_root} was generated with "
-            f"other settings ({'; '.join(differ)}: the captioner's, then the cache's). Its "
-            "captions would judge another benchmark's clips with its own words; pass the "
-            "captioner of this benchmark"
-            + (f" (`python -m avex.captioner install --seed {seed}` for a shipped one)"
-               if isinstance(seed, int) else ""))
-
-
-def _world(source: dict) -> dict:
-    """An embedded benchmark's generator settings, less its split sizes: what its clips are."""
-    config = source.get("config") if isinstance(source.get("config"), dict) else {}
-    return {**{k: v for k, v in config.items() if k not in SPLIT_SIZE_SETTINGS},
-            "generator_version": source.get("generator_version"),
-            "layout": source.get("layout")}
 
 
 def asset_names(settings: dict) -> tuple[str, str]:

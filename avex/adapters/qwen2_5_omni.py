@@ -106,7 +106,7 @@ def adapt(model, **processor_outputs) -> AdaptedInputs:
                    native_positions=True)
 
 
-def _check_interleaving(model, inputs, index, audio_tokens, video, audio, block, where):
+def _check_interleaving(model, inputs, index, audio_count, video, audio, block, where):
     """The chunk-by-chunk order the model's TMRoPE assumes (its own ``get_chunked_index``)."""
     config = model.config
     merge = config.vision_config.spatial_merge_size
@@ -116,7 +116,7 @@ def _check_interleaving(model, inputs, index, audio_tokens, video, audio, block,
     times = (torch.arange(t) * seconds * config.position_id_per_seconds).long()
     video_times = times.repeat_interleave((h // merge) * (w // merge))
     video_chunks = model.get_chunked_index(video_times, per_chunk, 0)
-    audio_chunks = model.get_chunked_index(torch.arange(audio_tokens), per_chunk, 0)
+    audio_chunks = model.get_chunked_index(torch.arange(audio_count), per_chunk, 0)
     expected = []
     for j in range(max(len(video_chunks), len(audio_chunks))):
         for chunks, token in ((video_chunks, video), (audio_chunks, audio)):

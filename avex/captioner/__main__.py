@@ -26,6 +26,7 @@ from ..data.cache import peek_meta
 from ..paths import default_captioner_path
 from ..selection import num_kept, random_keep
 from .frozen import CAPTIONER_FILE, FrozenCaptioner
+from .pairing import check_captioner_benchmark
 from .reference import install_reference, reference_name, references, verify_reference
 from .train import PRESETS, check_captioner_out, ensure_captioner, train_captioner
 
@@ -152,7 +153,6 @@ def cmd_caption(args) -> int:
     if not Path(args.data, "meta.json").is_file():
         raise FileNotFoundError(f"--data: no feature cache at {args.data!r}")
     if args.captioner is not None:   # an embedded captioner beside another benchmark's cache
-        from ..cache_and_captioner import check_captioner_benchmark
         check_captioner_benchmark((peek_meta(args.data) or {}).get("source"), args.captioner,
                                   args.data, "--captioner")
     captioner = FrozenCaptioner.load(args.captioner, device=args.device)
