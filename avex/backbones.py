@@ -29,6 +29,12 @@ def backbone_config(name_or_path: str):
     if name_or_path in BACKBONES:
         spec = dict(BACKBONES[name_or_path])
         return AutoConfig.for_model(spec.pop("model_type"), **spec)
+    return check_decoder_config(_config_file(name_or_path), name_or_path)
+
+
+def _config_file(name_or_path: str):
+    from transformers import AutoConfig
+
     if os.path.exists(name_or_path):
         file = os.path.join(name_or_path, "config.json") if os.path.isdir(name_or_path) \
             else name_or_path
@@ -39,5 +45,56 @@ def backbone_config(name_or_path: str):
         except (OSError, ValueError) as err:  # JSONDecodeError is a ValueError
             raise ValueError(f"backbone {name_or_path!r}: {file} is not a Hugging Face config "
                              f"({type(err).__name__}: {err})") from None
+        except _strict_dataclass_error() as err:  # a config class's own check (llama: heads)
+            cause = str(err.__cause__ or err).strip()
+            raise ValueError(f"backbone {name_or_path!r} (--backbone): transformers refuses "
+                             f"{file}: {cause}") from None
     raise ValueError(f"backbone must be one of {sorted(BACKBONES)} or a path to a Hugging Face "
                      f"config, got {name_or_path!r}")
+
+
+def _strict_dataclass_error():
+    try:
+        from huggingface_hub.errors import StrictDataclassError
+    except ImportError:  # an older huggingface_hub: configs are not validated on load
+        return ()
+    return StrictDataclassError
+
+
+# what the FLOPs count, the latency model and the policy read from a decoder's config
+DECODER_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                  "num_key_value_heads", "vocab_size", "max_position_embeddings")
+
+
+def check_decoder_config(config, name: str = "config"):
+    """``config`` if it describes a decoder-only causal LM these tools can size: one
+    ``AutoModelForCausalLM`` builds, with every field of :data:`DECODER_FIELDS` a positive
+    integer, attention heads dividing the width and key/value heads dividing the heads. A
+    ValueError naming the backbone (``--backbone``) and the field otherwise."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    where = f"backbone {name!r} (--backbone)"
+    if getattr(config, "text_config", None) is not None:
+        raise ValueError(
+            f"{where}: a composite {type(config).__name__} (its language model's fields are in "
+            f"text_config); pass a config.json of its language model alone (a decoder "
+            f"model_type such as qwen2 or llama, with text_config's sizes)")
+    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise ValueError(f"{where}: model_type {config.model_type!r} has no causal LM in "
+                         f"transformers (AutoModelForCausalLM)")
+    for field in DECODER_FIELDS:
+        value = getattr(config, field, None)
+        if value is None:
+            raise ValueError(f"{where}: {type(config).__name__} has no {field}; a decoder "
+                             f"config (llama, qwen2, ...) with {', '.join(DECODER_FIELDS)} "
+                             f"is needed")
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{where}: {field} must be a positive integer, got {value!r}")
+    heads, kv = config.num_attention_heads, config.num_key_value_heads
+    if config.hidden_size % heads:
+        raise ValueError(f"{where}: hidden_size {config.hidden_size} is not divisible by "
+                         f"num_attention_heads {heads}")
+    if heads % kv:
+        raise ValueError(f"{where}: num_attention_heads {heads} is not divisible by "
+                         f"num_key_value_heads {kv}")
+    return config

@@ -93,9 +93,25 @@ class ProfileSettings:
             raise ValueError(f"methods: a method is listed twice: {list(self.methods)}")
         if self.visual_tokens + self.audio_tokens == 0:
             raise ValueError("visual_tokens + audio_tokens must be > 0, got 0")
+        if self.text_before + self.text_after == 0:   # every prompt holds text (modality.py)
+            raise ValueError("text_before + text_after (--text-before, --text-after) must be "
+                             ">= 1: a prompt has at least one text token; got 0 + 0")
         if self.dtype not in ("auto", *DTYPES):
             raise ValueError(f"dtype must be one of {['auto', *DTYPES]}, got {self.dtype!r}")
-        backbone_config(self.backbone)   # raises ValueError naming the backbone
+        config = backbone_config(self.backbone)   # raises ValueError naming the backbone
+        self._check_length(config.max_position_embeddings)
+
+    def _check_length(self, limit: int):
+        """The prompt and its forced decode fit the backbone's positions."""
+        prompt = (self.text_before + self.visual_tokens + self.audio_tokens
+                  + self.text_after)
+        if prompt + self.decode_tokens > limit:
+            raise ValueError(
+                f"the prompt ({prompt} tokens: text_before {self.text_before} + visual_tokens "
+                f"{self.visual_tokens} + audio_tokens {self.audio_tokens} + text_after "
+                f"{self.text_after}) + decode_tokens {self.decode_tokens} = "
+                f"{prompt + self.decode_tokens} positions, over the max_position_embeddings "
+                f"{limit} of backbone {self.backbone!r}")
 
 
 def token_layout(s: ProfileSettings) -> torch.Tensor:

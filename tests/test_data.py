@@ -427,8 +427,12 @@ def test_build_cli(tmp_path, capsys):
                      "--transfer", "0", "--out", str(out), "--no-progress"]) == 0
     assert FeatureCache(out).meta.splits == {"train": 6, "val": 2, "test": 2}
     assert "built embedded-tiny-seed0-" in capsys.readouterr().out
-    assert data_cli(["build", "--preset", "tiny", "--out", str(out)]) == 0
+    sizes = ["--train", "6", "--val", "2", "--test", "2", "--transfer", "0"]
+    assert data_cli(["build", "--preset", "tiny", *sizes, "--out", str(out)]) == 0
     assert "already built" in capsys.readouterr().out
+    # the default sizes are another build: not "already built" (it isn't)
+    exits_with_usage_error(data_cli, ["build", "--preset", "tiny", "--out", str(out)],
+                           r"train 6 there, 48 asked", capsys)
     shutil.rmtree(out)
     exits_with_usage_error(data_cli, ["info", str(out)], "no such cache directory", capsys)
 

@@ -6,11 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from avex.data.embedded import SPLIT_SIZE_SETTINGS
 from avex.paths import CAPTIONER_FILE
-
-#: an embedded benchmark's generator settings that only say how many clips it draws; the rest
-#: (seed, feature dim, grid, frames, noise) decide its world: concepts, words and features
-SPLIT_SIZE_SETTINGS = ("train", "val", "test", "transfer", "clips_per_shard")
 
 
 def check_captioner_benchmark(source, captioner_path, data_root, name: str = "captioner") -> None:

@@ -21,13 +21,13 @@ from pathlib import Path
 import torch
 
 from .. import _checks
-from .cache import CacheError, FeatureCache
+from .cache import CacheError, FeatureCache, is_feature_cache
 from .captions import LABEL_FREE_SPLIT, ExportError
 from .export import (ExportSettings, check_headers, check_out, export_cache, load_model,
                      model_dir_family, read_rows)
 from .processor import load_processor
-from .embedded import (PRESETS, benchmark_name, build_benchmark, default_benchmark_path,
-                       resolve_config)
+from .embedded import (PRESETS, benchmark_name, build_benchmark, built_mismatch,
+                       default_benchmark_path, resolve_config)
 
 SIZE_FLAGS = ("train", "val", "test", "transfer", "dim", "grid", "audio_per_frame", "n_frames")
 
@@ -53,6 +53,11 @@ def cmd_build(args) -> int:
     out = Path(args.out) if args.out else default_benchmark_path(
         args.preset, args.cache_dir, seed=args.seed, **_overrides(args))
     if (out / "meta.json").is_file() and not args.overwrite:
+        mismatch = built_mismatch(out, cfg, args.preset)
+        if mismatch:   # never report another build as this one
+            flag = "--out" if args.out else "--cache-dir"
+            remedy = ("pass --overwrite to replace it, or " if is_feature_cache(out) else "")
+            raise ValueError(f"{flag}: {mismatch}; {remedy}choose another {flag}")
         print(f"benchmark already built at {out} (pass --overwrite to rebuild)")
         return 0
     _checks.output_dir("out" if args.out else "cache_dir", str(out))

@@ -35,7 +35,7 @@ from .. import _checks
 from ..paths import benchmarks_dir
 from ..progress import progress_bar
 from . import world
-from .cache import SPLITS, CacheWriter
+from .cache import SPLITS, CacheWriter, peek_meta
 
 GENERATOR_VERSION = 1
 SPLIT_CODES = {name: i + 1 for i, name in enumerate(SPLITS)}
@@ -451,12 +451,53 @@ def build_benchmark(out_dir, cfg: BenchmarkConfig, *, preset: str = "custom",
     return Path(out_dir)
 
 
+#: the generator's settings that only say how many clips it draws; the others (seed, feature
+#: dim, grid, frames, noise) decide its world: concepts, words and features
+SPLIT_SIZE_SETTINGS = ("train", "val", "test", "transfer", "clips_per_shard")
+
+
+def built_mismatch(path, cfg: BenchmarkConfig, preset: str = "default", *,
+                   sizes: bool = True) -> str | None:
+    """None when the folder ``path`` holds the embedded benchmark ``cfg`` would build (same
+    generator version and settings; with ``sizes`` False, split sizes aside: the 200- and
+    1000-clip builds of a seed share their train split); else why not, naming what differs."""
+    meta = peek_meta(path)
+    source = meta.get("source") if meta else None
+    where = f"{str(path)!r} holds"
+    if not isinstance(source, dict) or source.get("kind") != "embedded":
+        kind = "no readable meta.json" if meta is None else (
+            "a meta.json that records no embedded benchmark (source kind "
+            f"{source.get('kind') if isinstance(source, dict) else None!r})")
+        return f"{where} {kind}, not an embedded benchmark"
+    if source.get("generator_version") != GENERATOR_VERSION:
+        return (f"{where} an embedded benchmark of generator_version "
+                f"{source.get('generator_version')!r}; this build is version {GENERATOR_VERSION}")
+    built = source.get("config")
+    wanted = dataclasses.asdict(cfg)
+    if not isinstance(built, dict):
+        return f"{where} an embedded benchmark whose meta.json records no settings (config)"
+    differ = [f"{key} {built.get(key, '(absent)')!r} there, {wanted.get(key, '(absent)')!r} "
+              f"asked" for key in sorted(set(built) | set(wanted))
+              if built.get(key, "(absent)") != wanted.get(key, "(absent)")
+              and (sizes or key not in SPLIT_SIZE_SETTINGS)]
+    if differ:
+        return (f"{where} an embedded benchmark built with other settings (preset "
+                f"{source.get('preset')!r} there, {preset!r} asked): " + "; ".join(differ))
+    return None
+
+
 def ensure_benchmark(preset: str = "default", *, cache_dir=None, progress: bool = True,
                      **overrides) -> Path:
     """The path of the embedded benchmark for these settings, building it first if it is not
     there yet (training calls this, so a first run needs no separate build step)."""
     path = default_benchmark_path(preset, cache_dir, **overrides)
-    if not (path / "meta.json").is_file():
+    if (path / "meta.json").is_file():
+        # an earlier build of other split sizes (200 val / test clips) is the same world
+        mismatch = built_mismatch(path, resolve_config(preset, **overrides), preset,
+                                  sizes=False)
+        if mismatch:
+            raise ValueError(f"{mismatch}; move it aside or pass another cache_dir")
+    else:
         cfg = resolve_config(preset, **overrides)
         path.parent.mkdir(parents=True, exist_ok=True)
         try:

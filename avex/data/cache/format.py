@@ -46,6 +46,9 @@ INT_DTYPES = {"I64": torch.int64, "I32": torch.int32}
 # (prompt ids or prompt embeddings for each side).
 FEATURE_KEYS = ("visual", "audio")
 PROMPT_SIDES = ("prefix", "suffix")
+# the order of a clip's tokens, as meta.json's "token_order" records it; the only one the reader
+# reads (every video token, then every audio token)
+TOKEN_ORDER = ("video", "audio")
 ANNOTATION_KEYS = ("visual_role", "audio_role")
 REQUIRED_ROW_FIELDS = ("clip_id", "split", "shard", "n_visual", "n_audio", "refs_av", "refs_v",
                        "refs_a")

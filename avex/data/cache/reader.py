@@ -19,8 +19,9 @@ from avex import _checks
 from avex.data.cache.format import (ANNOTATION_KEYS, CLIP_ID_PATTERN, FLOAT_DTYPES,
                                     FORMAT_NAME, FORMAT_VERSION, INT_DTYPES, MANIFEST_FILE,
                                     META_FILE, PROMPT_SIDES, REQUIRED_ROW_FIELDS, SPLITS,
-                                    STAMP_FILE, STAMP_FORMAT, CacheError, CacheMeta, Clip,
-                                    check_finite, file_sha256, is_count, json_lines, location)
+                                    STAMP_FILE, STAMP_FORMAT, TOKEN_ORDER, CacheError,
+                                    CacheMeta, Clip, check_finite, file_sha256, is_count,
+                                    json_lines, location)
 from avex.files import write_json_atomically
 
 
@@ -70,6 +71,11 @@ def _read_meta(root: Path) -> CacheMeta:
     tokenizer = raw.get("tokenizer")
     if tokenizer is not None and not isinstance(tokenizer, str):
         raise CacheError(f"{path}: 'tokenizer' must be a string or null, got {tokenizer!r}")
+    # absent: a cache from before the field, in the one order there is; present: that order
+    if "token_order" in raw and raw["token_order"] != list(TOKEN_ORDER):
+        raise CacheError(f"{path}: 'token_order' must be {list(TOKEN_ORDER)} (the reader reads "
+                         f"every video token, then every audio token), got "
+                         f"{raw['token_order']!r}")
     if not isinstance(raw.get("source", {}), dict):
         raise CacheError(f"{path}: 'source' must be an object, got {raw.get('source')!r}")
     return CacheMeta(dim=dim, n_frames=raw.get("n_frames"), dtype=raw["dtype"],
