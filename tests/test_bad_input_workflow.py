@@ -275,7 +275,10 @@ def test_export_cli_refusals(media, tmp_path, capsys, main, argv, match):
 
 
 @pytest.mark.parametrize("main,argv,match", EVALUATE_CASES)
-def test_evaluate_refusals(tmp_path, capsys, main, argv, match):
+def test_evaluate_refusals(tmp_path, capsys, monkeypatch, main, argv, match):
+    # an empty cache: a default captioner built on this machine would be checked against the
+    # fake runs' width first, and the refusal under test would not be reached
+    monkeypatch.setenv("AVEX_CACHE", str(tmp_path / "cache"))
     for name, phase, config in (("run", "rl", {}), ("done", "done", {}),
                                 ("other", "done", {"max_new_tokens": 16})):
         (tmp_path / name).mkdir()
