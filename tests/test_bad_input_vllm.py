@@ -129,6 +129,7 @@ CLI_CASES = [
     usage("rho out of range", plugin._main, ["{model}", "--policy", "{policy}", "--retention", "1.5"], r"avex_retention must be in \(0, 1\], got 1.5"),
     usage("a missing policy", plugin._main, ["{model}", "--policy", "{tmp}/none", "--retention", "0.4"], r"is not a directory"),
     usage("no retention", plugin._main, ["{model}", "--policy", "{policy}"], r"the following arguments are required: --retention"),
+    usage("a model path that doesn't exist", plugin._main, ["{tmp}/nonexistent_dir", "--policy", "{policy}", "--retention", "0.4"], r"model '.*nonexistent_dir': no local checkpoint directory of that name"),
 ]
 
 

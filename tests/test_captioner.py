@@ -334,3 +334,12 @@ def test_caption_refuses_a_captioner_of_another_benchmark(tiny, tmp_path, capsys
     other = another_worlds_captioner(path, tmp_path, seed=cache.meta.source["config"]["seed"] + 1)
     _usage_error(["caption", "--captioner", str(other), "--data", str(bench), "-n", "1"], capsys,
                  "--captioner: .* was trained on the embedded benchmark")
+
+
+def test_caption_names_a_captioner_folder_without_weights(tiny, tmp_path, capsys):
+    root, bench, path, cache = tiny
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "config.json").write_text((path / "config.json").read_text())
+    _usage_error(["caption", "--captioner", str(bare), "--data", str(bench), "-n", "1"], capsys,
+                 r"--captioner: '.*bare' could not be loaded as a model \(OSError")

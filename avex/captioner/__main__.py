@@ -155,7 +155,11 @@ def cmd_caption(args) -> int:
     if args.captioner is not None:   # an embedded captioner beside another benchmark's cache
         check_captioner_benchmark((peek_meta(args.data) or {}).get("source"), args.captioner,
                                   args.data, "--captioner")
-    captioner = FrozenCaptioner.load(args.captioner, device=args.device)
+    try:
+        captioner = FrozenCaptioner.load(args.captioner, device=args.device)
+    except OSError as err:   # a folder of a config without weights, an unreadable file
+        raise ValueError(f"--captioner: {args.captioner!r} could not be loaded as a model "
+                         f"({type(err).__name__}: {str(err).splitlines()[0]})") from None
     cache = FeatureCache(args.data, expected_dim=captioner.feature_dim)
     split = cache.split(args.split)
     clips = [split[i] for i in range(min(args.n, len(split)))]

@@ -166,7 +166,14 @@ def hf_overrides(model, *, policy, retention) -> dict:
     from transformers import AutoConfig
 
     check_version(installed_vllm_version())
-    config = AutoConfig.from_pretrained(model)
+    try:
+        config = AutoConfig.from_pretrained(model)
+    except (OSError, ValueError) as err:   # the hub's message names neither case plainly
+        what = ("its config.json could not be read" if Path(model).is_dir() else
+                "no local checkpoint directory of that name, and no model of that id in the "
+                "local Hugging Face cache")
+        raise ValueError(f"model {str(model)!r}: {what} "
+                         f"({type(err).__name__}: {str(err).splitlines()[0][:200]})") from None
     architectures = list(getattr(config, "architectures", None) or [])
     if not architectures:
         raise ValueError(f"{model}: its config.json names no architectures")
