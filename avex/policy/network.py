@@ -218,12 +218,11 @@ class AVEXPolicy(nn.Module):
         packed to the left, so the network runs on [B, M] and [B, T] instead of [B, L]. The
         inference path (serving, evaluation, profiling); it equals :meth:`forward` to float
         rounding, with the same Top-K (tests/test_policy.py). Inputs of another layout than
-        the policy was trained on are refused (:meth:`check_inputs`), and so are non-finite
-        embeddings of its tokens (:func:`check_finite_tokens`: padding is never read). A policy with
+        the policy was trained on are refused (:meth:`check_inputs`), and non-finite scores
+        that come from a token's embedding name it (padding is never read). A policy with
         ``config.retention_input`` needs ``retention`` (one rho, or one per row) here."""
         self.check_inputs(inputs_embeds, modality)
         modality = signed_codes(modality)
-        check_finite_tokens(inputs_embeds, modality)
         is_av = (modality == VISUAL) | (modality == AUDIO)
         is_text = modality == TEXT
         _checks.flag("with_hidden", with_hidden)
@@ -234,8 +233,9 @@ class AVEXPolicy(nn.Module):
         rho = self._row_retention(retention, modality.shape[0], modality.device)
         if not bool(is_text.any(1).all()):  # forward lets a row without text read every position
             # (padding zeroed: its NaN would reach the row's scores through 0 * NaN)
-            return self.forward(inputs_embeds.masked_fill((modality == PAD)[..., None], 0),
-                                modality, retention=retention, with_hidden=with_hidden)
+            got = self.forward(inputs_embeds.masked_fill((modality == PAD)[..., None], 0),
+                               modality, retention=retention, with_hidden=with_hidden)
+            return _finite_or_named(got, inputs_embeds, modality, is_av)
         av_at, av_valid = packed_positions(is_av)
         text_at, text_valid = packed_positions(is_text)
         rows = torch.arange(modality.shape[0], device=modality.device)[:, None]
@@ -250,10 +250,10 @@ class AVEXPolicy(nn.Module):
         row, col = torch.nonzero(av_valid, as_tuple=True)
         out[row, av_at[row, col]] = av_scores[row, col]
         if not with_hidden:
-            return out
+            return _finite_or_named(out, inputs_embeds, modality, is_av)
         hidden = av_hidden.new_zeros(*modality.shape, av_hidden.shape[-1])
         hidden[row, av_at[row, col]] = av_hidden[row, col]
-        return out, hidden
+        return _finite_or_named((out, hidden), inputs_embeds, modality, is_av)
 
     def _check_inputs(self, inputs_embeds, modality) -> None:
         _checks.tensor("inputs_embeds", inputs_embeds, ndim=3, floating=True)
@@ -357,6 +357,16 @@ class AVEXPolicy(nn.Module):
         """The policy :meth:`save_pretrained` wrote to ``path``, in eval mode. With ``model``,
         the model it will serve is checked against the record first (:meth:`check_model`)."""
         return load_saved_policy(cls, path, model=model, device=device)
+
+def _finite_or_named(got, inputs_embeds, modality, is_av):
+    """``got`` (scores, or (scores, hidden)) as it is; where its scores are not finite at an
+    AV token, a non-finite token embedding is named (:func:`check_finite_tokens`), read only
+    then: the embeddings are not scanned on every call."""
+    scores = got[0] if isinstance(got, tuple) else got
+    if not bool(torch.isfinite(scores[is_av]).all()):
+        check_finite_tokens(inputs_embeds, modality)
+    return got
+
 
 def check_finite_tokens(inputs_embeds: torch.Tensor, modality: torch.Tensor) -> None:
     """Refuse NaN or inf in the embedding of a text or audio-visual token (what the policy
