@@ -9,6 +9,9 @@ import os
 import pytest
 import torch
 
+# before any bench file imports transformers: the checkout's root off sys.path (avex/__init__.py)
+import avex  # noqa: F401
+
 HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")  # lets modules import; Triton entries skip

@@ -8,6 +8,9 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
+# first: ``python -m pytest`` puts the checkout's root on sys.path, and avex takes it off before
+# a test imports transformers (whose PyPI ``kernels`` the root's kernels/ would shadow)
+import avex  # noqa: E402,F401
 from hypothesis import settings  # noqa: E402
 
 # CI replays the same examples every run (a red run must be reproducible); locally, each run

@@ -61,3 +61,26 @@ def test_a_named_import_path_resolves(path):
         _resolve(path)
     except (ImportError, AttributeError) as err:
         pytest.fail(f"{PATHS[path]} names {path}, which does not resolve: {err}")
+
+
+def test_the_checkout_root_shadows_no_pypi_package():
+    """Run from the checkout's root, ``python -m``/``-c`` put the root first on sys.path; after
+    ``import avex`` its kernels/ and profiling/ folders are not what ``import kernels`` and
+    ``import profiling`` find (transformers 5.25 imports PyPI's kernels), and transformers'
+    hub-kernels module imports."""
+    import subprocess
+    import sys
+
+    code = ("import sys, importlib.util, avex\n"
+            "assert '' not in sys.path, sys.path\n"
+            "for name in ('kernels', 'profiling'):\n"
+            "    spec = importlib.util.find_spec(name)\n"
+            "    print(name, spec.origin if spec else None)\n"
+            "import avex.kernels, avex.profiling\n"
+            "import transformers.integrations.hub_kernels\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    for line in done.stdout.splitlines():
+        name, origin = line.split(" ", 1)
+        assert origin == "None" or not Path(origin).resolve().is_relative_to(ROOT / name), line
