@@ -30,7 +30,7 @@ WARMUP_TEACHERS = ("prompt-attention", "caption-attention", "fidelity-gain")
 SETTINGS_BEFORE_THEY_EXISTED = {"reward": "cider", "selection": "topk", "redundancy": 0.0,
                                 "warmup_teacher": "prompt-attention", "retention_input": False,
                                 # no effect without the retention input: today's default
-                                "retention_lr": 1e-2, "lambda_pairs": 0.0}
+                                "retention_lr": 1e-2, "lambda_pairs": 0.0, "ema": 0.0}
 
 #: each selection's redundancy when none is given: set-aware's from the val pilot
 #: (results/set-aware-pilot.md), Top-K's none
@@ -147,6 +147,9 @@ class TrainConfig:
     # symmetric difference, labelled by their reward difference (no extra captioner pass);
     # its weight makes its gradient norm lambda_pairs x L_RL's in every micro-batch
     lambda_pairs: float = 0.0
+    # the saved policy is an exponential moving average of RL's weights with this decay,
+    # started from the warmup's (0: the last step's weights)
+    ema: float = 0.0
     warmup_from: str | None = None    # a run directory: start from its warmup policy, skip ours
     # the scores whose balanced keep-sets the warmup imitates (warmup_teachers.py): the prompt's
     # attention to the AV tokens in the full-token prefill ("prompt-attention"), y_full's
@@ -286,6 +289,7 @@ class TrainConfig:
         _checks.real("lambda_target", self.lambda_target, low=0)
         _checks.real("lambda_best", self.lambda_best, low=0)
         _checks.real("lambda_pairs", self.lambda_pairs, low=0)
+        _checks.real("ema", self.ema, low=0, high=1, high_open=True)
 
     def _validate_sources(self) -> None:
         """The files the run reads, the table's methods, the retentions it trains at."""
@@ -467,7 +471,7 @@ SEARCH_SETTINGS = ("search_rounds", "search_candidates", "search_deep", "distill
 
 #: settings only the RL phase reads (the warmup reads its own lr, epochs and the batch sizes)
 RL_SETTINGS = ("epochs", "lr", "lr_warmup", "anchors", "rl_estimator", "normalize_rl", "rl",
-               "lambda_target", "lambda_best", "lambda_pairs", "retention_lr", "tau")
+               "lambda_target", "lambda_best", "lambda_pairs", "retention_lr", "tau", "ema")
 #: settings only the warmup reads
 WARMUP_SETTINGS = ("warmup_epochs", "warmup_lr")
 #: settings only the end-of-run table reads

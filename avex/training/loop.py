@@ -37,6 +37,7 @@ from avex.run_files import (CACOVID_DIR, CONFIG_FILE, EXCHANGE_CALIBRATION_FILE,
                             warmup_policy_file)
 from avex.selection import AVLayout
 from avex.stop_signals import StopSignals
+from avex.training.averaging import WeightAverage
 from avex.training.checkpoint import load_checkpoint, set_rng_state
 from avex.training.config import (DEFAULT_EVAL_METHODS, TrainConfig, build_parser,
                                   explicit_settings, resolve_config)
@@ -317,6 +318,11 @@ class Run:
             optimizer.load_state_dict(saved["optimizer"])
             scheduler.load_state_dict(saved["scheduler"])
             set_rng_state(saved["rng"])
+        average = None
+        if cfg.ema > 0:   # from the weights RL starts from, or the checkpoint's average
+            average = WeightAverage(unwrap(model), cfg.ema)
+            if saved is not None and saved.get("ema") is not None:
+                average.load_state_dict(saved["ema"])
         # CIDEr needs every clip's references; a label-free cache trains on fidelity alone
         cider = CiderD(corpus_references=[c.refs_av for c in clips], tokenize=True) \
             if all(c.refs_av for c in clips) else None
@@ -360,6 +366,8 @@ class Run:
             lr = scheduler.get_last_lr()[0]   # the rate this step trained at, before step()
             optimizer.step()
             scheduler.step()
+            if average is not None:
+                average.update(unwrap(model))
             record = {"phase": "rl", "step": step, "lr": lr,
                       "grad_norm": float(total_norm), "time": time.time(),
                       **{k: v for k, v in sums.items()}}
@@ -381,10 +389,13 @@ class Run:
                 if not rewarded and step + 1 == min(ZERO_REWARD_STEPS, self.rl_steps):
                     raise zero_reward_error(step + 1, min(len(clips), cfg.batch_size
                                                           * (step + 1)), captioner)
+            extra = {"ema": average.state_dict()} if average is not None else None
             if self.books.stop_requested() and step + 1 < self.rl_steps:
-                self.books.interrupt(model, "rl", step + 1, optimizer, scheduler)
+                self.books.interrupt(model, "rl", step + 1, optimizer, scheduler, extra)
             if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < self.rl_steps:
-                self.books.save(model, "rl", step + 1, optimizer, scheduler)
+                self.books.save(model, "rl", step + 1, optimizer, scheduler, extra)
+        if average is not None:   # the run's policy is the average (checkpoint, artifact)
+            average.copy_to(unwrap(model))
         self.books.save(model, "done", self.rl_steps, optimizer, scheduler)
         if self.procs.main:
             write_exchange_report(self.run_dir)   # the reward's ties, the exchange labels

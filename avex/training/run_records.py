@@ -213,11 +213,13 @@ class RunRecords:
             save_tensors_atomically(self.run_dir / WARMUP_POLICY_FILE,
                                     cpu_state_dict(unwrap(policy)))
 
-    def save(self, policy, phase, step, optimizer, scheduler):
+    def save(self, policy, phase, step, optimizer, scheduler, extra: dict | None = None):
+        """Checkpoint the step boundary; ``extra``: more state to resume with (the RL phase's
+        weight average)."""
         if self.procs.main:
             state = {"phase": phase, "step": step, "optimizer": optimizer.state_dict(),
                      "scheduler": scheduler.state_dict() if scheduler else None,
-                     "rng": rng_state(), "config": self.cfg.to_dict()}
+                     "rng": rng_state(), "config": self.cfg.to_dict(), **(extra or {})}
             global_step = step if phase == "warmup" else self.warmup_steps + step
             save_checkpoint(self.run_dir, global_step, unwrap(policy), state)
         self.procs.barrier()
@@ -236,7 +238,7 @@ class RunRecords:
     def resume_command(self) -> str:
         return f"python -m avex.train --resume --run-dir {shlex.quote(str(self.run_dir))}"
 
-    def interrupt(self, model, phase, step, optimizer, scheduler):
+    def interrupt(self, model, phase, step, optimizer, scheduler, extra: dict | None = None):
         """A stop was asked for: checkpoint this step boundary, then stop."""
-        self.save(model, phase, step, optimizer, scheduler)
+        self.save(model, phase, step, optimizer, scheduler, extra)
         raise TrainingInterrupted(latest_checkpoint(self.run_dir), self.resume_command())
