@@ -33,7 +33,7 @@ def resolve_asset_paths(data: str, captioner: str, *, benchmark_preset: str = "d
     return data_path, default_captioner_path(data_path.name, captioner_preset, cache_dir)
 
 
-def load_cache_and_captioner(data_path, captioner_path, *, device=None):
+def load_cache_and_captioner(data_path, captioner_path, *, device=None, progress: bool = True):
     """(feature cache, frozen captioner) at these paths; the captioner's tokenizer must
     round-trip a sample of the cache's references (:func:`reference_sample`) and, where the
     cache records the tokenizer its clips were exported with, be that tokenizer
@@ -41,7 +41,7 @@ def load_cache_and_captioner(data_path, captioner_path, *, device=None):
     cache = FeatureCache(data_path)
     check_captioner_benchmark(cache.meta.source, captioner_path, cache.root)
     captioner = FrozenCaptioner.load(captioner_path, device=device,
-                                     references=reference_sample(cache))
+                                     references=reference_sample(cache), progress=progress)
     check_tokenizer(cache, captioner, captioner_path)
     return cache, captioner
 

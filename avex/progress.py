@@ -3,12 +3,13 @@ unless ``file=`` says otherwise) is not a terminal, so a log file gets a line ev
 ``PIPED_INTERVAL`` seconds, not one per step."""
 from __future__ import annotations
 
+import contextlib
 import sys
 
 from tqdm.asyncio import tqdm as _text_tqdm
 from tqdm.auto import tqdm
 
-__all__ = ["progress_bar", "show", "PIPED_INTERVAL"]
+__all__ = ["progress_bar", "show", "transformers_progress", "PIPED_INTERVAL"]
 
 PIPED_INTERVAL = 30.0  # seconds between updates when the stream is a file or a pipe
 
@@ -41,3 +42,19 @@ def show(bar, text: str | None = None, **values) -> None:
         bar.set_postfix_str(text, refresh=False)
     else:
         bar.set_postfix(refresh=False, **values)
+
+
+@contextlib.contextmanager
+def transformers_progress(enabled: bool):
+    """transformers' own bars ("Loading weights") on or off inside the block, as they were
+    after it: ``--no-progress`` silences them too."""
+    from transformers.utils import logging as hf_logging
+
+    before = hf_logging.is_progress_bar_enabled()
+    if not enabled:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if before and not enabled:
+            hf_logging.enable_progress_bar()

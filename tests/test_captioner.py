@@ -46,6 +46,19 @@ def test_trained_captioner_is_saved_and_reloads(tiny):
     assert a.tokenizer.decode(ids) == "a dog barks"
 
 
+def test_no_progress_silences_transformers_loading_bar_and_restores_it(tiny, capfd):
+    """transformers 5.25 draws a "Loading weights" bar on every load; a load with
+    progress=False (--no-progress) draws none, and leaves transformers' bars as they were."""
+    from transformers.utils import logging as hf_logging
+
+    path = tiny[2]
+    assert hf_logging.is_progress_bar_enabled()
+    capfd.readouterr()
+    FrozenCaptioner.load(path, device="cpu", progress=False)
+    assert "Loading weights" not in capfd.readouterr().err
+    assert hf_logging.is_progress_bar_enabled()
+
+
 def test_training_learns(tiny):
     """A few dozen steps already cut the loss well below where it started."""
     _, _, path, _ = tiny

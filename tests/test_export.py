@@ -173,6 +173,7 @@ def test_the_cli_stops_at_a_clip_boundary_with_130_and_the_resume_command(made, 
     assert "export stopped after 2 of 3 clips; the clips done are kept in " in err
     assert f"resume with: python -m avex.data export --media {media}" in err
     assert err.count("resume with:") == 1   # the command once, not the exception's copy too
+    assert "Loading weights" not in err   # --no-progress: transformers' bar too
     monkeypatch.undo()
     assert data_main(argv) == 0
     out = capsys.readouterr().out

@@ -8,6 +8,7 @@ position carries a modality code (:data:`PAD` -1, :data:`VISUAL` 0, :data:`AUDIO
 """
 from __future__ import annotations
 
+
 import hashlib
 import inspect
 import json
@@ -23,7 +24,7 @@ from ..data.cache import Clip
 from ..files import load_weights, save_tensors_atomically
 from ..modality import AUDIO, PAD, TEXT, VISUAL
 from ..paths import CAPTIONER_FILE, attention_dir, default_captioner_path
-from ..progress import progress_bar
+from ..progress import progress_bar, transformers_progress
 from ..pruning import expand_av_keep, forward, generate, prune_inputs
 from ..ptb_tokenizer import tokenize
 from .batch import AVBatch, AVProjector, TeacherForced, TeacherForcedInputs, left_pad
@@ -47,7 +48,7 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def _load_model(path: Path, dtype):
+def _load_model(path: Path, dtype, progress: bool = True):
     """A local Hugging Face model directory: a ``*ForCausalLM``, or an audio-visual model whose
     class ``config.json`` names (Qwen2.5-VL, the Qwen2.5-Omni thinker, ...)."""
     import transformers
@@ -56,14 +57,16 @@ def _load_model(path: Path, dtype):
 
     config = AutoConfig.from_pretrained(str(path))
     if config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype)
+        model_class = AutoModelForCausalLM
     else:
         names = [n for n in (config.architectures or []) if hasattr(transformers, n)]
         if not names:
             raise ValueError(f"{path}/config.json (model_type {config.model_type!r}) names no "
                              "model class this transformers has; expected a *ForCausalLM or "
                              "an audio-visual model such as Qwen2_5_VLForConditionalGeneration")
-        model = getattr(transformers, names[0]).from_pretrained(str(path), dtype=dtype)
+        model_class = getattr(transformers, names[0])
+    with transformers_progress(progress):
+        model = model_class.from_pretrained(str(path), dtype=dtype)
     if getattr(model.config.get_text_config(), "vocab_size_per_layer_input", None) is not None:
         raise ValueError(f"{path}: {type(model).__name__} needs per-layer token inputs beside "
                          "inputs_embeds (Gemma 3n), which the feature cache does not hold; it "
@@ -127,7 +130,8 @@ class FrozenCaptioner:
     # -- loading --------------------------------------------------------------------------------
     @classmethod
     def load(cls, path=None, *, device=None, dtype: torch.dtype = torch.float32,
-             feature_dim: int | None = None, references=None) -> "FrozenCaptioner":
+             feature_dim: int | None = None, references=None,
+             progress: bool = True) -> "FrozenCaptioner":
         from transformers import AutoTokenizer
 
         if path is None or path == "embedded":
@@ -164,7 +168,7 @@ class FrozenCaptioner:
         tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir(path)))
         if references is not None:  # before the weights are loaded: a bad tokenizer fails fast
             check_round_trip(tokenizer, references, path)
-        model = _load_model(path, dtype).to(device)
+        model = _load_model(path, dtype, progress).to(device)
         hidden = model.get_input_embeddings().embedding_dim
         if info:
             projector = AVProjector(info["feature_dim"], hidden, info.get("projector", "mlp"))

@@ -149,7 +149,8 @@ def cmd_export(args) -> int:
     settings = ExportSettings(prompt=args.prompt, fps=args.fps, max_frames=args.max_frames,
                               use_audio_in_video=args.use_audio_in_video, dtype=args.dtype)
     rows = _check_export(args, settings)   # before the model loads
-    model = load_model(args.model, _export_device(args), name="--model")
+    model = load_model(args.model, _export_device(args), name="--model",
+                       progress=not args.no_progress)
     processor = load_processor(args.processor or args.model, model)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     launcher = f"torchrun --nproc-per-node {world} -m avex.data " if world > 1 else \

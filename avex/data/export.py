@@ -70,7 +70,7 @@ from avex.data.processor import with_frames_video_processor
 from avex.files import save_tensors_atomically, write_json_atomically
 from avex.modality import AUDIO, PAD, VISUAL
 from avex.processes import TorchrunProcess
-from avex.progress import progress_bar
+from avex.progress import progress_bar, transformers_progress
 from avex.stop_signals import StopSignals
 
 __all__ = ["ExportSettings", "ExportError", "ExportInterrupted", "read_captions",
@@ -226,7 +226,7 @@ def model_dir_family(path, name: str = "model"):
 # Export
 # ----------------------------------------------------------------------------------------------
 
-def load_model(path, device: str = "cpu", name: str = "model"):
+def load_model(path, device: str = "cpu", name: str = "model", progress: bool = True):
     """The audio-visual model of a local Hugging Face directory, as the class its config.json
     names (``architectures``), in eval mode on ``device`` (the frozen captioner loads it the
     same way); the thinker of a full Qwen2.5-Omni. A folder whose config or weights can't be
@@ -239,7 +239,9 @@ def load_model(path, device: str = "cpu", name: str = "model"):
         if not names:
             raise ExportError(f"{name}: {path}/config.json (model_type {config.model_type!r}) "
                               "names no model class this transformers has")
-        model = getattr(transformers, names[0]).from_pretrained(str(path), dtype=torch.float32)
+        with transformers_progress(progress):   # --no-progress: no "Loading weights" bar
+            model = getattr(transformers, names[0]).from_pretrained(str(path),
+                                                                    dtype=torch.float32)
     except ExportError:
         raise
     except (OSError, ValueError, RuntimeError, KeyError, SafetensorError) as err:

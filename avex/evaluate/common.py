@@ -336,7 +336,8 @@ def load_experiment_inputs(settings: ExperimentSettings):
     for problem in judge_warnings(judge_record(data_path, captioner_path,
                                                cache_dir=settings.cache_dir)):
         warnings.warn(f"the judge differs from the committed one: {problem}", stacklevel=2)
-    return load_cache_and_captioner(data_path, captioner_path, device=device)
+    return load_cache_and_captioner(data_path, captioner_path, device=device,
+                                    progress=settings.progress)
 
 
 def begin(settings, kind: type, experiment: str):

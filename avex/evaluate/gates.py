@@ -244,7 +244,7 @@ def run_gates(benchmark_path, captioner_path=None, *, seeds: int = 3,
         if "transfer" in splits_present else []
     # a flipped bit passes the header checks: hash the shards the gates read
     print(f"benchmark: {cache.verify_shards(test_rows + transfer_rows)}")
-    captioner = FrozenCaptioner.load(captioner_path, device=device)
+    captioner = FrozenCaptioner.load(captioner_path, device=device, progress=progress)
     test = [cache.split("test")[i] for i in range(len(test_rows))]
     transfer = [cache.split("transfer")[i] for i in range(len(transfer_rows))]
     scorer = CiderD([c.refs_av for c in test])

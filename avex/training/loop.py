@@ -69,7 +69,8 @@ def resolve_run_inputs(cfg: TrainConfig, procs: Processes):
 
 
 def load_run_inputs(cfg: TrainConfig, data_path, captioner_path, device):
-    cache, captioner = load_cache_and_captioner(data_path, captioner_path, device=device)
+    cache, captioner = load_cache_and_captioner(data_path, captioner_path, device=device,
+                                                progress=cfg.progress)
     torch.manual_seed(cfg.seed)  # the policy's random init is part of the run's identity
     policy = AVEXPolicy.from_llm(captioner.model, hidden_size=cfg.policy_hidden,
                                  positional=cfg.policy_positional, selection=cfg.selection,
