@@ -356,3 +356,14 @@ def test_caption_names_a_captioner_folder_without_weights(tiny, tmp_path, capsys
     (bare / "config.json").write_text((path / "config.json").read_text())
     _usage_error(["caption", "--captioner", str(bare), "--data", str(bench), "-n", "1"], capsys,
                  r"--captioner: '.*bare' could not be loaded as a model \(OSError")
+
+
+def test_captioner_train_with_no_progress_draws_no_bar(tiny, tmp_path, capfd):
+    """transformers draws "Writing model shards" on save and "Loading weights" on load: with
+    --no-progress neither appears."""
+    root, bench, path, cache = tiny
+    assert captioner_cli(["train", "--preset", "tiny", "--data", str(bench), "--steps", "3",
+                          "--no-progress", "--out", str(tmp_path / "cap")]) == 0
+    err = capfd.readouterr().err
+    assert (tmp_path / "cap" / "avex_captioner.json").is_file()
+    assert "Writing model shards" not in err and "Loading weights" not in err, err

@@ -19,7 +19,7 @@ from ..data.embedded import ensure_benchmark
 from ..files import cpu_state_dict
 from ..modality import AUDIO, VISUAL
 from ..paths import default_captioner_path
-from ..progress import progress_bar, show
+from ..progress import progress_bar, show, transformers_progress
 from ..reward import CiderD
 from .batch import AVProjector
 from .frozen import (CAPTIONER_FILE, CAPTIONER_FORMAT, PROJECTOR_FILE, FrozenCaptioner,
@@ -193,7 +193,7 @@ def train_captioner(benchmark_path, out_dir, cfg: CaptionerConfig = CaptionerCon
                      "val_examples": [{"clip_id": c.clip_id, "caption": t, "ref": c.refs_av[0]}
                                       for c, t in zip(eval_clips[:3], captions[:3])]},
     }
-    _save(out_dir, model, tokenizer, projector, info)
+    _save(out_dir, model, tokenizer, projector, info, progress)
     return out_dir
 
 
@@ -264,12 +264,13 @@ def check_captioner_out(out_dir, overwrite: bool, name: str = "out") -> Path:
     return out_dir
 
 
-def _save(out_dir: Path, model, tokenizer, projector, info: dict) -> None:
+def _save(out_dir: Path, model, tokenizer, projector, info: dict, progress: bool = True) -> None:
     """Write the captioner to a staging folder, then rename it into place."""
     staging = out_dir.parent / f".{out_dir.name}.tmp"
     if staging.exists():
         shutil.rmtree(staging)
-    model.save_pretrained(str(staging))
+    with transformers_progress(progress):   # its "Writing model shards" bar
+        model.save_pretrained(str(staging))
     tokenizer.save_pretrained(str(staging / "tokenizer"))
     save_file(cpu_state_dict(projector), str(staging / PROJECTOR_FILE))
     (staging / CAPTIONER_FILE).write_text(json.dumps(info, indent=1) + "\n")
