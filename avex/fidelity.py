@@ -31,7 +31,8 @@ from avex.progress import progress_bar
 from avex.selection import AVLayout
 
 __all__ = ["FIDELITY_HINGE", "TIE_BREAK_POINTS", "FullCaptions", "full_captions",
-           "full_captions_path", "fidelity_reward", "break_ties", "fidelity_split"]
+           "full_captions_path", "fidelity_reward", "grounded_fidelity", "break_ties",
+           "fidelity_split"]
 
 FULL_CAPTIONS_FORMAT = "avex-full-captions/1"
 #: the margin form's hinge, in logits: a step counts as safe once y_full's token leads by this
@@ -141,6 +142,23 @@ def fidelity_reward(scored, form: str = "logp") -> torch.Tensor:
         return 100.0 * scored.mean_log_prob
     hinge = (FIDELITY_HINGE - scored.margin).clamp_min(0.0)   # +inf past the end: 0
     return -100.0 * hinge.sum(-1) / scored.length[:, None].to(hinge.dtype)
+
+
+def grounded_fidelity(scored) -> torch.Tensor:
+    """R_fid [B, S - 2] of the ``"grounded"`` form: 100 x the mean log p(y_full | S) per token,
+    each token weighted by the evidence the clip's AV tokens give it,
+    max(0, log p(token | every AV token) - log p(token | none)). Tokens the prompt alone
+    predicts (the caption's template) weigh 0, so the reward ranks sets by the caption's
+    content. ``scored``: a :class:`~avex.captioner.frozen.TeacherForced` whose last two sets of
+    each sample are its full and its empty AV set; 0 for a clip whose AV tokens help no token."""
+    log_prob = scored.token_log_prob
+    if log_prob.shape[1] < 3:
+        raise ValueError(f"the grounded form needs each sample's sets, then its full and its "
+                         f"empty set: got {log_prob.shape[1]} sets")
+    weight = (log_prob[:, -2] - log_prob[:, -1]).clamp_min(0.0)          # [B, T]; 0 past the end
+    total = weight.sum(-1, keepdim=True)
+    weighted = (log_prob[:, :-2] * weight[:, None]).sum(-1)
+    return 100.0 * torch.where(total > 0, weighted / total.clamp_min(1e-30), 0.0)
 
 
 def break_ties(primary: torch.Tensor, secondary: torch.Tensor) -> torch.Tensor:

@@ -15,7 +15,7 @@ from avex import fidelity
 from avex.captioner import FrozenCaptioner
 from avex.captioner.batch import TeacherForced
 from avex.data import CacheWriter, FeatureCache
-from avex.fidelity import break_ties, fidelity_reward, full_captions
+from avex.fidelity import break_ties, fidelity_reward, full_captions, grounded_fidelity
 from avex.kernels import gumbel_topk
 from avex.modality import AUDIO, PAD, TEXT, VISUAL
 from avex.reward import CiderD
@@ -209,6 +209,47 @@ def test_fidelity_reward_forms():
     assert scored.reproduces.tolist() == [[False, False]]
     with pytest.raises(ValueError, match="form must be one of"):
         fidelity_reward(scored, "hinge")
+
+
+def test_the_grounded_form_weights_tokens_by_their_av_evidence():
+    """Each token weighs max(0, log p | full - log p | none): a token the prompt alone predicts
+    (or the AV tokens make less likely) counts for nothing; a clip whose AV tokens help no
+    token scores 0; steps past a target's end weigh 0 (their log p is 0 under every set)."""
+    # one clip, sets: two scored sets, then its full and its empty set; 3 steps, the last past
+    # the end of a 2-step target
+    log_prob = torch.tensor([[[-1.0, -2.0, 0.0], [-0.5, -4.0, 0.0],
+                              [-0.1, -0.2, 0.0], [-0.1, -3.2, 0.0]]], dtype=torch.float64)
+    scored = TeacherForced(log_prob, torch.zeros_like(log_prob), torch.tensor([2]))
+    # token 0: evidence 0 (full = none); token 1: evidence 3.0
+    assert grounded_fidelity(scored)[0].tolist() == pytest.approx([-200.0, -400.0])
+    unhelpful = log_prob.clone()
+    unhelpful[0, 2] = unhelpful[0, 3] - torch.tensor([0.5, 0.1, 0.0], dtype=torch.float64)
+    blind = TeacherForced(unhelpful, torch.zeros_like(log_prob), torch.tensor([2]))
+    assert grounded_fidelity(blind)[0].tolist() == [0.0, 0.0]
+    with pytest.raises(ValueError, match="its full and its empty set: got 2 sets"):
+        grounded_fidelity(TeacherForced(log_prob[:, :2], log_prob[:, :2], torch.tensor([2])))
+
+
+def test_set_rewards_of_the_grounded_form_score_each_set_against_full_and_empty(tiny):
+    """set_rewards appends each clip's full and empty AV set to one teacher-forced pass and
+    returns the grounded reward of the given sets only; it is the plain per-token computation
+    from three separate passes."""
+    _, cache, captioner = tiny
+    clips = clips_of(cache, count=3)
+    batch = captioner.embed(clips)
+    layout = AVLayout.of(batch.modality)
+    sets = random_sets(layout, (0.2, 0.4), 2)
+    targets = full_tokens(captioner, batch)
+    got = set_rewards(TrainConfig(fidelity_form="grounded"), captioner, None, batch, clips,
+                      sets, targets)
+    assert got.reward.shape == sets.shape[:2]
+    real = (layout.modality != PAD)[:, None]
+    parts = [captioner.teacher_forced(batch.inputs_embeds, batch.modality, keep, targets)
+             .token_log_prob for keep in (sets, real, torch.zeros_like(real))]
+    weight = (parts[1][:, 0] - parts[2][:, 0]).clamp_min(0)
+    expected = 100 * (parts[0] * weight[:, None]).sum(-1) / weight.sum(-1, keepdim=True)
+    torch.testing.assert_close(got.reward, expected.float(), rtol=1e-4, atol=1e-3)
+    assert bool((weight.sum(-1) > 0).all())   # the tiny captioner's AV tokens do help
 
 
 @settings(max_examples=200, deadline=None)

@@ -21,7 +21,7 @@ from avex.set_selection import SELECTIONS
 EXCHANGE_TYPES = ("vv", "aa", "va", "av")
 #: what a kept set is rewarded by (docs/training.md, "Rewards"; avex.fidelity)
 REWARDS = ("cider", "fidelity", "cider+fidelity")
-FIDELITY_FORMS = ("logp", "margin")
+FIDELITY_FORMS = ("logp", "margin", "grounded")
 #: what the warmup imitates (docs/training.md, "Warmup teachers"; warmup_teachers.py beside this)
 WARMUP_TEACHERS = ("prompt-attention", "caption-attention", "fidelity-gain")
 

@@ -25,9 +25,9 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from avex.fidelity import break_ties, fidelity_reward
+from avex.fidelity import break_ties, fidelity_reward, grounded_fidelity
 from avex.kernels import build_exchanges, gumbel_topk
-from avex.modality import AUDIO, VISUAL
+from avex.modality import AUDIO, PAD, VISUAL
 from avex.scoring import caption_split, keep_all
 from avex.selection import AVLayout, balanced_attention_keep, indices_to_keep, topk_keep
 from avex.training.config import TrainConfig
@@ -265,9 +265,14 @@ def set_rewards(cfg: TrainConfig, captioner, cider, batch, clips, sets: torch.Te
         if full_tokens is None:
             raise ValueError(f"reward {cfg.reward!r} needs y_full's token ids of the batch "
                              "(full_tokens)")
-        scored = captioner.teacher_forced(batch.inputs_embeds, batch.modality, sets,
+        forced = sets
+        if cfg.fidelity_form == "grounded":   # each clip's full and empty AV set at the end
+            real = (AVLayout.of(batch.modality).modality != PAD).to(sets.device)[:, None]
+            forced = torch.cat([sets, real, torch.zeros_like(real)], dim=1)
+        scored = captioner.teacher_forced(batch.inputs_embeds, batch.modality, forced,
                                           full_tokens, position_ids=batch.native_position_ids)
-        dense = fidelity_reward(scored, cfg.fidelity_form).float()
+        dense = (grounded_fidelity(scored) if cfg.fidelity_form == "grounded"
+                 else fidelity_reward(scored, cfg.fidelity_form)).float()
     by_cider = None if points is None else torch.as_tensor(
         points, dtype=torch.float32, device=sets.device).view(-1, num_sets)
     if cfg.reward == "cider":
