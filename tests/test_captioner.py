@@ -367,3 +367,24 @@ def test_captioner_train_with_no_progress_draws_no_bar(tiny, tmp_path, capfd):
     err = capfd.readouterr().err
     assert (tmp_path / "cap" / "avex_captioner.json").is_file()
     assert "Writing model shards" not in err and "Loading weights" not in err, err
+
+
+def test_caption_without_captioner_uses_the_benchmarks_own(tiny, tmp_path, capsys, monkeypatch):
+    """Without --captioner, caption takes the captioner built for --data's benchmark, not
+    benchmark 0's default; where only another benchmark's default is built, it is refused by
+    name instead of captioning this benchmark's clips with it."""
+    import shutil
+
+    root, bench, path, cache = tiny
+    cache_root = tmp_path / "cache"
+    monkeypatch.setenv("AVEX_CACHE", str(cache_root))
+    shutil.copytree(path, cache_root / "captioners" / f"{bench.name}-tiny")
+    args = ["caption", "--data", str(bench), "-n", "1"]
+    assert captioner_cli(args) == 0
+    assert "reference:" in capsys.readouterr().out
+    shutil.rmtree(cache_root / "captioners" / f"{bench.name}-tiny")
+    seed = cache.meta.source["config"]["seed"]
+    other = another_worlds_captioner(path, tmp_path, seed=seed + 1)
+    shutil.move(other, cache_root / "captioners" / "embedded-default-seed0-default")
+    _usage_error(args, capsys, r"--captioner: .*embedded-default-seed0-default was trained on "
+                               r"the embedded benchmark")

@@ -141,6 +141,18 @@ def installed_reference(path) -> str | None:
         return None
 
 
+def caption_default(data, source) -> Path:
+    """``caption``'s captioner when none is given: the captioner built for ``data``'s own
+    embedded benchmark (its default preset's, or the only one there is), else benchmark 0's
+    default (refused beside another benchmark's cache by the pairing check, not used on it)."""
+    if isinstance(source, dict) and source.get("kind") == "embedded":
+        own = default_captioner_path(Path(data).name)
+        built = sorted(p for p in own.parent.glob(f"{Path(data).name}-*") if p.is_dir())
+        if own.is_dir() or len(built) == 1:
+            return own if own.is_dir() else built[0]
+    return default_captioner_path()
+
+
 def cmd_caption(args) -> int:
     # every flag is checked before the captioner is loaded
     _checks.int_at_least("n", args.n, 1)
@@ -152,11 +164,12 @@ def cmd_caption(args) -> int:
         _checks.available_device("device", args.device)
     if not Path(args.data, "meta.json").is_file():
         raise FileNotFoundError(f"--data: no feature cache at {args.data!r}")
-    if args.captioner is not None:   # an embedded captioner beside another benchmark's cache
-        check_captioner_benchmark((peek_meta(args.data) or {}).get("source"), args.captioner,
-                                  args.data, "--captioner")
+    source = (peek_meta(args.data) or {}).get("source")
+    path = args.captioner if args.captioner is not None else caption_default(args.data, source)
+    # an embedded captioner beside another benchmark's cache
+    check_captioner_benchmark(source, path, args.data, "--captioner")
     try:
-        captioner = FrozenCaptioner.load(args.captioner, device=args.device)
+        captioner = FrozenCaptioner.load(path, device=args.device)
     except OSError as err:   # a folder of a config without weights, an unreadable file
         raise ValueError(f"--captioner: {args.captioner!r} could not be loaded as a model "
                          f"({type(err).__name__}: {str(err).splitlines()[0]})") from None
@@ -212,7 +225,7 @@ def main(argv=None) -> int:
     caption = sub.add_parser("caption", help="caption clips of a feature cache")
     caption.add_argument("--captioner", default=None,
                          help="captioner directory or any local HF causal LM (default: the "
-                         "embedded captioner)")
+                         "embedded captioner of --data's benchmark)")
     caption.add_argument("--data", required=True, help="feature cache directory")
     caption.add_argument("--split", default="test")
     caption.add_argument("-n", type=int, default=5, help="number of clips")
