@@ -45,7 +45,7 @@ def main(argv=None) -> int:
     p.add_argument("--redundancy", type=float, default=None,
                    help="set-aware's redundancy weight (default: the training recipe's, "
                         f"{DEFAULT_REDUNDANCY['set-aware']:g}, with --selection set-aware)")
-    p.add_argument("--runs", type=int, default=None, help="timed runs (default 50 CUDA, 5 CPU)")
+    p.add_argument("--runs", type=int, default=None, help="timed runs (default 50 CUDA, 10 CPU)")
     p.add_argument("--warmup", type=int, default=None)
     p.add_argument("--no-latency", action="store_true", help="FLOPs only")
     p.add_argument("--flops", default=d.flops, choices=FLOPS_COUNTERS,

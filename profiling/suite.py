@@ -373,7 +373,7 @@ def markdown(results: dict) -> str:
     cfg = results["backbone_config"]
     by_fvcore = fl.get("counted_by", "fvcore") == "fvcore"
     lines = [
-        f"# Efficiency: {s['backbone']} at {s['retention']:.0%} retention, batch 1",
+        f"# Efficiency: {s['backbone']} at {s['retention'] * 100:g}% retention, batch 1",
         "",
         *([f"Measured {results['measured']['date']} at commit {results['measured']['commit']} "
            "by `python -m avex.profiling` (settings in the JSON file beside this one).", ""]
@@ -520,7 +520,7 @@ def chart(results: dict, path: str):
         for i, v in enumerate(values.values()):
             ax.text(i, v, fmt.format(v), ha="center", va="bottom", fontsize=7)
     s = results["settings"]
-    fig.suptitle(f"{s['backbone']}, {s['retention']:.0%} retention, batch 1", fontsize=10)
+    fig.suptitle(f"{s['backbone']}, {s['retention'] * 100:g}% retention, batch 1", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -235,6 +235,7 @@ def test_table_on_cpu_at_a_tiny_configuration(tmp_path, monkeypatch):
                 "| ToMe-AV | 18 |", "| FastAV | 18 |"):
         assert row in md
     assert "1 multiply-add = 1 flop" in md and "Prefill (ms)" in md and "E2E / full" in md
+    assert "at 50% retention, batch 1" in md
     assert ("Counted by hand, not by fvcore" in md) == (FVCORE_MISSING is not None)
     assert "2 alternating rounds" in md and "end to end / full" in md
     assert res["measured"]["commit"] and f"at commit {res['measured']['commit']}" in md
