@@ -193,7 +193,9 @@ class FeatureCache:
         self.rows = _read_manifest(self.root)
         self._by_id = {row["clip_id"]: i for i, row in enumerate(self.rows)}
         self.verify = verify
-        self._handles: OrderedDict[str, object] = OrderedDict()
+        # shard -> (its open safetensors handle, the set of its tensor names): the handle's
+        # keys() builds a new list on every call, and a clip's lookups read it 4-6 times
+        self._handles: OrderedDict[str, tuple] = OrderedDict()
         self._max_open = max_open_shards
         self._hashed: set[str] = set()
         if verify != "none":
@@ -407,10 +409,10 @@ class FeatureCache:
     # -- access ---------------------------------------------------------------------------------
     def _handle(self, row: dict):
         shard = row["shard"]
-        handle = self._handles.get(shard)
-        if handle is not None:
+        opened = self._handles.get(shard)
+        if opened is not None:
             self._handles.move_to_end(shard)
-            return handle
+            return opened
         path = self._shard_path(row)
         if self.verify == "hash":
             self._check_hash(path, row)
@@ -419,14 +421,15 @@ class FeatureCache:
         except Exception as err:  # safetensors raises its own error types
             raise CacheError(f"{path}: corrupted shard, safetensors cannot open it ({err}; "
                              f"named by {self._row_where(row)})") from None
-        self._handles[shard] = handle
+        opened = self._handles[shard] = (handle, frozenset(handle.keys()))
         if len(self._handles) > self._max_open:
             self._handles.popitem(last=False)
-        return handle
+        return opened
 
-    def _tensor(self, handle, row: dict, name: str, *, optional: bool = False):
+    def _tensor(self, opened: tuple, row: dict, name: str, *, optional: bool = False):
+        handle, keys = opened
         key = f"{row['clip_id']}/{name}"
-        if key not in handle.keys():
+        if key not in keys:
             if optional:
                 return None
             raise CacheError(f"{self._row_where(row)}: shard {self.root / row['shard']} has no "
@@ -454,9 +457,9 @@ class FeatureCache:
     def __getitem__(self, index: int) -> Clip:
         index = _clip_index(index, len(self.rows), "clip index")
         row = self.rows[index]
-        handle = self._handle(row)
-        visual = self._tensor(handle, row, "visual")
-        audio = self._tensor(handle, row, "audio")
+        opened = self._handle(row)
+        visual = self._tensor(opened, row, "visual")
+        audio = self._tensor(opened, row, "audio")
         for name, tensor, count_key in (("visual", visual, "n_visual"),
                                         ("audio", audio, "n_audio")):
             if tensor.dim() != 2 or tensor.shape[1] != self.meta.dim \
@@ -467,15 +470,15 @@ class FeatureCache:
             self._check_features(tensor, row, name)
         prompt = {}
         for side in PROMPT_SIDES:
-            ids = self._tensor(handle, row, f"prompt_{side}_ids", optional=True)
+            ids = self._tensor(opened, row, f"prompt_{side}_ids", optional=True)
             embeds = None if ids is not None else \
-                self._tensor(handle, row, f"prompt_{side}_embeds")
+                self._tensor(opened, row, f"prompt_{side}_embeds")
             if embeds is not None:
                 self._check_features(embeds, row, f"prompt_{side}_embeds")
             prompt[side] = (None if ids is None else ids.to(torch.int64), embeds)
         annotations = {}
         for name, count_key in zip(ANNOTATION_KEYS, ("n_visual", "n_audio")):
-            value = self._tensor(handle, row, name, optional=True)
+            value = self._tensor(opened, row, name, optional=True)
             if value is not None:
                 if value.dtype != torch.int8 or list(value.shape) != [row[count_key]]:
                     raise CacheError(f"{self._row_where(row)}: {name} in "
@@ -485,9 +488,9 @@ class FeatureCache:
                 annotations[name] = value
         merged = None
         if row.get("merged") is not None:
-            positions = self._tensor(handle, row, "merged_position_ids", optional=True)
-            merged = {"inputs_embeds": self._tensor(handle, row, "merged_embeds"),
-                      "modality": self._tensor(handle, row, "merged_modality").to(torch.int64),
+            positions = self._tensor(opened, row, "merged_position_ids", optional=True)
+            merged = {"inputs_embeds": self._tensor(opened, row, "merged_embeds"),
+                      "modality": self._tensor(opened, row, "merged_modality").to(torch.int64),
                       "position_ids": None if positions is None else positions.to(torch.int64)}
         return Clip(clip_id=row["clip_id"], split=row["split"], visual=visual, audio=audio,
                     prompt_prefix_ids=prompt["prefix"][0], prompt_suffix_ids=prompt["suffix"][0],
