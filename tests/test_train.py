@@ -428,3 +428,18 @@ def test_each_rl_record_logs_the_rate_its_step_trained_at(cache_dir, tmp_path):
     factor = cosine_with_warmup(len(rl), cfg["lr_warmup"])
     assert [r["lr"] for r in rl] == pytest.approx([cfg["lr"] * factor(r["step"]) for r in rl])
     assert rl[-1]["lr"] > 0
+
+
+def test_a_run_from_another_warmup_draws_no_empty_warmup_bar(cache_dir, tmp_path, capfd):
+    """--warmup-from trains no warmup step: its progress shows the RL bar only (a 0-step
+    "warmup" bar was drawn before, once per such run: twice in make train)."""
+    main(tiny_args(cache_dir, tmp_path / "first", "--no-evaluate"))
+    capfd.readouterr()
+    args = [a for a in tiny_args(cache_dir, tmp_path / "second", "--no-evaluate",
+                                 "--warmup-from", str(tmp_path / "first"))
+            if a not in ("--no-progress",)]
+    args = [a for i, a in enumerate(args)
+            if not (a == "--warmup-epochs" or (i and args[i - 1] == "--warmup-epochs"))]
+    main(args + ["--progress"])
+    err = capfd.readouterr().err
+    assert "RL + AVEX" in err and "warmup:" not in err, err

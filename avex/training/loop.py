@@ -139,8 +139,9 @@ class Run:
         self.books.record_policy(policy)
 
     def steps_bar(self, desc: str, start: int, total: int):
+        # a phase of no steps (the warmup of a --warmup-from run) draws no bar
         return progress_bar(range(start, total), desc=desc, unit="step", initial=start, total=total,
-                    disable=not (self.cfg.progress and self.procs.main))
+                            disable=not (self.cfg.progress and self.procs.main and total > 0))
 
     def my_chunks(self, step: int, n: int, phase: str) -> list[list[int]]:
         """This rank's micro-batches of global batch ``step`` of ``phase``."""
