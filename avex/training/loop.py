@@ -57,6 +57,11 @@ from avex.training.warmup_teachers import teacher_scores
 # Data, captioner, policy
 # ----------------------------------------------------------------------------------------------
 
+def averaged(average: WeightAverage | None) -> dict | None:
+    """The RL checkpoint's extra state: the weight average, where the run keeps one."""
+    return None if average is None else {"ema": average.state_dict()}
+
+
 def resolve_run_inputs(cfg: TrainConfig, procs: Processes):
     """Feature cache + frozen captioner paths; the embedded ones are built if missing (by rank 0
     while the others wait)."""
@@ -391,11 +396,11 @@ class Run:
                 if not rewarded and step + 1 == min(ZERO_REWARD_STEPS, self.rl_steps):
                     raise zero_reward_error(step + 1, min(len(clips), cfg.batch_size
                                                           * (step + 1)), captioner)
-            extra = {"ema": average.state_dict()} if average is not None else None
             if self.books.stop_requested() and step + 1 < self.rl_steps:
-                self.books.interrupt(model, "rl", step + 1, optimizer, scheduler, extra)
+                self.books.interrupt(model, "rl", step + 1, optimizer, scheduler,
+                                     averaged(average))
             if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < self.rl_steps:
-                self.books.save(model, "rl", step + 1, optimizer, scheduler, extra)
+                self.books.save(model, "rl", step + 1, optimizer, scheduler, averaged(average))
         if average is not None:   # the run's policy is the average (checkpoint, artifact)
             average.copy_to(unwrap(model))
         self.books.save(model, "done", self.rl_steps, optimizer, scheduler)
