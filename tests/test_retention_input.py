@@ -6,6 +6,7 @@ import re
 
 import pytest
 import torch
+from run_weights import final_weights, saved_weights
 
 from avex.policy import AVEXPolicy, PolicyConfig, TrainedOn
 from avex.pruning import AUDIO, PAD, TEXT, VISUAL
@@ -224,16 +225,6 @@ def _train(cache_dir, run_dir, *extra):
                  "--no-progress", "--no-evaluate", "--seed", "3", *extra])
 
 
-def _weights(path):
-    from safetensors.torch import load_file
-    return load_file(str(path))
-
-
-def _final(run_dir):
-    latest = (run_dir / "checkpoints" / "latest").read_text().strip()
-    return _weights(run_dir / "checkpoints" / latest / "policy.safetensors")
-
-
 def test_training_learns_the_input_in_rl_from_the_same_warmup(tiny_cache_dir, tmp_path):
     """The warmup of a run with the input is the warmup without it, bit for bit (its projection
     stays zero); RL moves the projection; the saved policy needs the retention."""
@@ -241,13 +232,13 @@ def test_training_learns_the_input_in_rl_from_the_same_warmup(tiny_cache_dir, tm
 
     _train(tiny_cache_dir, tmp_path / "plain")
     _train(tiny_cache_dir, tmp_path / "rho", "--retention-input")
-    plain = _weights(tmp_path / "plain" / "warmup_policy.safetensors")
-    rho = _weights(tmp_path / "rho" / "warmup_policy.safetensors")
+    plain = saved_weights(tmp_path / "plain" / "warmup_policy.safetensors")
+    rho = saved_weights(tmp_path / "rho" / "warmup_policy.safetensors")
     assert set(rho) - set(plain) == {"retention_in"}
     assert not bool(rho["retention_in"].any())
     for name, value in plain.items():
         assert torch.equal(rho[name], value), name
-    assert bool(_final(tmp_path / "rho")["retention_in"].any())
+    assert bool(final_weights(tmp_path / "rho")["retention_in"].any())
     policy = avex.load_policy(tmp_path / "rho")
     assert policy.config.retention_input
     saved = json.loads((tmp_path / "rho" / "config.json").read_text())
@@ -256,8 +247,8 @@ def test_training_learns_the_input_in_rl_from_the_same_warmup(tiny_cache_dir, tm
     _train(tiny_cache_dir, tmp_path / "from-plain", "--retention-input",
            "--warmup-from", str(tmp_path / "plain"))
     _train(tiny_cache_dir, tmp_path / "from-rho", "--warmup-from", str(tmp_path / "rho"))
-    assert torch.equal(_final(tmp_path / "from-plain")["retention_in"],
-                       _final(tmp_path / "rho")["retention_in"])
+    assert torch.equal(final_weights(tmp_path / "from-plain")["retention_in"],
+                       final_weights(tmp_path / "rho")["retention_in"])
 
 
 def test_a_warmup_that_reads_the_retention_is_refused_by_a_run_without_the_input(tmp_path):
@@ -292,8 +283,8 @@ def test_the_projection_learns_at_its_own_lr(tiny_cache_dir, tmp_path):
     W further."""
     _train(tiny_cache_dir, tmp_path / "slow", "--retention-input", "--retention-lr", "1e-4")
     _train(tiny_cache_dir, tmp_path / "fast", "--retention-input", "--retention-lr", "1e-2")
-    slow = _final(tmp_path / "slow")["retention_in"].abs().max()
-    fast = _final(tmp_path / "fast")["retention_in"].abs().max()
+    slow = final_weights(tmp_path / "slow")["retention_in"].abs().max()
+    fast = final_weights(tmp_path / "fast")["retention_in"].abs().max()
     assert fast > 10 * slow > 0
 
 
@@ -312,7 +303,7 @@ def test_a_run_with_the_input_resumes_to_the_same_policy(tiny_cache_dir, tmp_pat
     shutil.rmtree(tmp_path / "resumed" / "checkpoints" / steps[-1])
     (tmp_path / "resumed" / "checkpoints" / "latest").write_text(middle + "\n")
     _train(tiny_cache_dir, tmp_path / "resumed", *flags, "--resume")
-    whole, resumed = _final(tmp_path / "whole"), _final(tmp_path / "resumed")
+    whole, resumed = final_weights(tmp_path / "whole"), final_weights(tmp_path / "resumed")
     assert bool(whole["retention_in"].any())
     for name in whole:
         assert torch.equal(whole[name], resumed[name]), name

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from run_weights import final_weights
 
 from avex import metrics
 from avex.train import main
@@ -32,11 +33,6 @@ def tiny_args(cache_dir, run_dir, *extra):
             "--cache-dir", str(cache_dir), "--run-dir", str(run_dir), "--batch-size", "8",
             "--micro-batch-size", "4", "--epochs", "1", "--warmup-epochs", "0.5",
             "--no-progress", "--seed", "3", *extra]
-
-
-def final_weights(run_dir) -> dict:
-    latest = (Path(run_dir) / "checkpoints" / "latest").read_text().strip()
-    return load_file(str(Path(run_dir) / "checkpoints" / latest / "policy.safetensors"))
 
 
 @pytest.mark.slow

@@ -5,6 +5,7 @@ import shutil
 
 import pytest
 import torch
+from run_weights import final_weights, saved_weights
 
 from avex.training.averaging import WeightAverage
 
@@ -85,16 +86,6 @@ def _train(cache_dir, run_dir, *extra):
                  "--no-progress", "--no-evaluate", "--seed", "3", *extra])
 
 
-def _weights(path):
-    from safetensors.torch import load_file
-    return load_file(str(path))
-
-
-def _final(run_dir):
-    latest = (run_dir / "checkpoints" / "latest").read_text().strip()
-    return _weights(run_dir / "checkpoints" / latest / "policy.safetensors")
-
-
 def test_a_run_saves_the_average_of_its_rl_weights(tiny_cache_dir, tmp_path):
     """From the same warmup and seed, the run with --ema saves weights that moved from the
     warmup's, but less far than the last RL step's (the average keeps part of its start); the
@@ -104,8 +95,8 @@ def test_a_run_saves_the_average_of_its_rl_weights(tiny_cache_dir, tmp_path):
     _train(tiny_cache_dir, tmp_path / "plain")
     _train(tiny_cache_dir, tmp_path / "ema", "--ema", "0.9",
            "--warmup-from", str(tmp_path / "plain"))
-    warmup = _weights(tmp_path / "plain" / "warmup_policy.safetensors")
-    last, averaged = _final(tmp_path / "plain"), _final(tmp_path / "ema")
+    warmup = saved_weights(tmp_path / "plain" / "warmup_policy.safetensors")
+    last, averaged = final_weights(tmp_path / "plain"), final_weights(tmp_path / "ema")
     moved_last = sum(float((last[n] - warmup[n]).norm()) for n in warmup)
     moved_average = sum(float((averaged[n] - warmup[n]).norm()) for n in warmup)
     assert 0 < moved_average < moved_last
@@ -127,7 +118,7 @@ def test_a_run_with_the_average_resumes_to_the_same_policy(tiny_cache_dir, tmp_p
     shutil.rmtree(tmp_path / "resumed" / "checkpoints" / steps[-1])
     (tmp_path / "resumed" / "checkpoints" / "latest").write_text(middle + "\n")
     _train(tiny_cache_dir, tmp_path / "resumed", *flags, "--resume")
-    whole, resumed = _final(tmp_path / "whole"), _final(tmp_path / "resumed")
+    whole, resumed = final_weights(tmp_path / "whole"), final_weights(tmp_path / "resumed")
     for name in whole:
         assert torch.equal(whole[name], resumed[name]), name
 
