@@ -551,3 +551,19 @@ def test_reward_settings_are_checked_before_any_work(tiny, tmp_path, capsys):
     assert not (tmp_path / "run").exists()
     assert dataclasses.replace(TrainConfig(), reward="cider+fidelity").validate().reward == \
         "cider+fidelity"
+
+
+def test_caption_cli_shows_a_label_free_clip_without_a_reference(tiny, tiny_captioner, tmp_path,
+                                                                 capsys):
+    """python -m avex.captioner caption on a cache exported without captions prints each
+    clip's caption and says it has no reference (it read the first reference, an IndexError);
+    --no-progress draws no bar."""
+    from avex.captioner.__main__ import main as captioner_cli
+    root, cache, _ = tiny
+    data = tmp_path / "label-free"
+    label_free_cache(cache, data)
+    assert captioner_cli(["caption", "--captioner", str(tiny_captioner), "--data", str(data),
+                          "-n", "2", "--no-progress"]) == 0
+    out, err = capsys.readouterr()
+    assert out.count("reference: none (a label-free clip)") == 2
+    assert out.count("test-0000") == 2 and "Loading weights" not in err

@@ -169,7 +169,7 @@ def cmd_caption(args) -> int:
     # an embedded captioner beside another benchmark's cache
     check_captioner_benchmark(source, path, args.data, "--captioner")
     try:
-        captioner = FrozenCaptioner.load(path, device=args.device)
+        captioner = FrozenCaptioner.load(path, device=args.device, progress=not args.no_progress)
     except OSError as err:   # a folder of a config without weights, an unreadable file
         raise ValueError(f"--captioner: {args.captioner!r} could not be loaded as a model "
                          f"({type(err).__name__}: {str(err).splitlines()[0]})") from None
@@ -183,7 +183,9 @@ def cmd_caption(args) -> int:
                            num_kept(args.retention, counts), args.seed)
     captions = captioner.caption(clips, keep=keep, num_beams=args.num_beams)
     for clip, text in zip(clips, captions):
-        print(f"{clip.clip_id}: {text}\n    reference: {clip.refs_av[0]}")
+        # a label-free clip (exported without captions) has no reference to show
+        reference = clip.refs_av[0] if clip.refs_av else "none (a label-free clip)"
+        print(f"{clip.clip_id}: {text}\n    reference: {reference}")
     return 0
 
 
@@ -234,6 +236,8 @@ def main(argv=None) -> int:
     caption.add_argument("--num-beams", type=int, default=1)
     caption.add_argument("--seed", type=int, default=0)
     caption.add_argument("--device", default=None)
+    caption.add_argument("--no-progress", action="store_true",
+                         help="no progress bars (transformers' weight-loading bar)")
     caption.set_defaults(run=cmd_caption, parser=caption)
 
     args = parser.parse_args(argv)
