@@ -26,10 +26,9 @@ from avex.tables import markdown_table
 from avex.training.loop import train_variant, variant_config
 from avex.training.run_records import check_reusable
 
-from .common import (PATHS_NOTE, ExperimentSettings, Refused, begin, check_names,
-                     check_retentions, check_seeds, check_split, check_training_references, fmt,
-                     given_run, load_experiment_inputs, results_json, split_clips,
-                     trained_elsewhere)
+from .common import (PATHS_NOTE, ExperimentSettings, begin, check_names, check_retentions,
+                     check_seeds, check_split, check_training_references, fmt, given_run,
+                     load_experiment_inputs, results_json, split_clips, trained_elsewhere)
 
 RETENTIONS = (0.5, 0.4, 0.3, 0.2, 0.1)
 
@@ -313,12 +312,7 @@ def run_sweep(settings: SweepSettings) -> dict:
     cache, captioner = load_experiment_inputs(settings)
     if "fastv" in settings.methods:  # fastv_layer against the LLM's depth, before captioning
         make_selector("fastv", captioner=captioner, layer=settings.fastv_layer)
-    test = split_clips(cache, settings.split, settings.max_clips)
-    if settings.qualitative > len(test):
-        raise Refused(f"qualitative = {settings.qualitative}: the {settings.split} split has "
-                      f"{len(test)} clip(s) to show"
-                      + (f" (max_clips = {settings.max_clips})" if settings.max_clips else "")
-                      + f"; ask for at most {len(test)}")
+    test = split_clips(cache, settings.split, settings.max_clips, shown=settings.qualitative)
     transfer = [] if settings.transfer_split == "none" else \
         split_clips(cache, settings.transfer_split, settings.max_clips)
     for method in trained_methods(settings.methods):
