@@ -25,7 +25,11 @@ from pathlib import Path
 
 import torch
 
+from avex.judge_identity import captioner_sha256
+
 CONFIG_FILE = "config.json"
+# the captioner a run trained with: its path and the SHA-256 of its weights
+CAPTIONER_RECORD_FILE = "captioner.json"
 POLICY_RECORD_FILE = "policy.json"
 METRICS_FILE = "metrics.jsonl"
 WARMUP_POLICY_FILE = "warmup_policy.safetensors"
@@ -89,6 +93,37 @@ def read_run_config(run_dir) -> dict:
         raise ValueError(f"{file}: expected a JSON object of settings, got "
                          f"{type(data).__name__}")
     return data
+
+
+def captioner_record(captioner_path) -> dict:
+    """What ``<run>/captioner.json`` records of the captioner at ``captioner_path``: the
+    path and the SHA-256 of its weights (None for a model with no weight files there)."""
+    return {"path": str(captioner_path), "sha256": captioner_sha256(captioner_path)}
+
+
+def check_captioner(run_dir, captioner_path, *, name: str) -> None:
+    """Refuse to continue or score the run ``run_dir`` with the captioner at
+    ``captioner_path`` when the run recorded another one (weights that hash otherwise): its
+    policy was trained on the other captioner's embeddings, and its scores would be reported
+    as this one's. A run from before the record, or a captioner without weight files, passes.
+    ``name``: the setting ``run_dir`` came from."""
+    file = Path(run_dir) / CAPTIONER_RECORD_FILE
+    if not file.is_file():
+        return
+    try:
+        had = json.loads(file.read_text(encoding="utf-8"))
+        if not isinstance(had, dict):
+            raise ValueError(f"expected a JSON object, got {type(had).__name__}")
+    except (ValueError, OSError) as err:
+        raise ValueError(f"{file}: corrupt or truncated captioner record ({err})") from None
+    now = captioner_record(captioner_path)
+    if had.get("sha256") and now["sha256"] and had["sha256"] != now["sha256"]:
+        raise ValueError(
+            f"{name}: {run_dir} was trained with the captioner at {had.get('path')} whose "
+            f"weights hash to {had['sha256'][:16]}, but the captioner at {captioner_path} "
+            f"hashes to {now['sha256'][:16]} (replaced since, e.g. by python -m avex.captioner "
+            "install, or another captioner); the run's policy scored the other captioner's "
+            "embeddings. Use the captioner it was trained with, or train the run again")
 
 
 def read_state(path) -> dict:

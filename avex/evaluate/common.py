@@ -22,7 +22,8 @@ from avex.judge_identity import judge_record, judge_warnings
 from avex.paths import default_captioner_path
 from avex.registry import BENCHMARK_PRESETS, CAPTIONER_PRESETS, SPLITS
 from avex.policy.saved import read_policy_record
-from avex.run_files import POLICY_RECORD_FILE, check_finished, run_policy_weights
+from avex.run_files import (POLICY_RECORD_FILE, check_captioner, check_finished,
+                            run_policy_weights)
 from avex.training.config import TrainConfig
 from avex.training.loop import check_references
 
@@ -281,8 +282,11 @@ def given_run(path, checkpoint: str, name: str, *, finished: bool = False,
 def check_run_captioner(path, run_config: dict, name: str, captioner: dict) -> None:
     """Refuse a run whose ``policy.json`` says its policy was trained with a captioner of
     another model type or hidden size than ``captioner`` (:meth:`ExperimentSettings.
-    captioner_model`): loading it would fail only after the splits are captioned. A run
-    without the record (from before it) is checked once it is loaded."""
+    captioner_model`), or whose ``captioner.json`` names other weights: loading it would fail
+    (or score another captioner's policy) only after the splits are captioned. A run without
+    the records (from before them) is checked once it is loaded."""
+    # the weights too, where the run recorded its captioner's (run_files.check_captioner)
+    check_captioner(path, captioner["path"], name=name)
     record = Path(path) / POLICY_RECORD_FILE
     if not record.is_file():
         return

@@ -10,7 +10,8 @@ from avex import _checks
 from avex.files import load_weights
 from avex.policy.network import AVEXPolicy
 from avex.policy.saved import is_saved_policy, load_saved_policy, read_policy_record
-from avex.run_files import POLICY_RECORD_FILE, check_finished, run_policy_weights
+from avex.run_files import (POLICY_RECORD_FILE, check_captioner, check_finished,
+                            run_policy_weights)
 
 
 def load_policy(path, captioner=None, *, model=None, checkpoint: str = "latest", device=None,
@@ -22,7 +23,8 @@ def load_policy(path, captioner=None, *, model=None, checkpoint: str = "latest",
 
     ``model`` (or ``captioner``, whose LLM is taken) is the model the policy will serve: it is
     checked against what the policy was trained on (model type, hidden size) before anything
-    is loaded, and the policy goes to its device (else ``device``: 'cpu', 'cuda', 'cuda:N' or
+    is loaded (a run's recorded captioner against ``captioner``'s weights, too), and the policy
+    goes to its device (else ``device``: 'cpu', 'cuda', 'cuda:N' or
     'auto', refused before anything is read where this machine lacks it; else the CPU). The latest
     checkpoint of a run that did not finish is refused unless ``allow_unfinished``. A run made
     before runs recorded their policy (no ``policy.json``) needs the model to rebuild it."""
@@ -48,6 +50,8 @@ def load_policy(path, captioner=None, *, model=None, checkpoint: str = "latest",
             raise ValueError(f"checkpoint={checkpoint!r} names a checkpoint of a run directory, "
                              f"but {path} is a saved policy (it has one set of weights)")
         return load_saved_policy(AVEXPolicy, path, model=model, device=device)
+    if getattr(captioner, "path", None) is not None:   # a run records the captioner it used
+        check_captioner(path, captioner.path, name="path")
     return run_policy(path, model, checkpoint, allow_unfinished).to(device or "cpu").eval()
 
 

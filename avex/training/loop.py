@@ -27,7 +27,9 @@ from avex import _checks
 from avex.cache_and_captioner import (asset_names, check_captioner_benchmark,
                                      load_cache_and_captioner, resolve_asset_paths)
 from avex.data import FeatureCache
+from avex.data.embedded import default_benchmark_path
 from avex.fidelity import full_captions
+from avex.paths import default_captioner_path
 from avex.policy import AVEXPolicy, TrainedOn, layout_of, row_layouts
 from avex.progress import progress_bar, show
 from avex.registry import METHODS
@@ -44,8 +46,8 @@ from avex.training.config import (DEFAULT_EVAL_METHODS, TrainConfig, build_parse
 from avex.training.distributed import Processes, no_sync, pick_device, unwrap
 from avex.training.exchange_diagnostics import write_report as write_exchange_report
 from avex.training.results_table import score_run
-from avex.training.run_records import (RunRecords, check_reusable, choose_run_dir, resumed_config,
-                                       truncate_metrics)
+from avex.training.run_records import (RunRecords, check_recorded_captioner, check_reusable,
+                                      choose_run_dir, resumed_config, truncate_metrics)
 from avex.training.steps import (batch_indices, cosine_with_warmup, draw_retention,
                                  exchange_saturation, micro_batches, rl_loss, sample_seed,
                                  training_retentions, warmup_loss, warmup_targets)
@@ -158,6 +160,7 @@ class Run:
     def execute(self) -> dict:
         cfg = self.cfg
         data_path, captioner_path = resolve_run_inputs(cfg, self.procs)
+        self.books.record_captioner(captioner_path)
         cache, captioner, policy = load_run_inputs(cfg, data_path, captioner_path, self.device)
         self.cache = cache
         if cfg.evaluate:  # a missing evaluation split fails now, not after training
@@ -423,6 +426,9 @@ def prepare_run(cfg: TrainConfig, *, resume: bool = False, explicit: dict | None
     if resume:
         cfg = resumed_config(cfg, explicit)
     check_warmup_source(cfg)
+    built = built_captioner_path(cfg)
+    if built is not None:   # one built in the run is checked there (RunRecords)
+        check_recorded_captioner(cfg, built, resume=resume)
     if cfg.data != "embedded":  # a user's cache: manifest, shard headers and splits, read now
         cache = FeatureCache(cfg.data)
         if cfg.captioner != "embedded":
@@ -432,6 +438,18 @@ def prepare_run(cfg: TrainConfig, *, resume: bool = False, explicit: dict | None
             cache.split(cfg.eval_split)
             cfg.eval_methods = comparisons_the_data_can_train(cfg, cache)
     return Run(cfg, resume=resume)
+
+
+def built_captioner_path(cfg: TrainConfig) -> Path | None:
+    """The captioner directory ``cfg`` names where it is there already (an embedded one is
+    built by the run when missing: None)."""
+    if cfg.captioner != "embedded":
+        return Path(cfg.captioner)
+    if cfg.data != "embedded":
+        return None   # refused when the run resolves its inputs
+    benchmark = default_benchmark_path(cfg.benchmark_preset, cfg.cache_dir).name
+    path = default_captioner_path(benchmark, cfg.captioner_preset, cfg.cache_dir)
+    return path if path.is_dir() else None
 
 
 def check_warmup_source(cfg: TrainConfig) -> None:

@@ -17,8 +17,9 @@ import torch.distributed as torch_dist
 from avex.files import (check_weights, cpu_state_dict, save_tensors_atomically,
                         write_text_atomically)
 from avex.policy import policy_record
-from avex.run_files import (CHECKPOINTS_DIR, CONFIG_FILE, METRICS_FILE, POLICY_FILE,
-                            POLICY_RECORD_FILE, WARMUP_POLICY_FILE, latest_checkpoint,
+from avex.run_files import (CAPTIONER_RECORD_FILE, CHECKPOINTS_DIR, CONFIG_FILE, METRICS_FILE,
+                            POLICY_FILE, POLICY_RECORD_FILE, WARMUP_POLICY_FILE,
+                            captioner_record, check_captioner, latest_checkpoint,
                             read_run_config, read_state)
 from avex.training.checkpoint import rng_state, save_checkpoint
 from avex.training.config import SETTINGS_BEFORE_THEY_EXISTED, TrainConfig
@@ -174,6 +175,16 @@ def resume_checkpoint(cfg: TrainConfig, resume: bool) -> Path | None:
     return checkpoint
 
 
+def check_recorded_captioner(cfg: TrainConfig, captioner_path, *, resume: bool) -> None:
+    """A resumed run must find the captioner it started with (another captioner's embeddings
+    would change what the policy reads mid-run), as must a run that starts from another's
+    warmup (:func:`avex.run_files.check_captioner`)."""
+    if resume:
+        check_captioner(cfg.run_dir, captioner_path, name="--resume")
+    if cfg.warmup_from:
+        check_captioner(cfg.warmup_from, captioner_path, name="warmup_from")
+
+
 class RunRecords:
     """What a run keeps in its directory: ``config.json`` when it starts, a ``metrics.jsonl``
     line a step, ``policy.json``, and checkpoints numbered by global step (warmup steps, then
@@ -191,6 +202,15 @@ class RunRecords:
         self.log_file = self.run_dir / METRICS_FILE
         self.warmup_steps = 0
         self.stop = None
+
+    def record_captioner(self, captioner_path) -> None:
+        """``captioner.json``: the captioner this run trains with, checked first
+        (:func:`check_recorded_captioner`; for one that existed before the run,
+        ``prepare_run`` checked it already)."""
+        check_recorded_captioner(self.cfg, captioner_path, resume=self.checkpoint is not None)
+        if self.procs.main:
+            write_text_atomically(self.run_dir / CAPTIONER_RECORD_FILE,
+                                  json.dumps(captioner_record(captioner_path), indent=2) + "\n")
 
     def log(self, record: dict):
         if not self.procs.main:
