@@ -119,6 +119,9 @@ TRAIN_CLI_CASES = [
     usage("--checkpoint-every 0", train_main, ["--checkpoint-every", "0"], "checkpoint_every must be >= 1, got 0"),
     usage("--max-eval-clips -1", train_main, ["--max-eval-clips", "-1"], "max_eval_clips must be >= 1, got -1"),
     usage("--policy-hidden 0", train_main, ["--policy-hidden", "0"], "policy_hidden must be >= 1, got 0"),
+    usage("--policy-init-layers -1", train_main, ["--policy-init-layers", "-1"], "policy_init_layers must be >= 0, got -1"),
+    usage("--policy-init-layers 3", train_main, ["--policy-init-layers", "3"], r"policy_init_layers must be at most 2 \(the policy's encoder blocks\), got 3"),
+    usage("--policy-init-layers 2 --policy-hidden 64", train_main, ["--policy-init-layers", "2", "--policy-hidden", "64"], r"policy_init_layers = 2 copies the LLM's decoder layers, which a policy of its own width \(policy_hidden = 64\) can't take"),
     usage("--grad-clip inf", train_main, ["--grad-clip", "inf"], "grad_clip must be a finite number > 0, got inf"),
     usage("--lambda-ex nan", train_main, ["--lambda-ex", "nan"], "lambda_ex must be a finite number >= 0, got nan"),
     usage("--epochs abc", train_main, ["--epochs", "abc"], r"argument --epochs: invalid float value: 'abc'"),
@@ -319,6 +322,7 @@ def _fake_warmup_run(path: Path) -> Path:
     (["--warmup-only"], "warmup_only with warmup_from=.* trains nothing"),
     (["--warmup-epochs", "2"], r"warmup_epochs = 2.0 has no effect with warmup_from"),
     (["--warmup-lr", "1e-3"], r"warmup_lr = 0.001 has no effect with warmup_from"),
+    (["--policy-init-layers", "2"], r"policy_init_layers = 2 has no effect with warmup_from"),
 ])
 def test_warmup_settings_beside_a_read_warmup_are_refused(tmp_path, capsys, extra, match):
     """--warmup-from reads the warmup, so warmup-only trains nothing and the warmup's own

@@ -60,6 +60,45 @@ def test_first_block_starts_from_the_llm_first_layer():
     assert policy.encoder[0].self_attn.q_proj.bias is not None  # Qwen2 has q/k/v bias
 
 
+def test_init_layers_copies_that_many_llm_layers_and_nothing_else():
+    """``init_layers`` n: blocks 0..n-1 are the LLM's layers 0..n-1, every other weight is the
+    one a policy with 1 copied layer draws (the random init comes first)."""
+    llm = tiny_llm()
+    torch.manual_seed(3)
+    one = AVEXPolicy.from_llm(llm).state_dict()
+    for n in (0, 2):
+        torch.manual_seed(3)
+        policy = AVEXPolicy.from_llm(llm, init_layers=n)
+        for i, block in enumerate(policy.encoder):
+            source = llm.model.layers[i].state_dict()
+            # matrices only: RMSNorm weights start at 1 in both
+            copied = [torch.equal(v, source[k]) for k, v in block.state_dict().items()
+                      if v.dim() == 2]
+            assert all(copied) if i < n else not any(copied), (n, i)
+        for name, value in policy.state_dict().items():
+            if not name.startswith(tuple(f"encoder.{i}." for i in range(2))):
+                assert torch.equal(value, one[name]), (n, name)
+        assert torch.equal(policy.encoder[1].self_attn.q_proj.weight,
+                           one["encoder.1.self_attn.q_proj.weight"]) == (n < 2)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(init_layers=3), r"init_layers must be an int in \[0, 2\] \(the policy's blocks\), "
+                          r"got 3"),
+    (dict(init_layers=True), r"init_layers must be an int in \[0, 2\].*got True"),
+    (dict(init_layers=2, hidden_size=16), r"init_layers = 2 copies the LLM's decoder layers, so "
+                                          r"the policy must be as wide as the LLM \(32\), not 16"),
+    (dict(init_layers=2, num_layers=3), r"init_layers = 2, but Qwen2ForCausalLM has 1 decoder"),
+])
+def test_init_layers_refuses_what_it_cannot_copy(kwargs, message):
+    num_layers = kwargs.pop("num_layers", 2)
+    llm = tiny_llm()
+    if num_layers == 3:   # a 3-block policy over a 1-layer LLM: ask for 2 of its layers
+        llm.model.layers = llm.model.layers[:1]
+    with pytest.raises(ValueError, match=message):
+        AVEXPolicy.from_llm(llm, num_layers=num_layers, **kwargs)
+
+
 def test_compact_policy_projects_inputs_and_trains():
     embeds, modality = batch()
     policy = AVEXPolicy.from_llm(tiny_llm(), hidden_size=16)

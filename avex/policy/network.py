@@ -139,13 +139,14 @@ class AVEXPolicy(nn.Module):
 
     @classmethod
     def from_llm(cls, llm, *, hidden_size: int | None = None, num_layers: int = 2,
-                 init_from_llm: bool = True, positional: bool = True,
+                 init_from_llm: bool = True, init_layers: int = 1, positional: bool = True,
                  selection: str = "topk", redundancy: float = 0.0,
                  retention_input: bool = False) -> "AVEXPolicy":
         """A policy for a Hugging Face causal LM.
 
         With ``hidden_size`` None or equal to the LLM's width, the blocks take the LLM's layer
-        shapes and the first one copies the LLM's first decoder layer (``init_from_llm``).
+        shapes and the first ``init_layers`` of them copy the LLM's first decoder layers
+        (``init_from_llm``; 0 copies none, and more than 1 needs the policy as wide as the LLM).
         A smaller ``hidden_size`` gives a compact policy with input projections, randomly
         initialised. ``selection``, ``redundancy`` and ``retention_input``:
         :class:`PolicyConfig`'s.
@@ -164,10 +165,24 @@ class AVEXPolicy(nn.Module):
             if matched else False,
             norm_eps=getattr(c, "rms_norm_eps", 1e-6), positional=positional,
             selection=selection, redundancy=redundancy, retention_input=retention_input)
+        if isinstance(init_layers, bool) or not isinstance(init_layers, int) \
+                or not 0 <= init_layers <= num_layers:
+            raise ValueError(f"init_layers must be an int in [0, {num_layers}] (the policy's "
+                             f"blocks), got {init_layers!r}")
+        copied = init_layers if init_from_llm else 0
+        if copied > 1 and not matched:
+            raise ValueError(f"init_layers = {init_layers} copies the LLM's decoder layers, so "
+                             f"the policy must be as wide as the LLM ({c.hidden_size}), not "
+                             f"{width}; use hidden_size None or init_layers <= 1")
+        # the random init is drawn in full first, so copying leaves every other weight as it is
         policy = cls(cfg)
-        if matched and init_from_llm:
-            policy.encoder[0].load_state_dict(_first_decoder_layer(llm).state_dict(),
-                                              strict=False)
+        if matched and copied:
+            layers = _decoder_layers(llm)
+            if copied > len(layers):
+                raise ValueError(f"init_layers = {init_layers}, but {type(llm).__name__} has "
+                                 f"{len(layers)} decoder layer(s)")
+            for block, layer in zip(policy.encoder[:copied], layers):
+                block.load_state_dict(layer.state_dict(), strict=False)
         return policy
 
     def forward(self, inputs_embeds: torch.Tensor, modality: torch.Tensor, *,
@@ -416,13 +431,13 @@ def position_features(modality: torch.Tensor) -> torch.Tensor:
     return out.masked_fill(~is_av[..., None], 0.0)
 
 
-def _first_decoder_layer(llm):
+def _decoder_layers(llm):
     decoder = llm.get_decoder() if hasattr(llm, "get_decoder") else getattr(llm, "model", llm)
     layers = getattr(decoder, "layers", None)
     if not layers:
         raise ValueError(f"cannot find decoder layers in {type(llm).__name__} to initialise "
                          "the policy from; pass init_from_llm=False")
-    return layers[0]
+    return layers
 
 
 def parameter_count(module: nn.Module) -> int:

@@ -30,7 +30,11 @@ WARMUP_TEACHERS = ("prompt-attention", "caption-attention", "fidelity-gain")
 SETTINGS_BEFORE_THEY_EXISTED = {"reward": "cider", "selection": "topk", "redundancy": 0.0,
                                 "warmup_teacher": "prompt-attention", "retention_input": False,
                                 # no effect without the retention input: today's default
-                                "retention_lr": 1e-2, "lambda_pairs": 0.0, "ema": 0.0}
+                                "retention_lr": 1e-2, "lambda_pairs": 0.0, "ema": 0.0,
+                                "policy_init_layers": 1}
+
+#: the policy's encoder blocks (AVEXPolicy.from_llm's num_layers)
+POLICY_LAYERS = 2
 
 #: each selection's redundancy when none is given: set-aware's from the val pilot
 #: (results/set-aware-pilot.md), Top-K's none
@@ -74,6 +78,9 @@ class TrainConfig:
     seed: int = 0
     # the policy
     policy_hidden: int | None = None  # None: the captioner's width, first block from its LLM
+    # how many of the policy's 2 encoder blocks start as the captioner LLM's first decoder
+    # layers (0: none, all random; more than 1 needs policy_hidden None)
+    policy_init_layers: int = 1
     tau: float = 0.5                  # Gumbel temperature: anchors near the deployed Top-K
     policy_positional: bool = True    # within-modality position features (avex.policy)
     # how the policy's scores become a kept set, in training and wherever the saved policy
@@ -222,6 +229,15 @@ class TrainConfig:
         _checks.device("device", self.device)
         _checks.int_at_least("seed", self.seed, 0)
         _checks.optional_int_at_least("policy_hidden", self.policy_hidden, 1)
+        _checks.int_at_least("policy_init_layers", self.policy_init_layers, 0)
+        if self.policy_init_layers > POLICY_LAYERS:
+            raise ValueError(f"policy_init_layers must be at most {POLICY_LAYERS} (the policy's "
+                             f"encoder blocks), got {self.policy_init_layers}")
+        if self.policy_init_layers > 1 and self.policy_hidden is not None:
+            raise ValueError(f"policy_init_layers = {self.policy_init_layers} copies the LLM's "
+                             f"decoder layers, which a policy of its own width (policy_hidden = "
+                             f"{self.policy_hidden}) can't take; drop --policy-hidden or use "
+                             "--policy-init-layers 0 or 1")
         _checks.positive_float("tau", self.tau)
         _checks.ratio("retention", self.retention)
         for name in ("epochs", "warmup_epochs", "lambda_ex", "weight_decay"):
@@ -473,7 +489,7 @@ SEARCH_SETTINGS = ("search_rounds", "search_candidates", "search_deep", "distill
 RL_SETTINGS = ("epochs", "lr", "lr_warmup", "anchors", "rl_estimator", "normalize_rl", "rl",
                "lambda_target", "lambda_best", "lambda_pairs", "retention_lr", "tau", "ema")
 #: settings only the warmup reads
-WARMUP_SETTINGS = ("warmup_epochs", "warmup_lr")
+WARMUP_SETTINGS = ("warmup_epochs", "warmup_lr", "policy_init_layers")
 #: settings only the end-of-run table reads
 TABLE_SETTINGS = ("eval_retentions", "eval_split", "max_eval_clips", "eval_methods")
 

@@ -41,8 +41,8 @@ from avex.selection import AVLayout
 from avex.stop_signals import StopSignals
 from avex.training.averaging import WeightAverage
 from avex.training.checkpoint import load_checkpoint, set_rng_state
-from avex.training.config import (DEFAULT_EVAL_METHODS, TrainConfig, build_parser,
-                                  explicit_settings, resolve_config)
+from avex.training.config import (DEFAULT_EVAL_METHODS, POLICY_LAYERS, TrainConfig,
+                                  build_parser, explicit_settings, resolve_config)
 from avex.training.distributed import Processes, no_sync, pick_device, unwrap
 from avex.training.exchange_diagnostics import write_report as write_exchange_report
 from avex.training.results_table import score_run
@@ -80,6 +80,7 @@ def load_run_inputs(cfg: TrainConfig, data_path, captioner_path, device):
                                                 progress=cfg.progress)
     torch.manual_seed(cfg.seed)  # the policy's random init is part of the run's identity
     policy = AVEXPolicy.from_llm(captioner.model, hidden_size=cfg.policy_hidden,
+                                 num_layers=POLICY_LAYERS, init_layers=cfg.policy_init_layers,
                                  positional=cfg.policy_positional, selection=cfg.selection,
                                  redundancy=cfg.redundancy,
                                  retention_input=cfg.retention_input).to(device)
