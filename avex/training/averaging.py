@@ -1,4 +1,6 @@
-"""An exponential moving average of the policy's weights over RL steps (``TrainConfig.ema``).
+"""Moving averages over the RL phase: of the policy's weights over RL steps
+(``TrainConfig.ema``), and of RLOO's advantage deviation over micro-batches
+(``TrainConfig.advantage_scale``: "running").
 
 The average starts from the weights RL starts from (the warmup's), moves toward the policy's
 after every optimiser step, ``avg = decay * avg + (1 - decay) * w``, and is what the run
@@ -8,6 +10,10 @@ steps as one that never stopped.
 from __future__ import annotations
 
 import torch
+
+#: the running advantage scale's decay per micro-batch: about 20 micro-batches (10 steps), so
+#: that every retention RL draws is in it
+ADVANTAGE_SCALE_DECAY = 0.95
 
 
 class WeightAverage:
@@ -42,3 +48,21 @@ class WeightAverage:
                              f"not match this run's (decay {self.decay})")
         for name, value in state["weights"].items():
             self.weights[name].copy_(value)
+
+
+class RunningScale:
+    """An exponential moving average of a positive scale, ``value = decay * value + (1 -
+    decay) * x``, started at the first ``x``; None until then. A non-positive ``x`` (every
+    anchor of every clip tied: no advantage to measure) leaves it as it is. Kept in the RL
+    checkpoint's state, as the weight average is."""
+
+    def __init__(self, decay: float):
+        if not 0.0 < decay < 1.0:
+            raise ValueError(f"decay must be in (0, 1), got {decay}")
+        self.decay = decay
+        self.value: float | None = None
+
+    def update(self, x: float) -> None:
+        if not x > 0:
+            return
+        self.value = x if self.value is None else self.decay * self.value + (1 - self.decay) * x

@@ -31,10 +31,11 @@ SETTINGS_BEFORE_THEY_EXISTED = {"reward": "cider", "selection": "topk", "redunda
                                 "warmup_teacher": "prompt-attention", "retention_input": False,
                                 # no effect without the retention input: today's default
                                 "retention_lr": 1e-2, "lambda_pairs": 0.0, "ema": 0.0,
-                                "policy_init_layers": 1}
+                                "policy_init_layers": 1, "advantage_scale": "micro-batch"}
 
-#: the policy's encoder blocks (AVEXPolicy.from_llm's num_layers)
-POLICY_LAYERS = 2
+#: what RLOO's advantages are divided by (TrainConfig.advantage_scale)
+ADVANTAGE_SCALES = ("micro-batch", "running")
+POLICY_LAYERS = 2   # the policy's encoder blocks (AVEXPolicy.from_llm's num_layers)
 
 #: each selection's redundancy when none is given: set-aware's from the val pilot
 #: (results/set-aware-pilot.md), Top-K's none
@@ -144,6 +145,10 @@ class TrainConfig:
     # "rloo": leave-one-out b over the anchors; "group": (R - group mean) / group std (GRPO);
     # "paper": b = mean of anchor + its counterfactuals (set-level, batch b without exchanges)
     rl_estimator: str = "rloo"
+    # RLOO's advantages over "micro-batch" (their deviation there: every update O(1)) or
+    # "running" (a moving average of it over RL's micro-batches, shared by every retention, so
+    # a retention whose sets barely differ moves the policy little; training/averaging.py)
+    advantage_scale: str = "micro-batch"
     # Gumbel-Top-K anchors per clip (rloo: leave-one-out b); 8, as the matched-budget
     # comparison of issue #25 measured it (arm A)
     anchors: int = 8
@@ -235,9 +240,8 @@ class TrainConfig:
                              f"encoder blocks), got {self.policy_init_layers}")
         if self.policy_init_layers > 1 and self.policy_hidden is not None:
             raise ValueError(f"policy_init_layers = {self.policy_init_layers} copies the LLM's "
-                             f"decoder layers, which a policy of its own width (policy_hidden = "
-                             f"{self.policy_hidden}) can't take; drop --policy-hidden or use "
-                             "--policy-init-layers 0 or 1")
+                             "decoder layers, which a policy of its own width (policy_hidden = "
+                             f"{self.policy_hidden}) can't take; drop --policy-hidden or use 0-1")
         _checks.positive_float("tau", self.tau)
         _checks.ratio("retention", self.retention)
         for name in ("epochs", "warmup_epochs", "lambda_ex", "weight_decay"):
@@ -339,6 +343,7 @@ class TrainConfig:
         """The RL estimator, its anchors and the exchange term's calibration."""
         _checks.text("warmup_from", self.warmup_from, optional=True)
         _checks.choice("rl_estimator", self.rl_estimator, {"paper", "rloo", "group"})
+        _checks.choice("advantage_scale", self.advantage_scale, ADVANTAGE_SCALES)
         _checks.int_at_least("anchors", self.anchors, 1)
         if self.rl_estimator in ("rloo", "group") and self.anchors < 2:
             raise ValueError(f"anchors must be >= 2 with rl_estimator={self.rl_estimator!r} "
@@ -486,8 +491,9 @@ SEARCH_SETTINGS = ("search_rounds", "search_candidates", "search_deep", "distill
 
 
 #: settings only the RL phase reads (the warmup reads its own lr, epochs and the batch sizes)
-RL_SETTINGS = ("epochs", "lr", "lr_warmup", "anchors", "rl_estimator", "normalize_rl", "rl",
-               "lambda_target", "lambda_best", "lambda_pairs", "retention_lr", "tau", "ema")
+RL_SETTINGS = ("epochs", "lr", "lr_warmup", "anchors", "rl_estimator", "advantage_scale",
+               "normalize_rl", "rl", "lambda_target", "lambda_best", "lambda_pairs",
+               "retention_lr", "tau", "ema")
 #: settings only the warmup reads
 WARMUP_SETTINGS = ("warmup_epochs", "warmup_lr", "policy_init_layers")
 #: settings only the end-of-run table reads
@@ -568,7 +574,7 @@ def refuse_outside_their_phase(cfg: TrainConfig, asked: dict) -> None:
         skipped.append((TABLE_SETTINGS, "with --no-evaluate (no table is scored)",
                         "drop it or --no-evaluate"))
     if cfg.exchange_search:
-        skipped.append((("anchors", "rl_estimator", "rl", "normalize_rl"),
+        skipped.append((("anchors", "rl_estimator", "rl", "normalize_rl", "advantage_scale"),
                         "with the exchange search (it draws no anchors)",
                         "drop it or --exchange-search"))
     for names, why, fix in skipped:
@@ -582,6 +588,9 @@ def refuse_outside_their_phase(cfg: TrainConfig, asked: dict) -> None:
         refuse("retention", f"while train_retentions is {list(cfg.train_retentions)} (RL "
                "draws from those)", "to train at one retention pass --train-retentions "
                f"{asked['retention']}")
+    if "advantage_scale" in asked and cfg.rl_estimator != "rloo":
+        refuse("advantage_scale", f"with rl_estimator {cfg.rl_estimator!r}",
+               "it scales RLOO's advantages (--rl-estimator rloo); drop it")
     if "normalize_rl" in asked and not (cfg.rl_estimator == "paper" and cfg.exchanges):
         refuse("normalize_rl", f"with rl_estimator {cfg.rl_estimator!r}"
                + ("" if cfg.exchanges else " and no exchange term"),

@@ -39,7 +39,7 @@ from avex.run_files import (CACOVID_DIR, CONFIG_FILE, EXCHANGE_CALIBRATION_FILE,
                             warmup_policy_file)
 from avex.selection import AVLayout
 from avex.stop_signals import StopSignals
-from avex.training.averaging import WeightAverage
+from avex.training.averaging import ADVANTAGE_SCALE_DECAY, RunningScale, WeightAverage
 from avex.training.checkpoint import load_checkpoint, set_rng_state
 from avex.training.config import (DEFAULT_EVAL_METHODS, POLICY_LAYERS, TrainConfig,
                                   build_parser, explicit_settings, resolve_config)
@@ -59,9 +59,11 @@ from avex.training.warmup_teachers import teacher_scores
 # Data, captioner, policy
 # ----------------------------------------------------------------------------------------------
 
-def averaged(average: WeightAverage | None) -> dict | None:
-    """The RL checkpoint's extra state: the weight average, where the run keeps one."""
-    return None if average is None else {"ema": average.state_dict()}
+def rl_state(average: WeightAverage | None, scale: RunningScale | None) -> dict:
+    """The RL checkpoint's extra state: the weight average and the running advantage scale,
+    where the run keeps them."""
+    return {**({} if average is None else {"ema": average.state_dict()}),
+            **({} if scale is None else {"advantage_scale": scale.value})}
 
 
 def resolve_run_inputs(cfg: TrainConfig, procs: Processes):
@@ -334,6 +336,10 @@ class Run:
             average = WeightAverage(unwrap(model), cfg.ema)
             if saved is not None and saved.get("ema") is not None:
                 average.load_state_dict(saved["ema"])
+        # --advantage-scale running: this rank's moving average of RLOO's advantage deviation
+        scale = RunningScale(ADVANTAGE_SCALE_DECAY) if cfg.advantage_scale == "running" else None
+        if scale is not None and saved is not None:
+            scale.value = saved.get("advantage_scale")
         # CIDEr needs every clip's references; a label-free cache trains on fidelity alone
         cider = CiderD(corpus_references=[c.refs_av for c in clips], tokenize=True) \
             if all(c.refs_av for c in clips) else None
@@ -363,8 +369,11 @@ class Run:
                                     None if targets is None else [targets[j] for j in chunk],
                                     saturation=saturation, grad_ratios=diagnose,
                                     full_tokens=None if full is None else
-                                    full.targets(batch_clips), diagnose=diagnose)
+                                    full.targets(batch_clips), diagnose=diagnose,
+                                    advantage_scale=None if scale is None else scale.value)
                     (terms["loss"] * len(chunk) * self.procs.world / cfg.batch_size).backward()
+                if scale is not None:   # the same value on every rank
+                    scale.update(self.books.mean_over_ranks(float(terms["advantage_std"])))
                 if "diagnostics" in terms:
                     diagnostics.append(terms.pop("diagnostics"))
                 reward_diagnostics.append(terms.pop("reward_diagnostics"))
@@ -402,9 +411,10 @@ class Run:
                                                           * (step + 1)), captioner)
             if self.books.stop_requested() and step + 1 < self.rl_steps:
                 self.books.interrupt(model, "rl", step + 1, optimizer, scheduler,
-                                     averaged(average))
+                                     rl_state(average, scale))
             if (step + 1) % cfg.checkpoint_every == 0 and step + 1 < self.rl_steps:
-                self.books.save(model, "rl", step + 1, optimizer, scheduler, averaged(average))
+                self.books.save(model, "rl", step + 1, optimizer, scheduler,
+                                rl_state(average, scale))
         if average is not None:   # the run's policy is the average (checkpoint, artifact)
             average.copy_to(unwrap(model))
         self.books.save(model, "done", self.rl_steps, optimizer, scheduler)

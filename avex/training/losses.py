@@ -15,6 +15,8 @@ inputs are built by this package: training's step (:mod:`avex.training.steps`), 
 """
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -140,7 +142,7 @@ def set_level_loss_unchecked(log_prob: torch.Tensor, reward: torch.Tensor) -> to
 
 
 def leave_one_out_loss(log_prob: torch.Tensor, rewards: torch.Tensor,
-                       set_size: torch.Tensor) -> torch.Tensor:
+                       set_size: torch.Tensor, *, scale=None) -> torch.Tensor:
     """L_RL with a leave-one-out baseline (RLOO), per sample [B].
 
     ``log_prob`` and ``rewards`` are [B, A]: A >= 2 keep-sets sampled independently for each
@@ -150,19 +152,33 @@ def leave_one_out_loss(log_prob: torch.Tensor, rewards: torch.Tensor,
     by the set size K (``set_size`` [B]), so the term is O(1) whatever the reward scale and K.
     Where that is undefined the value is defined as in :func:`policy_gradient_loss`: advantages
     that are all equal are divided by their common magnitude, and a sample with K = 0 gives 0.
+    ``scale`` (a finite number > 0) divides the advantages instead of their batch standard
+    deviation: a scale shared by batches whose rewards spread differently (``--advantage-scale
+    running``) keeps their updates in proportion to their spread.
     """
     _check_sets(log_prob, rewards, set_size, "anchor per sample; the leave-one-out baseline")
-    return leave_one_out_loss_unchecked(log_prob, rewards, set_size)
+    if scale is not None:
+        scale = float(scale.detach()) if isinstance(scale, torch.Tensor) else scale
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) \
+                or not math.isfinite(scale) or scale <= 0:
+            raise ValueError(f"scale must be a finite number > 0 or None, got {scale!r}")
+    return leave_one_out_loss_unchecked(log_prob, rewards, set_size, scale=scale)
 
 
-def leave_one_out_loss_unchecked(log_prob: torch.Tensor, rewards: torch.Tensor,
-                                 set_size: torch.Tensor) -> torch.Tensor:
-    """:func:`leave_one_out_loss` without its checks (no host sync)."""
+def leave_one_out_advantages(rewards: torch.Tensor) -> torch.Tensor:
+    """Each anchor's reward minus the mean of its sample's other anchors [B, A], 0 for a
+    sample whose anchors all tie (detached)."""
     count = rewards.shape[1]
     baseline = (rewards.sum(dim=1, keepdim=True) - rewards) / (count - 1)
     tied = (rewards == rewards[:, :1]).all(dim=1, keepdim=True)
-    advantage = _zero_where_tied(rewards - baseline, tied).detach()
-    advantage = advantage / _advantage_scale(advantage)
+    return _zero_where_tied(rewards - baseline, tied).detach()
+
+
+def leave_one_out_loss_unchecked(log_prob: torch.Tensor, rewards: torch.Tensor,
+                                 set_size: torch.Tensor, *, scale=None) -> torch.Tensor:
+    """:func:`leave_one_out_loss` without its checks (no host sync)."""
+    advantage = leave_one_out_advantages(rewards)
+    advantage = advantage / (_advantage_scale(advantage) if scale is None else scale)
     k = set_size.to(log_prob.dtype)[:, None]
     scaled = torch.where(k > 0, log_prob / k.clamp_min(1), torch.zeros_like(log_prob))
     return -(advantage * scaled).mean(dim=1)

@@ -252,6 +252,14 @@ class RunRecords:
         torch_dist.all_reduce(value, op=torch_dist.ReduceOp.MAX)
         return bool(value.item())
 
+    def mean_over_ranks(self, value: float) -> float:
+        """``value`` averaged over every process."""
+        if self.procs.world == 1:
+            return value
+        total = torch.tensor([value], dtype=torch.float64, device=self.device)
+        torch_dist.all_reduce(total, op=torch_dist.ReduceOp.SUM)
+        return float(total.item()) / self.procs.world
+
     def stop_requested(self) -> bool:
         return self.any_rank(self.stop is not None and self.stop.requested)
 

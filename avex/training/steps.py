@@ -36,8 +36,8 @@ from avex.training.exchange_diagnostics import anchor_statistics, exchange_stati
 from avex.training.exchange_search import distill_loss, run_search, swap_delta_f
 from avex.training.losses import (SATURATION_POINTS, anchored_policy_gradient_loss_unchecked,
                                   exchange_terms_unchecked, group_normalized_loss_unchecked,
-                                  leave_one_out_loss_unchecked, saturation_for,
-                                  set_level_loss_unchecked)
+                                  leave_one_out_advantages, leave_one_out_loss_unchecked,
+                                  saturation_for, set_level_loss_unchecked)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -315,7 +315,8 @@ def anchor_pair_term(scores: torch.Tensor, anchors: torch.Tensor,
 def rl_loss(cfg: TrainConfig, policy, captioner, cider, batch, clips, seed: int,
             retention: float | None = None, targets: list | None = None, *,
             saturation: float = SATURATION_POINTS, grad_ratios: bool = False,
-            full_tokens: list | None = None, diagnose: bool = False) -> dict:
+            full_tokens: list | None = None, diagnose: bool = False,
+            advantage_scale: float | None = None) -> dict:
     """The losses of one micro-batch. ``cfg.anchors`` Gumbel-Top-K sets per clip; with
     ``cfg.exchanges``, the exchange sets around them (:func:`anchor_exchanges`); every keep-set
     is rewarded by ``cfg.reward`` (:func:`set_rewards`; ``full_tokens``: y_full's token ids of
@@ -324,7 +325,9 @@ def rl_loss(cfg: TrainConfig, policy, captioner, cider, batch, clips, seed: int,
     diagnostic step, where a fidelity reward is compared with CIDEr (generation, so not every
     step). ``terms["reward_diagnostics"]`` says how often the clips' anchors tied.
     With ``cfg.lambda_target`` > 0, the warmup's BCE on ``targets`` keeps the scores anchored
-    (their scale and the attention ranking) while the reward terms move them."""
+    (their scale and the attention ranking) while the reward terms move them.
+    ``advantage_scale``: RLOO's advantages are divided by it instead of their standard deviation
+    here (``--advantage-scale running``); ``terms["advantage_std"]`` is that deviation."""
     retention = cfg.retention if retention is None else retention
     if cfg.exchange_search:
         return search_loss(cfg, policy, captioner, cider, batch, clips, seed, retention,
@@ -339,7 +342,8 @@ def rl_loss(cfg: TrainConfig, policy, captioner, cider, batch, clips, seed: int,
     anchor_rewards, counterfactual = rewards.reward[:, :count], rewards.reward[:, count:]
     rl = None
     if cfg.rl_estimator == "rloo" and (cfg.rl or not cfg.exchanges):
-        rl = leave_one_out_loss_unchecked(log_prob, anchor_rewards, budget).mean()
+        rl = leave_one_out_loss_unchecked(log_prob, anchor_rewards, budget,
+                                          scale=advantage_scale).mean()
     elif cfg.rl_estimator == "group" and (cfg.rl or not cfg.exchanges):
         rl = group_normalized_loss_unchecked(log_prob, anchor_rewards, budget).mean()
     elif cfg.rl_estimator == "paper" and exchanges is not None:
@@ -412,6 +416,8 @@ def rl_loss(cfg: TrainConfig, policy, captioner, cider, batch, clips, seed: int,
     if cfg.reward == "cider+fidelity":  # CIDEr alone: the check that captions score at all
         terms["cider_reward"] = rewards.cider[:, :count].mean()
     terms["retention"] = torch.tensor(float(retention))
+    if cfg.rl_estimator == "rloo":
+        terms["advantage_std"] = leave_one_out_advantages(anchor_rewards).std(unbiased=False)
     terms["reward_diagnostics"] = anchor_statistics(
         anchor_rewards, retention, int(budget.max()),
         # under the cider reward, CIDEr's statistics would repeat the reward's own
