@@ -84,3 +84,27 @@ def test_a_token_order_the_reader_does_not_read_is_refused(built, tmp_path, orde
     with pytest.raises(CacheError, match=match):
         FeatureCache(cache)
     exits_with_usage_error(data_main, ["verify", str(cache)], match, capsys)
+
+
+def test_the_size_estimate_is_what_a_build_writes(built):
+    """The estimate the disk check uses is within 15% of the tiny build's bytes on disk."""
+    from avex.data.embedded import estimated_bytes, resolve_config
+    written = sum(p.stat().st_size for p in built.rglob("*") if p.is_file())
+    assert abs(estimated_bytes(resolve_config("tiny")) - written) < 0.15 * written, written
+
+
+def test_a_build_that_would_not_fit_on_the_disk_is_refused_before_any_file(tmp_path, capsys,
+                                                                          monkeypatch):
+    import types
+
+    import avex.data.__main__ as data_cli
+    monkeypatch.setattr(data_cli.shutil, "disk_usage",
+                        lambda path: types.SimpleNamespace(total=10**9, used=10**9, free=1000))
+    out = tmp_path / "a" / "big"
+    exits_with_usage_error(
+        data_main, ["build", "--preset", "tiny", "--train", "100000", "--out", str(out),
+                    "--no-progress"],
+        r"--out: the build writes about \d+\.\d\d GB \(100\d+ clips of \d+ tokens x 32 "
+        r"float32\) under .*big, whose disk has 0\.00 GB free; build fewer clips \(--train, "
+        r"--val, --test, --transfer\), or choose another --out", capsys)
+    assert not (tmp_path / "a").exists()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -27,7 +28,7 @@ from .export import (ExportSettings, check_headers, check_out, export_cache, loa
                      model_dir_family, read_rows)
 from .processor import load_processor
 from .embedded import (PRESETS, benchmark_name, build_benchmark, built_mismatch,
-                       default_benchmark_path, resolve_config)
+                       default_benchmark_path, estimated_bytes, resolve_config)
 
 SIZE_FLAGS = ("train", "val", "test", "transfer", "dim", "grid", "audio_per_frame", "n_frames")
 
@@ -48,6 +49,20 @@ def _overrides(args) -> dict:
     return {name: getattr(args, name) for name in SIZE_FLAGS if getattr(args, name) is not None}
 
 
+def check_room(out: Path, cfg, flag: str) -> None:
+    """Refuse a build that would not fit on ``out``'s disk, before any file is written (it
+    stages the whole cache beside ``out``; an --overwrite keeps the old one until the end)."""
+    needed = estimated_bytes(cfg)
+    existing = next(p for p in (out, *out.parents) if p.exists())
+    free = shutil.disk_usage(existing).free
+    if needed > free:
+        clips = sum(cfg.split_sizes().values())
+        raise ValueError(f"{flag}: the build writes about {needed / 1e9:.2f} GB ({clips} clips of "
+                         f"{cfg.n_visual + cfg.n_audio} tokens x {cfg.dim} float32) under {out}, "
+                         f"whose disk has {free / 1e9:.2f} GB free; build fewer clips (--train, "
+                         f"--val, --test, --transfer), or choose another {flag}")
+
+
 def cmd_build(args) -> int:
     cfg = resolve_config(args.preset, seed=args.seed, **_overrides(args))
     out = Path(args.out) if args.out else default_benchmark_path(
@@ -61,6 +76,7 @@ def cmd_build(args) -> int:
         print(f"benchmark already built at {out} (pass --overwrite to rebuild)")
         return 0
     _checks.output_dir("out" if args.out else "cache_dir", str(out))
+    check_room(out, cfg, "--out" if args.out else "--cache-dir")
     out.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     build_benchmark(out, cfg, preset=args.preset, overwrite=args.overwrite,
