@@ -56,7 +56,9 @@ def main(argv=None) -> int:
                         "least one runs; the table says how many did)")
     p.add_argument("--full-size-latency", action="store_true",
                    help="time the real-size model even on a CPU")
-    p.add_argument("--out-dir", default=d.out_dir)
+    p.add_argument("--out-dir", default=d.out_dir,
+                   help="default: runs/profiling-<date-time>; results/ holds the committed "
+                        "tables (scripts/regenerate_results.sh passes --out-dir results)")
     p.add_argument("--name", default=None, help="file stem: profiling-<name>.{md,json,png}")
     p.add_argument("--no-progress", action="store_true")
     a = p.parse_args(argv)

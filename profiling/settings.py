@@ -50,7 +50,9 @@ class ProfileSettings:
     # stop starting timing rounds once this many seconds have passed since the run began (at
     # least one round; the table says how many ran): one bounded call on a lent GPU
     max_seconds: float | None = None
-    out_dir: str = "results"
+    # None: runs/profiling-<date-time> (results/ holds the committed tables, replaced only when
+    # asked for by name)
+    out_dir: str | None = None
     name: str | None = None
     progress: bool = True
     extra: dict = field(default_factory=dict)
@@ -77,7 +79,8 @@ class ProfileSettings:
             _checks.positive_float("max_seconds", self.max_seconds)
         if self.flops == "fvcore" and F.fvcore_missing():
             raise ValueError(f"flops='fvcore' but {F.fvcore_missing()}; or pass flops='hand'")
-        _checks.output_dir("out_dir", self.out_dir)
+        if self.out_dir is not None:
+            _checks.output_dir("out_dir", self.out_dir)
         if _checks.text("name", self.name, optional=True) is not None and (
                 os.sep in self.name or self.name in (".", "..")):
             raise ValueError(f"name is a file stem (profiling-<name>.md), not a path; got "

@@ -183,7 +183,8 @@ def _device(settings) -> torch.device:
 
 
 def profile(settings: ProfileSettings | None = None, **overrides) -> dict:
-    """Run the suite; write ``<out_dir>/profiling-<name>.{md,json,png}``; return the results."""
+    """Run the suite; write ``<out_dir>/profiling-<name>.{md,json,png}`` (``out_dir`` None:
+    ``runs/profiling-<date-time>``); return the results."""
     settings = copy.deepcopy(settings) if settings else ProfileSettings()
     for key, value in overrides.items():
         if not hasattr(settings, key):
@@ -249,8 +250,9 @@ def profile(settings: ProfileSettings | None = None, **overrides) -> dict:
             rows=lat, flops=lat_flops)
     bar.close()
     name = settings.name or _default_name(settings, device)
-    os.makedirs(settings.out_dir, exist_ok=True)
-    base = os.path.join(settings.out_dir, f"profiling-{name}")
+    out_dir = settings.out_dir or time.strftime("runs/profiling-%Y%m%d-%H%M%S")
+    os.makedirs(out_dir, exist_ok=True)
+    base = os.path.join(out_dir, f"profiling-{name}")
     results["markdown"] = markdown(results)
     with open(base + ".md", "w", encoding="utf-8") as f:
         f.write(results["markdown"])

@@ -1,6 +1,7 @@
 """The profiling suite: FLOPs against hand counts, the table on a CPU, argument errors."""
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -506,3 +507,18 @@ def test_a_set_aware_profile_times_its_picks(tmp_path):
 def test_bad_selection_settings_are_refused(tmp_path, settings, match):
     with pytest.raises(ValueError, match=match):
         profile(out_dir=str(tmp_path), progress=False, **settings)
+
+
+def test_without_out_dir_the_tables_go_to_a_new_runs_folder_not_results(tmp_path, monkeypatch):
+    """The committed tables in results/ are replaced only when --out-dir names it."""
+    cfg_dir = tmp_path / "tiny"
+    tiny_config().save_pretrained(cfg_dir)
+    monkeypatch.chdir(tmp_path)
+    res = profile(backbone=str(cfg_dir), retention=0.5, visual_tokens=16, audio_tokens=8,
+                  text_before=2, text_after=4, decode_tokens=4, device="cpu", latency=False,
+                  flops="hand", policy_hidden_size=0, name="tiny", progress=False)
+    folders = list((tmp_path / "runs").glob("profiling-*"))
+    assert len(folders) == 1 and not (tmp_path / "results").exists()
+    assert sorted(p.name for p in folders[0].iterdir()) == \
+        ["profiling-tiny.json", "profiling-tiny.md", "profiling-tiny.png"]
+    assert res["files"][0] == str(Path("runs") / folders[0].name / "profiling-tiny.md")
