@@ -338,6 +338,37 @@ def test_audio_longer_than_the_window_is_named(made, tmp_path, capsys):
     assert "short.wav" not in err
 
 
+def test_a_file_whose_header_states_no_length_is_named(made, tmp_path, capsys, monkeypatch):
+    """A header without a length (streamed WebM, say) can't show a cut file: the export names
+    such files, and exports them as they decode."""
+    import soundfile
+
+    from avex.data import captions
+    from avex.data.processor import load_processor
+
+    _, model = made
+    built, folder = model("qwen2_audio")
+    clips = tmp_path / "clips"
+    clips.mkdir()
+    noise = np.random.default_rng(0).standard_normal
+    for name in ("plain.wav", "streamed.wav"):
+        soundfile.write(str(clips / name), (0.2 * noise(16000 * 2)).astype(np.float32), 16000)
+    real = captions.probe
+
+    def probe(path):   # the header of "streamed.wav" says nothing of its length
+        header = real(path)
+        return {**header, "audio_seconds": 0.0} if Path(path).name == "streamed.wav" else header
+
+    monkeypatch.setattr(captions, "probe", probe)
+    out = export_cache(clips, None, tmp_path / "cache", model=built,
+                       processor=load_processor(folder, built), progress=False)
+    err = capsys.readouterr().err
+    assert "note: 1 file(s) state no length in their header, so a file cut short can't be told " \
+           "from a whole one there; each is exported as far as it decodes: streamed.wav (audio)" \
+        in err
+    assert "plain.wav" not in err and len(FeatureCache(out).rows) == 2
+
+
 # --- what the processor makes no tokens of: refused from the header ----------------------------
 
 def write_wav(path: Path, samples: int, rate: int = 16000) -> Path:
@@ -492,3 +523,26 @@ def test_an_image_too_elongated_is_refused_before_export_cache_writes(made, tmp_
         export_cache(clips, None, tmp_path / "cache", model=built,
                      processor=load_processor(folder, built), progress=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["clips"]
+
+
+def test_unmeasured_streams_are_named_only_where_the_export_decodes_them(capsys):
+    """A video stream without frames or seconds in its header counts for a family that sees;
+    an audio stream without seconds only where the audio is read."""
+    import types
+
+    from avex.data.captions import CaptionRow, note_unmeasured
+
+    header = {"kind": "video", "video_frames": 0, "video_seconds": 0.0, "audio": True,
+              "audio_seconds": 0.0}
+    rows = [CaptionRow("a", Path("a.webm"), "test", header=header),
+            CaptionRow("b", Path("b.mp4"), "test", header={**header, "video_frames": 40,
+                                                           "audio_seconds": 2.0})]
+    sees = types.SimpleNamespace(SEES=True)
+    note_unmeasured(rows, sees, hears=True)
+    assert "note: 1 file(s) state no length in their header" in capsys.readouterr().err
+    note_unmeasured(rows[:1], sees, hears=False)
+    assert capsys.readouterr().err.endswith(": a.webm (video)\n")
+    note_unmeasured(rows[:1], types.SimpleNamespace(SEES=False), hears=True)
+    assert capsys.readouterr().err.endswith(": a.webm (audio)\n")
+    note_unmeasured(rows[1:], sees, hears=True)
+    assert capsys.readouterr().err == ""

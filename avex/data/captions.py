@@ -16,7 +16,7 @@ from avex.data.cache import CLIP_ID_PATTERN, SPLITS
 from avex.data.media import KINDS, MediaError, media_kind, probe
 
 __all__ = ["CaptionRow", "ExportError", "media_rows", "read_captions", "read_rows",
-           "check_headers", "note_cut_audio", "LABEL_FREE_SPLIT"]
+           "check_headers", "note_cut_audio", "note_unmeasured", "LABEL_FREE_SPLIT"]
 
 #: the split of every clip of a label-free export (no captions file): python -m avex.train
 #: needs a train split, and python -m avex.evaluate scores only clips with references, so a
@@ -315,6 +315,29 @@ def check_headers(rows: list[CaptionRow], family, *, extractor=None,
                             use_audio_in_video=use_audio_in_video)
         if reason:
             raise ExportError(f"{row.file} ({row.where}): {reason}")
+
+
+def note_unmeasured(rows: list[CaptionRow], family, hears: bool) -> None:
+    """Name the files whose header states no length for a stream the export decodes
+    (streamed WebM, say): a cut one can't be told from a whole one there, so it is exported
+    as far as it decodes. ``hears``: whether the audio is read."""
+    if not _main_process():
+        return
+    unmeasured = []
+    for r in rows:
+        h = r.header or {}
+        streams = [name for name, missing in (
+            ("video", h.get("kind") == "video" and family.SEES
+             and not h.get("video_frames") and not h.get("video_seconds")),
+            ("audio", hears and h.get("audio") and not h.get("audio_seconds"))) if missing]
+        if streams:
+            unmeasured.append(f"{r.name or r.file.name} ({' and '.join(streams)})")
+    if unmeasured:
+        shown = ", ".join(unmeasured[:10]) + (f" and {len(unmeasured) - 10} more"
+                                              if len(unmeasured) > 10 else "")
+        print(f"note: {len(unmeasured)} file(s) state no length in their header, so a file cut "
+              f"short can't be told from a whole one there; each is exported as far as it "
+              f"decodes: {shown}", file=sys.stderr)
 
 
 def note_cut_audio(rows: list[CaptionRow], family, processor, settings) -> None:

@@ -62,7 +62,7 @@ from avex.adapters import adapt, adapter_for
 from avex.adapters._export import family_processor_inputs, unusable_kind
 from avex.data.cache import CacheWriter, FeatureCache, check_replaceable
 from avex.data.captions import (CaptionRow, ExportError, check_headers, media_rows,
-                                note_cut_audio, read_captions, read_rows)
+                                note_cut_audio, note_unmeasured, read_captions, read_rows)
 from avex.data.identity import settings_sha256, tokenizer_record, weights_sha256
 from avex.data.media import MediaError, MediaSettings, check_media, read_media
 from avex.data.parts import ExportLock, merge_parts, partial_dir, remove_stale
@@ -428,6 +428,7 @@ def export_cache(media_dir, captions, out, *, model, processor,
                   extractor=getattr(processor, "feature_extractor", None) if rate else None,
                   use_audio_in_video=settings.use_audio_in_video)
     note_cut_audio(rows, family, processor, settings)
+    note_unmeasured(rows, family, hears=bool(rate))
     ranks = _Ranks()
     lock = ExportLock(partial_dir(out))
     try:
