@@ -66,11 +66,16 @@ DECODER_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_
                   "num_key_value_heads", "vocab_size", "max_position_embeddings")
 
 
+# fields a mixture-of-experts decoder sets (Qwen2/3-MoE, Mixtral, DeepSeek, OLMoE ...)
+MOE_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size")
+
+
 def check_decoder_config(config, name: str = "config"):
     """``config`` if it describes a decoder-only causal LM these tools can size: one
     ``AutoModelForCausalLM`` builds, with every field of :data:`DECODER_FIELDS` a positive
-    integer, attention heads dividing the width and key/value heads dividing the heads. A
-    ValueError naming the backbone (``--backbone``) and the field otherwise."""
+    integer, attention heads dividing the width and key/value heads dividing the heads, and no
+    mixture of experts (:data:`MOE_FIELDS`). A ValueError naming the backbone (``--backbone``)
+    and the field otherwise."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     where = f"backbone {name!r} (--backbone)"
@@ -90,6 +95,15 @@ def check_decoder_config(config, name: str = "config"):
                              f"is needed")
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{where}: {field} must be a positive integer, got {value!r}")
+    aliases = getattr(config, "attribute_map", {})   # mixtral's num_experts names another
+    experts = {f: getattr(config, f) for f in MOE_FIELDS
+               if f not in aliases and getattr(config, f, None)}
+    if experts:
+        raise ValueError(f"{where}: {type(config).__name__} is a mixture of experts ("
+                         + ", ".join(f"{k}={v}" for k, v in experts.items())
+                         + "); these tools size dense decoder layers (every token through one "
+                         "MLP of intermediate_size), so its FLOPs, latency model and policy "
+                         "would be another model's; pass a dense decoder's config")
     heads, kv = config.num_attention_heads, config.num_key_value_heads
     if config.hidden_size % heads:
         raise ValueError(f"{where}: hidden_size {config.hidden_size} is not divisible by "

@@ -46,6 +46,19 @@ def _qwen2_5_vl(path):
     return _save(path, Qwen2_5_VLConfig(text_config=text))
 
 
+def _qwen2_moe(path):
+    from transformers import Qwen2MoeConfig
+
+    return _save(path, Qwen2MoeConfig(**DECODER, num_experts=4, num_experts_per_tok=2,
+                                      moe_intermediate_size=32))
+
+
+def _mixtral(path):
+    from transformers import MixtralConfig
+
+    return _save(path, MixtralConfig(**DECODER, num_local_experts=8, num_experts_per_tok=2))
+
+
 UNSUPPORTED = [
     (_gpt2, r"backbone '.*' \(--backbone\): GPT2Config has no intermediate_size"),
     (_bert, r"backbone '.*' \(--backbone\): BertConfig has no num_key_value_heads"),
@@ -56,8 +69,12 @@ UNSUPPORTED = [
      r"\(--backbone\): transformers refuses .*config\.json: .*hidden size \(66\)"),
     (lambda p: _write(p, dict(DECODER, model_type="qwen2", num_key_value_heads=3)),
      r"\(--backbone\): num_attention_heads 4 is not divisible by num_key_value_heads 3"),
+    (_qwen2_moe, r"\(--backbone\): Qwen2MoeConfig is a mixture of experts \(num_experts=4, "
+                 r"moe_intermediate_size=32\); these tools size dense decoder layers"),
+    (_mixtral, r"\(--backbone\): MixtralConfig is a mixture of experts \(num_local_experts=8\)"),
 ]
-IDS = ["gpt2", "bert", "qwen2.5-vl", "qwen2 66/4", "llama 66/4", "qwen2 kv 3"]
+IDS = ["gpt2", "bert", "qwen2.5-vl", "qwen2 66/4", "llama 66/4", "qwen2 kv 3", "qwen2-moe",
+       "mixtral"]
 
 
 @pytest.mark.parametrize("make, match", UNSUPPORTED, ids=IDS)
