@@ -13,7 +13,8 @@ from avex.data.identity import tokenizer_record
 from avex.paths import default_captioner_path
 
 __all__ = ["resolve_asset_paths", "load_cache_and_captioner", "reference_sample",
-           "check_tokenizer", "check_captioner_benchmark", "asset_names"]
+           "check_tokenizer", "check_captioner_benchmark", "asset_names",
+           "embedded_captioner_path"]
 
 def resolve_asset_paths(data: str, captioner: str, *, benchmark_preset: str = "default",
                         captioner_preset: str = "default", cache_dir=None,
@@ -30,7 +31,14 @@ def resolve_asset_paths(data: str, captioner: str, *, benchmark_preset: str = "d
         raise ValueError("captioner='embedded' goes with data='embedded'; for your own feature "
                          "cache pass --captioner PATH to its Hugging Face causal LM")
     ensure_captioner(benchmark_preset, captioner_preset, cache_dir=cache_dir, progress=progress)
-    return data_path, default_captioner_path(data_path.name, captioner_preset, cache_dir)
+    return data_path, embedded_captioner_path(benchmark_preset, captioner_preset, cache_dir)
+
+
+def embedded_captioner_path(benchmark_preset: str = "default",
+                            captioner_preset: str = "default", cache_dir=None) -> Path:
+    """Where the embedded captioner of these presets lives (built there or not)."""
+    benchmark = default_benchmark_path(benchmark_preset, cache_dir).name
+    return default_captioner_path(benchmark, captioner_preset, cache_dir)
 
 
 def load_cache_and_captioner(data_path, captioner_path, *, device=None, progress: bool = True):

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 import torch
-from run_weights import final_weights
+from run_weights import final_weights, train_tiny
 
 from avex.run_files import read_state
 from avex.training.averaging import RunningScale
@@ -60,25 +60,15 @@ def test_the_running_scale_starts_at_its_first_value_and_skips_ties():
 # Training with --advantage-scale running (the tiny benchmark of tests/conftest.py)
 # ------------------------------------------------------------------------------------------------
 
-def _train(cache_dir, run_dir, *extra):
-    from avex.train import main
-    warmup = [] if "--warmup-from" in extra else ["--warmup-epochs", "0.5"]
-    epochs = [] if "--warmup-only" in extra else ["--epochs", "1"]
-    return main(["--benchmark-preset", "tiny", "--captioner-preset", "tiny",
-                 "--cache-dir", str(cache_dir), "--run-dir", str(run_dir), "--batch-size", "8",
-                 "--micro-batch-size", "4", *epochs, *warmup,
-                 "--no-progress", "--no-evaluate", "--seed", "3", *extra])
-
-
 def test_a_running_scale_run_keeps_it_in_its_checkpoints_and_resumes_to_the_same_policy(
         tiny_cache_dir, tmp_path):
     """From the same warmup and seed, the running scale trains another policy than the
     micro-batch's; its RL checkpoints hold the scale, and a run resumed from the one before
     the last ends with the weights of the run that never stopped."""
-    _train(tiny_cache_dir, tmp_path / "plain")
+    train_tiny(tiny_cache_dir, tmp_path / "plain")
     flags = ("--advantage-scale", "running", "--checkpoint-every", "1",
              "--warmup-from", str(tmp_path / "plain"))
-    _train(tiny_cache_dir, tmp_path / "whole", *flags)
+    train_tiny(tiny_cache_dir, tmp_path / "whole", *flags)
     plain, whole = final_weights(tmp_path / "plain"), final_weights(tmp_path / "whole")
     assert any(not torch.equal(plain[n], whole[n]) for n in plain)
     checkpoints = tmp_path / "whole" / "checkpoints"
@@ -90,7 +80,7 @@ def test_a_running_scale_run_keeps_it_in_its_checkpoints_and_resumes_to_the_same
     shutil.copytree(tmp_path / "whole", tmp_path / "resumed")
     shutil.rmtree(tmp_path / "resumed" / "checkpoints" / steps[-1])
     (tmp_path / "resumed" / "checkpoints" / "latest").write_text(steps[-2] + "\n")
-    _train(tiny_cache_dir, tmp_path / "resumed", *flags, "--resume")
+    train_tiny(tiny_cache_dir, tmp_path / "resumed", *flags, "--resume")
     resumed = final_weights(tmp_path / "resumed")
     for name in whole:
         assert torch.equal(whole[name], resumed[name]), name
@@ -108,6 +98,6 @@ def test_a_running_scale_run_keeps_it_in_its_checkpoints_and_resumes_to_the_same
 def test_a_bad_or_idle_advantage_scale_is_refused_before_any_work(tiny_cache_dir, tmp_path,
                                                                   capsys, flags, message):
     with pytest.raises(SystemExit):
-        _train(tiny_cache_dir, tmp_path / "run", *flags)
+        train_tiny(tiny_cache_dir, tmp_path / "run", *flags)
     assert re.search(message, capsys.readouterr().err)
     assert not (tmp_path / "run").exists()

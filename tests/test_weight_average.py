@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 import torch
-from run_weights import final_weights, saved_weights
+from run_weights import final_weights, saved_weights, train_tiny
 
 from avex.training.averaging import WeightAverage
 
@@ -76,25 +76,15 @@ def test_a_decay_outside_the_open_interval_is_refused(decay):
 # Training with --ema (the tiny benchmark of tests/conftest.py)
 # ------------------------------------------------------------------------------------------------
 
-def _train(cache_dir, run_dir, *extra):
-    from avex.train import main
-    warmup = [] if "--warmup-from" in extra else ["--warmup-epochs", "0.5"]
-    epochs = [] if "--warmup-only" in extra else ["--epochs", "1"]
-    return main(["--benchmark-preset", "tiny", "--captioner-preset", "tiny",
-                 "--cache-dir", str(cache_dir), "--run-dir", str(run_dir), "--batch-size", "8",
-                 "--micro-batch-size", "4", *epochs, *warmup,
-                 "--no-progress", "--no-evaluate", "--seed", "3", *extra])
-
-
 def test_a_run_saves_the_average_of_its_rl_weights(tiny_cache_dir, tmp_path):
     """From the same warmup and seed, the run with --ema saves weights that moved from the
     warmup's, but less far than the last RL step's (the average keeps part of its start); the
     artifact is that average."""
     import avex
 
-    _train(tiny_cache_dir, tmp_path / "plain")
-    _train(tiny_cache_dir, tmp_path / "ema", "--ema", "0.9",
-           "--warmup-from", str(tmp_path / "plain"))
+    train_tiny(tiny_cache_dir, tmp_path / "plain")
+    train_tiny(tiny_cache_dir, tmp_path / "ema", "--ema", "0.9",
+               "--warmup-from", str(tmp_path / "plain"))
     warmup = saved_weights(tmp_path / "plain" / "warmup_policy.safetensors")
     last, averaged = final_weights(tmp_path / "plain"), final_weights(tmp_path / "ema")
     moved_last = sum(float((last[n] - warmup[n]).norm()) for n in warmup)
@@ -110,14 +100,14 @@ def test_a_run_with_the_average_resumes_to_the_same_policy(tiny_cache_dir, tmp_p
     """The average is in the RL checkpoints: resumed from one before the last, the run ends
     with the weights of the run that never stopped."""
     flags = ("--ema", "0.8", "--checkpoint-every", "1")
-    _train(tiny_cache_dir, tmp_path / "whole", *flags)
+    train_tiny(tiny_cache_dir, tmp_path / "whole", *flags)
     checkpoints = tmp_path / "whole" / "checkpoints"
     steps = sorted(p.name for p in checkpoints.iterdir() if p.name.startswith("step-"))
     middle = steps[-2]
     shutil.copytree(tmp_path / "whole", tmp_path / "resumed")
     shutil.rmtree(tmp_path / "resumed" / "checkpoints" / steps[-1])
     (tmp_path / "resumed" / "checkpoints" / "latest").write_text(middle + "\n")
-    _train(tiny_cache_dir, tmp_path / "resumed", *flags, "--resume")
+    train_tiny(tiny_cache_dir, tmp_path / "resumed", *flags, "--resume")
     whole, resumed = final_weights(tmp_path / "whole"), final_weights(tmp_path / "resumed")
     for name in whole:
         assert torch.equal(whole[name], resumed[name]), name
@@ -131,6 +121,6 @@ def test_a_run_with_the_average_resumes_to_the_same_policy(tiny_cache_dir, tmp_p
 def test_bad_or_idle_ema_is_refused_before_any_work(tiny_cache_dir, tmp_path, capsys, flags,
                                                     message):
     with pytest.raises(SystemExit):
-        _train(tiny_cache_dir, tmp_path / "run", *flags)
+        train_tiny(tiny_cache_dir, tmp_path / "run", *flags)
     assert re.search(message, capsys.readouterr().err)
     assert not (tmp_path / "run").exists()

@@ -25,11 +25,10 @@ from safetensors.torch import load_file
 
 from avex import _checks
 from avex.cache_and_captioner import (asset_names, check_captioner_benchmark,
-                                     load_cache_and_captioner, resolve_asset_paths)
+                                     embedded_captioner_path, load_cache_and_captioner,
+                                     resolve_asset_paths)
 from avex.data import FeatureCache
-from avex.data.embedded import default_benchmark_path
 from avex.fidelity import full_captions
-from avex.paths import default_captioner_path
 from avex.policy import AVEXPolicy, TrainedOn, layout_of, row_layouts
 from avex.progress import progress_bar, show
 from avex.registry import METHODS
@@ -458,8 +457,7 @@ def built_captioner_path(cfg: TrainConfig) -> Path | None:
         return Path(cfg.captioner)
     if cfg.data != "embedded":
         return None   # refused when the run resolves its inputs
-    benchmark = default_benchmark_path(cfg.benchmark_preset, cfg.cache_dir).name
-    path = default_captioner_path(benchmark, cfg.captioner_preset, cfg.cache_dir)
+    path = embedded_captioner_path(cfg.benchmark_preset, cfg.captioner_preset, cfg.cache_dir)
     return path if path.is_dir() else None
 
 
