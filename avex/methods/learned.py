@@ -18,7 +18,7 @@ import torch
 
 from avex import _checks
 from avex.kernels import gumbel_topk
-from avex.selection import indices_to_keep
+from avex.selection import Selection, indices_to_keep
 
 
 #: the RL estimators' names in a recipe (TrainConfig.rl_estimator)
@@ -46,6 +46,8 @@ def recipe(cfg: dict) -> str:
         words += f", {cfg['reward']} reward"
     if cfg.get("selection", "topk") == "set-aware":
         words += f", set-aware selection (redundancy {cfg.get('redundancy'):g})"
+    if cfg.get("merge_threshold") is not None:
+        words += f", dropped tokens merged from cosine {cfg['merge_threshold']:g}"
     # runs from before the teacher setting imitated the prompt's attention
     if cfg.get("warmup_teacher", "prompt-attention") != "prompt-attention":
         words += f", {cfg['warmup_teacher']} warmup"
@@ -54,7 +56,9 @@ def recipe(cfg: dict) -> str:
 
 def policy_selector(policy):
     """The inference path: deterministic Top-K of ``policy``'s scores, or its greedy set-aware
-    selection where the policy was trained with it (``policy.config.selection``)."""
+    selection where the policy was trained with it (``policy.config.selection``); with the
+    dropped tokens merged into the kept ones where the policy says so
+    (``policy.config.merge_threshold``: a :class:`~avex.selection.Selection`)."""
     @torch.no_grad()
     def select(batch, layout, retention):
         budget = layout.budget(_checks.ratio("retention", retention))
@@ -62,9 +66,23 @@ def policy_selector(policy):
             scores, hidden = policy.score(batch.inputs_embeds, batch.modality,
                                           retention=retention, with_hidden=True)
             idx, _ = policy.select(layout.gather(scores), layout.gather_vectors(hidden), budget)
-            return indices_to_keep(idx, layout.positions.shape[1])
-        scores = layout.gather(policy.score(batch.inputs_embeds, batch.modality,
-                                            retention=retention))
-        idx, _ = gumbel_topk(scores, budget, sample=False)
-        return indices_to_keep(idx, scores.shape[1])
+        else:
+            scores = layout.gather(policy.score(batch.inputs_embeds, batch.modality,
+                                                retention=retention))
+            idx, _ = gumbel_topk(scores, budget, sample=False)
+        keep = indices_to_keep(idx, layout.positions.shape[1])
+        if policy.config.merge_threshold is None:
+            return keep
+        return Selection(keep, policy.merge(batch.inputs_embeds, batch.modality,
+                                            sequence_keep(layout, keep,
+                                                          batch.inputs_embeds.shape[1])))
     return select
+
+
+def sequence_keep(layout, keep: torch.Tensor, length: int) -> torch.Tensor:
+    """bool [B, length]: the AV-axis keep-set ``keep`` [B, M] at its tokens' sequence
+    positions, False elsewhere."""
+    out = torch.zeros(layout.positions.shape[0], length, dtype=torch.bool, device=keep.device)
+    valid = layout.positions >= 0
+    out[torch.nonzero(valid, as_tuple=True)[0], layout.positions[valid]] = keep[valid]
+    return out

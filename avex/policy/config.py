@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from avex import _checks
+from avex.merging import check_merge_threshold
 from avex.set_selection import check_rule
 
 
@@ -30,6 +31,9 @@ class PolicyConfig:
     # the head's hidden units), so that one policy can rank tokens otherwise at 10% than at
     # 50%; the projection starts at zero. Records from before the setting read as False.
     retention_input: bool = False
+    # serving folds each dropped AV token into the kept token of its modality it is most like
+    # (cosine >= this; avex.merging); None: no merging. Records from before read as None.
+    merge_threshold: float | None = None
 
     def __post_init__(self):
         _checks.int_at_least("input_size", self.input_size, 1)
@@ -42,6 +46,7 @@ class PolicyConfig:
         _checks.flag("retention_input", self.retention_input)
         _checks.positive_float("norm_eps", self.norm_eps)
         self.redundancy = check_rule(self.selection, self.redundancy)
+        self.merge_threshold = check_merge_threshold("merge_threshold", self.merge_threshold)
         self.num_kv_heads = self.num_kv_heads or self.num_heads
         self.intermediate_size = self.intermediate_size or 3 * self.hidden_size
         if self.hidden_size % self.num_heads:

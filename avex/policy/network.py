@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from avex import _checks
+from avex.merging import merge_dropped
 from avex.modality import (AUDIO, PAD, TEXT, VISUAL, check_code_values, packed_positions,
                            signed_codes)
 from avex.policy.config import PolicyConfig
@@ -141,15 +142,16 @@ class AVEXPolicy(nn.Module):
     def from_llm(cls, llm, *, hidden_size: int | None = None, num_layers: int = 2,
                  init_from_llm: bool = True, init_layers: int = 1, positional: bool = True,
                  selection: str = "topk", redundancy: float = 0.0,
-                 retention_input: bool = False) -> "AVEXPolicy":
+                 retention_input: bool = False,
+                 merge_threshold: float | None = None) -> "AVEXPolicy":
         """A policy for a Hugging Face causal LM.
 
         With ``hidden_size`` None or equal to the LLM's width, the blocks take the LLM's layer
         shapes and the first ``init_layers`` of them copy the LLM's first decoder layers
         (``init_from_llm``; 0 copies none, and more than 1 needs the policy as wide as the LLM).
         A smaller ``hidden_size`` gives a compact policy with input projections, randomly
-        initialised. ``selection``, ``redundancy`` and ``retention_input``:
-        :class:`PolicyConfig`'s.
+        initialised. ``selection``, ``redundancy``, ``retention_input`` and
+        ``merge_threshold``: :class:`PolicyConfig`'s.
         """
         c = llm.config.get_text_config()  # an audio-visual model's decoder settings
         width = hidden_size or c.hidden_size
@@ -164,7 +166,8 @@ class AVEXPolicy(nn.Module):
                           or c.model_type.startswith("qwen2"))
             if matched else False,
             norm_eps=getattr(c, "rms_norm_eps", 1e-6), positional=positional,
-            selection=selection, redundancy=redundancy, retention_input=retention_input)
+            selection=selection, redundancy=redundancy, retention_input=retention_input,
+            merge_threshold=merge_threshold)
         if isinstance(init_layers, bool) or not isinstance(init_layers, int) \
                 or not 0 <= init_layers <= num_layers:
             raise ValueError(f"init_layers must be an int in [0, {num_layers}] (the policy's "
@@ -223,6 +226,17 @@ class AVEXPolicy(nn.Module):
     def set_aware(self) -> bool:
         """Whether the kept set depends on the hidden states too (``selection`` 'set-aware')."""
         return self.config.selection == "set-aware"
+
+    def merge(self, inputs_embeds: torch.Tensor, modality: torch.Tensor, keep: torch.Tensor,
+              *, groups: torch.Tensor | None = None) -> torch.Tensor:
+        """``inputs_embeds`` [B, L, D] as this policy serves the keep-set ``keep`` [B, L]: the
+        dropped AV tokens folded into the kept ones they duplicate
+        (:func:`avex.merging.merge_dropped` at ``config.merge_threshold``), or unchanged where
+        the policy has no merge threshold."""
+        if self.config.merge_threshold is None:
+            return inputs_embeds
+        return merge_dropped(inputs_embeds, modality, keep, self.config.merge_threshold,
+                             groups=groups)
 
     @torch.no_grad()
     def score(self, inputs_embeds: torch.Tensor, modality: torch.Tensor, *, retention=None,

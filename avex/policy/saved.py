@@ -175,8 +175,12 @@ def _inner_model_hint(model, model_type: str) -> str:
 def policy_record(cfg: PolicyConfig, trained_on: TrainedOn) -> dict:
     """The JSON of a saved policy's config.json."""
     sizes = asdict(cfg)
-    if not sizes["retention_input"]:   # so that a reader from before the setting reads it
+    # so that a reader from before these settings reads a record that doesn't use them (one
+    # that does is refused there, not served without merging)
+    if not sizes["retention_input"]:
         del sizes["retention_input"]
+    if sizes["merge_threshold"] is None:
+        del sizes["merge_threshold"]
     return {"format": POLICY_FORMAT, "version": POLICY_FORMAT_VERSION,
             "avex_version": __version__, "policy": sizes,
             "trained_on": trained_on.to_dict()}

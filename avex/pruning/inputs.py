@@ -83,7 +83,9 @@ def prune_inputs(inputs_embeds: torch.Tensor, modality: torch.Tensor, *, scores=
             0.3 is 0.30000001...), exactly as a call on that row alone with that number.
         policy: a trained :class:`avex.policy.AVEXPolicy` (``avex.load_policy``) that scores
             the AV tokens instead of ``scores`` (:meth:`~avex.policy.AVEXPolicy.score`); inputs
-            of another width or layout than it was trained on are refused.
+            of another width or layout than it was trained on are refused. A policy saved
+            with a ``merge_threshold`` folds the dropped tokens into the kept ones they
+            duplicate (:func:`avex.merging.merge_dropped`; per item with ``per_item``).
         per_item: with ``retention``, keep K = round(rho * N) tokens of each item (a maximal
             run of one modality's tokens, :func:`item_index`: an image, a video) instead of
             of each row; a ``policy`` then scores each item alone with its row's text, as if
@@ -118,6 +120,9 @@ def prune_inputs(inputs_embeds: torch.Tensor, modality: torch.Tensor, *, scores=
     else:
         keep = select_keep(inputs_embeds, modality, scores=scores, policy=policy,
                            retention=retention, per_item=per_item)[:, None, :]
+        if policy is not None:   # a policy saved with a merge threshold serves merged tokens
+            inputs_embeds = policy.merge(inputs_embeds, modality, keep[:, 0],
+                                         groups=item_index(modality) if per_item else None)
     keep = (keep & is_av[:, None, :]) | is_text[:, None, :]
 
     out = compact(inputs_embeds, keep, layout="padded", positions="contiguous",

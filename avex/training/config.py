@@ -15,6 +15,7 @@ from pathlib import Path
 
 from avex import _checks
 from avex.registry import BENCHMARK_PRESETS, CAPTIONER_PRESETS, EVAL_METHODS, SPLITS
+from avex.merging import check_merge_threshold
 from avex.run_files import warmup_policy_file
 from avex.set_selection import SELECTIONS
 
@@ -31,14 +32,14 @@ SETTINGS_BEFORE_THEY_EXISTED = {"reward": "cider", "selection": "topk", "redunda
                                 "warmup_teacher": "prompt-attention", "retention_input": False,
                                 # no effect without the retention input: today's default
                                 "retention_lr": 1e-2, "lambda_pairs": 0.0, "ema": 0.0,
-                                "policy_init_layers": 1, "advantage_scale": "micro-batch"}
+                                "policy_init_layers": 1, "advantage_scale": "micro-batch",
+                                "merge_threshold": None}
 
 #: what RLOO's advantages are divided by (TrainConfig.advantage_scale)
 ADVANTAGE_SCALES = ("micro-batch", "running")
 POLICY_LAYERS = 2   # the policy's encoder blocks (AVEXPolicy.from_llm's num_layers)
 
-#: each selection's redundancy when none is given: set-aware's from the val pilot
-#: (results/set-aware-pilot.md), Top-K's none
+#: each selection's redundancy when none is given (set-aware's: results/set-aware-pilot.md)
 DEFAULT_REDUNDANCY = {"set-aware": 4.0, "topk": 0.0}
 
 #: the final table's other rows when none are asked for; a label-free cache leaves
@@ -99,9 +100,11 @@ class TrainConfig:
     # RL from zero; the warmup runs without it. Off: not chosen (docs/results.md, "Retention
     # as an input")
     retention_input: bool = False
-    # the retention projection's own AdamW lr in RL: it starts at zero with 2 x width weights,
-    # so at the policy's lr it barely moves (|W| <= 0.004 after RL at 1e-4 on benchmark 0)
+    # the retention projection's own lr in RL: from zero, at lr 1e-4 it barely moved (4e-3)
     retention_lr: float = 1e-2
+    # serving merges each dropped AV token into its most similar kept one from this cosine
+    # (avex/merging.py; RL trains unmerged sets); saved with the policy. None: no merging
+    merge_threshold: float | None = None
     # the schedule
     retention: float = 0.2
     epochs: float = 3.0               # RL epochs, after the warmup
@@ -131,9 +134,8 @@ class TrainConfig:
     # w(dR) = min(|dR| / saturation, 1); None: the paper's 5 points at full tokens' 56.8,
     # scaled by this run's full-token reward (about 42 on the embedded benchmark)
     exchange_saturation: float | None = None
-    # L_ex's gradient rescaled, per micro-batch, to lambda_ex x the norm of L_RL's, so that
-    # lambda_ex is the share it gets whatever the reward scale (measured: unnormalised, the
-    # paper preset's L_ex was ~0.2% of the clipped update)
+    # L_ex's gradient rescaled per micro-batch to lambda_ex x L_RL's norm, whatever the reward
+    # scale (unnormalised, the paper preset's L_ex was ~0.2% of the clipped update)
     normalize_exchange: bool = True
     # RL steps between diagnostic steps (0: none): each exchange type's gradient-norm ratio,
     # and with a fidelity reward CIDEr too, to log how often the two agree
@@ -164,14 +166,11 @@ class TrainConfig:
     ema: float = 0.0
     warmup_from: str | None = None    # a run directory: start from its warmup policy, skip ours
     # the scores whose balanced keep-sets the warmup imitates (warmup_teachers.py): the prompt's
-    # attention to the AV tokens in the full-token prefill ("prompt-attention"), y_full's
-    # teacher-forced attention to them ("caption-attention") or each token's counterfactual
-    # gain under the fidelity reward ("fidelity-gain"); issue #36 item 6. caption-attention won
-    # round 3 of the matched-budget comparison on the deciding benchmark (results/round3-stage2.md)
+    # full-prefill attention to the AV tokens, y_full's teacher-forced attention to them or each
+    # token's fidelity gain; caption-attention won round 3 (results/round3-stage2.md)
     warmup_teacher: str = "caption-attention"
-    # exchange search + distillation (issue #36 item 4; training/exchange_search.py), instead of
-    # L_RL: per clip, a local search of exchanges from the policy's Top-K set, the pairwise
-    # exchange loss on every swap it scores, and a loss toward the set it ends on.
+    # exchange search + distillation instead of L_RL (training/exchange_search.py): a local
+    # search from the policy's Top-K, the pairwise loss on its swaps, a loss toward its end set.
     # 1 + search_candidates sets rewarded per clip per step, in search_rounds reward calls
     exchange_search: bool = False
     search_rounds: int = 2            # sequential rounds; each can accept one swap per clip
@@ -366,6 +365,7 @@ class TrainConfig:
         _checks.real("redundancy", self.redundancy, low=0)
         _checks.flag("retention_input", self.retention_input)
         _checks.positive_float("retention_lr", self.retention_lr)
+        check_merge_threshold("merge_threshold", self.merge_threshold)
         if self.selection == "topk" and self.redundancy != 0:
             raise ValueError(f"redundancy = {self.redundancy!r} has no effect with selection "
                              "'topk'; add --selection set-aware or drop redundancy")
@@ -466,7 +466,7 @@ def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
             kind = {int: int, float: float}.get(type(default), str)
             if f.name in ("policy_hidden", "max_eval_clips"):
                 kind = int
-            elif f.name in ("exchange_saturation", "redundancy"):
+            elif f.name in ("exchange_saturation", "redundancy", "merge_threshold"):
                 kind = float
             if f.name in ("selection", "redundancy"):
                 help_text = {"selection": "default: set-aware (topk with --exchanges or "

@@ -84,7 +84,8 @@ def load_run_inputs(cfg: TrainConfig, data_path, captioner_path, device):
                                  num_layers=POLICY_LAYERS, init_layers=cfg.policy_init_layers,
                                  positional=cfg.policy_positional, selection=cfg.selection,
                                  redundancy=cfg.redundancy,
-                                 retention_input=cfg.retention_input).to(device)
+                                 retention_input=cfg.retention_input,
+                                 merge_threshold=cfg.merge_threshold).to(device)
     return cache, captioner, policy
 
 

@@ -128,14 +128,16 @@ def fidelity_rows(cfg: TrainConfig, captioner, cache, clips, methods: dict, jobs
 
 
 def run_label(cfg: TrainConfig) -> str:
-    """This run's row: its recipe, its reward where that isn't CIDEr and its selection where
-    that isn't Top-K."""
+    """This run's row: its recipe, its reward where that isn't CIDEr, its selection where
+    that isn't Top-K and its merge threshold where it has one."""
     name = _recipe_label(cfg)
     if cfg.reward != "cider" and not cfg.warmup_only:
         form = ", margin" if cfg.fidelity_form == "margin" else ""
         name = f"{name}, {cfg.reward} reward{form}"
     if cfg.selection == "set-aware":
         name = f"{name}, set-aware selection"
+    if cfg.merge_threshold is not None:
+        name = f"{name}, dropped tokens merged from cosine {cfg.merge_threshold:g}"
     return f"{name} (this run)"
 
 

@@ -194,6 +194,9 @@ class AVEXQwen2_5_VLForConditionalGeneration(Qwen2_5_VLForConditionalGeneration)
         where = positions.item_positions(grid, merge, t_factor)
         if int(num_kept(retention, embeds.shape[0])) < embeds.shape[0]:
             keep = self._keep(embeds, text_ids, retention)
+            codes = torch.full((1, len(keep)), VISUAL, dtype=torch.long, device=embeds.device)
+            # a policy saved with a merge threshold folds the item's dropped tokens in first
+            embeds = self.avex_policy.merge(embeds[None], codes, keep[None])[0]
             embeds, where = embeds[keep], where[keep.cpu()]
         channels = positions.encode(where[:, :3], embeds.dtype).to(embeds.device)
         return torch.cat([embeds, channels], 1)
