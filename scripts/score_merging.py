@@ -30,7 +30,7 @@ from avex.intervals import difference_table, differences, interval_fields
 from avex.judge_identity import judge_line, judge_record
 from avex.merging import check_merge_threshold
 from avex.methods import make_selector
-from avex.paths import default_cache_dir
+from avex.paths import default_cache_dir, relative_path
 from avex.policy.load import load_policy
 from avex.scoring import caption_split, keep_all
 from avex.tables import markdown_table
@@ -153,6 +153,15 @@ def report(result, rows, merged, variant, thresholds, judge, clip_count, seconds
                       for (n, r), v in found.items()]}}
 
 
+def relative_runs(data: dict, folder: Path) -> dict:
+    """``data`` with each row's run relative to ``folder``, where the file is written (as an
+    ablation.json records them: docs/evaluation.md, "Paths in results files")."""
+    rows = [dict(r, run=relative_path(r["run"], folder)) for r in data["rows"]]
+    return {**data, "rows": rows, "paths": {
+        "judge": "relative to the avex cache root ($AVEX_CACHE, or --cache-dir)",
+        "run": "relative to the folder this file was written to"}}
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("ablations", type=Path, nargs="+",
@@ -173,7 +182,8 @@ def main(argv=None) -> None:
                         args.batch_size)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".md").write_text(got["text"] + "\n")
-    args.out.with_suffix(".json").write_text(results_json(got["json"]))
+    args.out.with_suffix(".json").write_text(results_json(relative_runs(got["json"],
+                                                                        args.out.parent)))
     print(got["text"])
 
 

@@ -47,6 +47,9 @@ def test_merged_rows_pair_with_the_files_rows(ablations, tiny_cache_dir, tmp_pat
     found = {(i["ours"], i["retention"]): i for i in saved["intervals"]}
     assert found[("A-fid+merge1", 0.4)]["difference"] == pytest.approx(0.0, abs=1e-9)
     assert saved["full"] == json.loads(ablations[0].read_text())["full"]
+    for row in saved["rows"]:   # relative to the output's folder, as an ablation.json's
+        assert (out.parent / row["run"] / "config.json").is_file()
+        assert not Path(row["run"]).is_absolute()
     text = out.with_suffix(".md").read_text()
     assert "| A-fid+mergeT − A-fid | 40% | 20% |" in text and "| T = -1 |" in text
 

@@ -16,6 +16,8 @@ log-probabilities at every step.
   identity without the rho would hand prompt 3 prompt 0's pruned image. The same with a
   policy that reads the retention (``retention_input``): the plugin passes each request's rho
   to it as ``prune`` does.
+* A policy saved with a merge threshold: the plugin merges each item's dropped tokens into its
+  kept ones as ``prune(policy=, per_item=True)`` does.
 * Engines that must not start: the refusal table through vLLM's own ``LLM(...)``.
 
 vLLM engines start slowly on a shared CPU, so they all run in one subprocess
@@ -45,6 +47,9 @@ PRUNED = {"rho 0.1": 0.1, "rho 0.4, chunked prefill": 0.4, "rho 1.0": 1.0}
 PER_REQUEST = [0.1, None, 1.0, 0.25]
 #: the per-request engine again, with a policy that reads the retention
 RHO_INPUT = "per request, retention input"
+#: rho 0.4 with the same policy saved with a merge threshold: each item's dropped tokens are
+#: merged into its kept ones (threshold 0: on random features most of them join)
+MERGED = "rho 0.4, merged"
 ATOL = 2e-4  # float32 log-probabilities of two implementations (vision tower, attention)
 
 
@@ -63,6 +68,8 @@ def tiny(tmp_path_factory):
             "policy": vllm_tiny.build_policy(root / "policy", model),
             "rho_policy": vllm_tiny.build_policy(root / "rho-policy", model,
                                                  retention_input=True),
+            "merge_policy": vllm_tiny.build_policy(root / "merge-policy", model,
+                                                   merge_threshold=0.0),
             "wide_policy": vllm_tiny.build_policy(root / "wide", model, hidden=96)}
 
 
@@ -79,6 +86,8 @@ def served(tiny):
     on[RHO_INPUT] = {"hf_overrides": hf_overrides(model, policy=tiny["rho_policy"],
                                                   retention=0.4),
                      "request_retentions": PER_REQUEST}
+    on[MERGED] = {"hf_overrides": hf_overrides(model, policy=tiny["merge_policy"],
+                                               retention=0.4)}
     ours = {"architectures": ["AVEXQwen2_5_VLForConditionalGeneration"],
             "avex_policy": str(tiny["policy"])}
     refusals = {
@@ -124,6 +133,8 @@ def reference(tiny):
     out["per request"] = adapted.prune(policy=policy, retention=rates, per_item=True)
     out[RHO_INPUT] = adapted.prune(policy=avex.load_policy(tiny["rho_policy"]), retention=rates,
                                    per_item=True)
+    out[MERGED] = adapted.prune(policy=avex.load_policy(tiny["merge_policy"]), retention=0.4,
+                                per_item=True)
     results = {}
     for name, pruned in out.items():
         generated = generate(model, pruned, max_new_tokens=MAX_TOKENS,
@@ -138,7 +149,7 @@ def reference(tiny):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["unpruned", *PRUNED, "per request", RHO_INPUT])
+@pytest.mark.parametrize("name", ["unpruned", *PRUNED, "per request", RHO_INPUT, MERGED])
 def test_engine_matches_avex_generate(served, reference, name):
     tokens, logprobs, lengths, _ = reference[name]
     engine = served["engines"][name]
@@ -159,6 +170,15 @@ def test_the_same_image_is_pruned_per_prompt(reference):
         kept = reference[name][3]
         assert len(kept[0]) == len(kept[3]) == 16
         assert kept[0] != kept[3], name
+
+
+@pytest.mark.slow
+def test_merging_keeps_the_same_tokens_and_changes_what_they_carry(reference):
+    """The merge policy is the rho 0.4 engine's, weight for weight, with a merge threshold:
+    the same kept tokens and prompt lengths, other log-probabilities."""
+    merged, plain = reference[MERGED], reference["rho 0.4, chunked prefill"]
+    assert merged[3] == plain[3] and merged[2] == plain[2]
+    assert not torch.allclose(merged[1], plain[1], atol=ATOL, rtol=0)
 
 
 @pytest.mark.slow

@@ -81,20 +81,21 @@ def _sections(text) -> list:
 
 def build_policy(folder, model_folder, *, seed=0, layout="visual",
                  retention_range=(0.1, 1.0), hidden=None, text_gain=3.0,
-                 retention_input=False) -> Path:
+                 retention_input=False, merge_threshold=None) -> Path:
     """A randomly initialised AVEX policy for the model in ``model_folder``, saved with
     ``save_pretrained`` and a TrainedOn record (``hidden``: record another width instead).
     Its cross-attention to the text is scaled by ``text_gain``: at random initialisation the
     text barely moves the choice (a trained policy's does), and the tests need it to. With
     ``retention_input``, its retention projection is random and large, so that rho moves the
-    choice too."""
+    choice too. ``merge_threshold``: the policy's (its dropped tokens merged when served)."""
     from avex.policy import AVEXPolicy, PolicyConfig, TrainedOn
 
     config = json.loads((Path(model_folder) / "config.json").read_text())
     hidden = hidden or config.get("text_config", config)["hidden_size"]
     torch.manual_seed(seed)
     policy = AVEXPolicy(PolicyConfig(input_size=hidden, hidden_size=32, num_heads=4,
-                                     retention_input=retention_input))
+                                     retention_input=retention_input,
+                                     merge_threshold=merge_threshold))
     with torch.no_grad():
         policy.cross_attn.in_proj_weight.mul_(text_gain)
         policy.cross_attn.out_proj.weight.mul_(text_gain)
