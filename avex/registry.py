@@ -47,10 +47,12 @@ METHODS = {
                    "the paper's warmup teacher. It is a reference, not an efficient method: "
                    "\"above every efficient method\" excludes it"),
     # CaCoVID's set-level reward at the matched budget (issue #25): 8 sampled sets per clip,
-    # as AVEX-Prune captions per step, with a group-normalised advantage
+    # as AVEX-Prune captions per step, with a group-normalised advantage; served as CaCoVID
+    # serves, unmerged, whatever the run's merge threshold
     "cacovid": Method("CaCoVID-AV", ("policy",), seeded=True,
                       train={"exchanges": False, "rl_estimator": "group", "anchors": 8,
-                             "reward": "cider", "selection": "topk", "redundancy": 0.0}),
+                             "reward": "cider", "selection": "topk", "redundancy": 0.0,
+                             "merge_threshold": None}),
     "avex": Method("AVEX-Prune", ("policy",), seeded=True, train={}),
 }
 #: the methods that select a subset (every one but "full")

@@ -226,14 +226,18 @@ def test_bad_thresholds_are_refused_where_they_are_set():
 
 def test_a_run_saves_its_threshold_and_its_table_merges(tiny_cache_dir, tmp_path, capsys):
     """--merge-threshold: RL trains as without it (the same weights), the saved policy
-    carries it, and the end-of-run table serves merged tokens."""
+    carries it, and the end-of-run table serves merged tokens; the table's CaCoVID-AV, a
+    baseline, is trained and served unmerged."""
     common = ["--benchmark-preset", "tiny", "--captioner-preset", "tiny", "--cache-dir",
               str(tiny_cache_dir), "--batch-size", "8", "--micro-batch-size", "4",
               "--epochs", "0.5", "--no-progress", "--seed", "3", "--eval-methods", "",
               "--eval-retentions", "0.1"]
     train_main([*common, "--run-dir", str(tmp_path / "plain"), "--warmup-epochs", "0.5"])
     train_main([*common, "--run-dir", str(tmp_path / "merged"), "--warmup-from",
-                str(tmp_path / "plain"), "--merge-threshold", "0.5"])
+                str(tmp_path / "plain"), "--merge-threshold", "0.5", "--eval-methods",
+                "cacovid"])
+    cacovid = avex.load_policy(tmp_path / "merged" / "cacovid")
+    assert cacovid.config.merge_threshold is None
     plain, merged = avex.load_policy(tmp_path / "plain"), avex.load_policy(tmp_path / "merged")
     assert plain.config.merge_threshold is None and merged.config.merge_threshold == 0.5
     assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(),
