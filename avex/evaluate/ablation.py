@@ -103,6 +103,9 @@ ABLATIONS = {
     # Dc's control in stage 2: CaCoVID-AV from the same caption-attention warmup
     "Cc": ("Cc: C from a caption-attention warmup (control)", "✗ ✗ ✗ ✗",
            {**CACOVID_ARM, "warmup_teacher": "caption-attention"}),
+    # issue #36, round 6: Dc served with its dropped tokens merged (avex/merging.py)
+    "Dcm": ("Dcm: Dc served with its dropped tokens merged (T = 0.8)", "✗ ✗ ✗ ✗",
+            {**SET_AWARE, "warmup_teacher": "caption-attention", "merge_threshold": 0.8}),
 }
 #: issue #36 item 6: the warmup alone, from each of the other warmup teachers
 #: (avex/training/warmup_teachers.py); each trains its own warmup and is scored at its warmup
@@ -113,7 +116,7 @@ ABLATIONS["warmup-fidgain"] = ("Warmup only, fidelity-gain teacher", "✗ ✗ �
                                {"warmup_only": True, "warmup_teacher": "fidelity-gain"})
 #: issue #36's matched-budget arms under the fidelity reward: each arm's settings above, with
 #: reward="fidelity" (the table still scores C_av, CIDEr against the references)
-for _arm in ("A", "B", "C", "S", "D", "E", "D8", "C10", "Dc", "Cc"):
+for _arm in ("A", "B", "C", "S", "D", "E", "D8", "C10", "Dc", "Cc", "Dcm"):
     _label, _marks, _settings = ABLATIONS[_arm]
     ABLATIONS[f"{_arm}-fid"] = (f"{_label}, fidelity reward", _marks,
                                 {**_settings, "reward": "fidelity"})

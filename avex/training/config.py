@@ -60,7 +60,7 @@ PRESETS = {
                   # the paper's reward and selection, whatever the embedded recipe's defaults
                   reward="cider", selection="topk", redundancy=0.0,
                   # section 3.4's warmup: cached text-to-AV attention of the full prefill
-                  warmup_teacher="prompt-attention"),
+                  warmup_teacher="prompt-attention", merge_threshold=None),
     # The embedded benchmark on a CPU: the dataclass defaults (docs/training.md, "The recipe").
     "embedded": {},
 }
@@ -103,8 +103,8 @@ class TrainConfig:
     # the retention projection's own lr in RL: from zero, at lr 1e-4 it barely moved (4e-3)
     retention_lr: float = 1e-2
     # serving merges each dropped AV token into its most similar kept one from this cosine
-    # (avex/merging.py; RL trains unmerged sets); saved with the policy. None: no merging
-    merge_threshold: float | None = None
+    # (avex/merging.py; RL trains unmerged sets), saved with the policy; 0.8: round 6's choice
+    merge_threshold: float | None = 0.8
     # the schedule
     retention: float = 0.2
     epochs: float = 3.0               # RL epochs, after the warmup
