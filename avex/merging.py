@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from avex import _checks
 from avex.modality import AUDIO, VISUAL, signed_codes
 
-__all__ = ["merge_dropped", "check_merge_threshold"]
+__all__ = ["merge_dropped", "check_merge_threshold", "parse_merge_threshold"]
 
 #: dropped tokens compared with the kept ones at a time (bounds the similarity block's memory)
 _CHUNK = 4096
@@ -38,6 +38,16 @@ def check_merge_threshold(name: str, value) -> float | None:
     if value is None:
         return None
     return _checks.real(name, value, low=-1.0, high=1.0)
+
+
+def parse_merge_threshold(text: str) -> float | None:
+    """A command line's threshold: a number, or "none" (no merging)."""
+    if text.strip().lower() == "none":
+        return None
+    return float(text)
+
+
+parse_merge_threshold.__name__ = "number or 'none'"   # argparse's "invalid ... value"
 
 
 def merge_dropped(inputs_embeds: torch.Tensor, modality: torch.Tensor, keep: torch.Tensor,

@@ -220,8 +220,12 @@ def test_bad_thresholds_are_refused_where_they_are_set():
         dataclasses.replace(config, merge_threshold="high")
     with pytest.raises(ValueError, match="merge_threshold"):
         TrainConfig(merge_threshold=-2.0).validate()
-    args = build_parser("avex.train", "").parse_args(["--merge-threshold", "0.8"])
-    assert args.merge_threshold == 0.8
+    parser = build_parser("avex.train", "")
+    assert parser.parse_args(["--merge-threshold", "0.7"]).merge_threshold == 0.7
+    assert parser.parse_args(["--merge-threshold", "None"]).merge_threshold is None
+    assert TrainConfig().merge_threshold == 0.8   # the default since round 6
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--merge-threshold", "high"])
 
 
 def test_a_run_saves_its_threshold_and_its_table_merges(tiny_cache_dir, tmp_path, capsys):
@@ -232,7 +236,8 @@ def test_a_run_saves_its_threshold_and_its_table_merges(tiny_cache_dir, tmp_path
               str(tiny_cache_dir), "--batch-size", "8", "--micro-batch-size", "4",
               "--epochs", "0.5", "--no-progress", "--seed", "3", "--eval-methods", "",
               "--eval-retentions", "0.1"]
-    train_main([*common, "--run-dir", str(tmp_path / "plain"), "--warmup-epochs", "0.5"])
+    train_main([*common, "--run-dir", str(tmp_path / "plain"), "--warmup-epochs", "0.5",
+                "--merge-threshold", "none"])
     train_main([*common, "--run-dir", str(tmp_path / "merged"), "--warmup-from",
                 str(tmp_path / "plain"), "--merge-threshold", "0.5", "--eval-methods",
                 "cacovid"])

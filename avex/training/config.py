@@ -15,7 +15,7 @@ from pathlib import Path
 
 from avex import _checks
 from avex.registry import BENCHMARK_PRESETS, CAPTIONER_PRESETS, EVAL_METHODS, SPLITS
-from avex.merging import check_merge_threshold
+from avex.merging import check_merge_threshold, parse_merge_threshold
 from avex.run_files import warmup_policy_file
 from avex.set_selection import SELECTIONS
 
@@ -100,8 +100,7 @@ class TrainConfig:
     # RL from zero; the warmup runs without it. Off: not chosen (docs/results.md, "Retention
     # as an input")
     retention_input: bool = False
-    # the retention projection's own lr in RL: from zero, at lr 1e-4 it barely moved (4e-3)
-    retention_lr: float = 1e-2
+    retention_lr: float = 1e-2        # its own lr in RL: at lr 1e-4, from zero, it barely moved
     # serving merges each dropped AV token into its most similar kept one from this cosine
     # (avex/merging.py; RL trains unmerged sets), saved with the policy; 0.8: round 6's choice
     merge_threshold: float | None = 0.8
@@ -169,9 +168,8 @@ class TrainConfig:
     # full-prefill attention to the AV tokens, y_full's teacher-forced attention to them or each
     # token's fidelity gain; caption-attention won round 3 (results/round3-stage2.md)
     warmup_teacher: str = "caption-attention"
-    # exchange search + distillation instead of L_RL (training/exchange_search.py): a local
-    # search from the policy's Top-K, the pairwise loss on its swaps, a loss toward its end set.
-    # 1 + search_candidates sets rewarded per clip per step, in search_rounds reward calls
+    # exchange search + distillation instead of L_RL (training/exchange_search.py): a local search
+    # from Top-K, the pairwise loss on its swaps, a loss toward its end set. 1 + search_candidates sets rewarded per clip per step, in search_rounds reward calls
     exchange_search: bool = False
     search_rounds: int = 2            # sequential rounds; each can accept one swap per clip
     search_candidates: int = 7        # candidate sets per clip per step, split over the rounds
@@ -466,8 +464,10 @@ def build_parser(prog: str, description: str) -> argparse.ArgumentParser:
             kind = {int: int, float: float}.get(type(default), str)
             if f.name in ("policy_hidden", "max_eval_clips"):
                 kind = int
-            elif f.name in ("exchange_saturation", "redundancy", "merge_threshold"):
+            elif f.name in ("exchange_saturation", "redundancy"):
                 kind = float
+            elif f.name == "merge_threshold":   # "none" turns the default's merging off
+                kind = parse_merge_threshold
             if f.name in ("selection", "redundancy"):
                 help_text = {"selection": "default: set-aware (topk with --exchanges or "
                                           "--exchange-search)",
