@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from avex import _checks
 from avex.modality import AUDIO, VISUAL, signed_codes
 
-__all__ = ["merge_dropped", "check_merge_threshold", "parse_merge_threshold"]
+__all__ = ["merge_dropped", "check_merge_threshold", "parse_merge_threshold", "NO_MERGING"]
 
 #: dropped tokens compared with the kept ones at a time (bounds the similarity block's memory)
 _CHUNK = 4096
@@ -40,10 +40,15 @@ def check_merge_threshold(name: str, value) -> float | None:
     return _checks.real(name, value, low=-1.0, high=1.0)
 
 
-def parse_merge_threshold(text: str) -> float | None:
-    """A command line's threshold: a number, or "none" (no merging)."""
+#: what the command line's "none" parses to (a flag's None means "not given" there)
+NO_MERGING = "none"
+
+
+def parse_merge_threshold(text: str) -> float | str:
+    """A command line's threshold: a number, or "none" (no merging: :data:`NO_MERGING`, read
+    as None by the training's settings)."""
     if text.strip().lower() == "none":
-        return None
+        return NO_MERGING
     return float(text)
 
 

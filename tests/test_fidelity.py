@@ -477,7 +477,8 @@ def test_label_free_cache_trains_on_fidelity_and_is_refused_cider(tiny, tiny_cap
     rows = {r["method"]: r for r in results["rows"]}
     assert set(rows) == {"Full tokens", "Random", "Attention-AV (balanced; privileged reference)",
                          "warmup only",
-                         "AVEX, L_RL (RLOO), fidelity reward, set-aware selection (this run)"}
+                         "AVEX, L_RL (RLOO), fidelity reward, set-aware selection, dropped "
+                         "tokens merged from cosine 0.8 (this run)"}
     assert rows["Full tokens"]["exact"] == 100.0 and rows["Full tokens"]["log_prob"] < 0
     for row in rows.values():
         assert 0 <= row["exact"] <= 100 and row["log_prob"] <= 0

@@ -15,7 +15,7 @@ from avex.policy import AVEXPolicy, PolicyConfig, TrainedOn
 from avex.pruning import AUDIO, PAD, TEXT, VISUAL, item_index, prune_inputs, select_keep
 from avex.selection import AVLayout, Selection
 from avex.train import main as train_main
-from avex.training.config import TrainConfig, build_parser
+from avex.training.config import TrainConfig, build_parser, resolve_config
 
 
 def reference(embeds, modality, keep, threshold, groups=None):
@@ -222,7 +222,8 @@ def test_bad_thresholds_are_refused_where_they_are_set():
         TrainConfig(merge_threshold=-2.0).validate()
     parser = build_parser("avex.train", "")
     assert parser.parse_args(["--merge-threshold", "0.7"]).merge_threshold == 0.7
-    assert parser.parse_args(["--merge-threshold", "None"]).merge_threshold is None
+    none = parser.parse_args(["--merge-threshold", "None"])
+    assert resolve_config(none).merge_threshold is None
     assert TrainConfig().merge_threshold == 0.8   # the default since round 6
     with pytest.raises(SystemExit):
         parser.parse_args(["--merge-threshold", "high"])

@@ -244,9 +244,10 @@ def test_every_ablation_arm_names_its_warmup_teacher_whatever_the_default():
     seed's shared warmup's."""
     teachers = {name: settings["warmup_teacher"] for name, (_, _, settings) in ABLATIONS.items()}
     assert {name for name, t in teachers.items() if t != "prompt-attention"} == \
-        {"Dc", "Dc-fid", "Cc", "Cc-fid", "warmup-capattn", "warmup-fidgain"}
+        {"Dc", "Dc-fid", "Cc", "Cc-fid", "Dcm", "Dcm-fid", "warmup-capattn", "warmup-fidgain"}
     assert {name for name in ABLATIONS if own_warmup(name)} == \
-        {"warmup", "Dc", "Dc-fid", "Cc", "Cc-fid", "warmup-capattn", "warmup-fidgain"}
+        {"warmup", "Dc", "Dc-fid", "Cc", "Cc-fid", "Dcm", "Dcm-fid", "warmup-capattn",
+         "warmup-fidgain"}
 
 
 def tiny_ablation(root, out, variants: str, retentions: str) -> dict:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from avex import _checks
 from avex.registry import BENCHMARK_PRESETS, CAPTIONER_PRESETS, EVAL_METHODS, SPLITS
-from avex.merging import check_merge_threshold, parse_merge_threshold
+from avex.merging import NO_MERGING, check_merge_threshold, parse_merge_threshold
 from avex.run_files import warmup_policy_file
 from avex.set_selection import SELECTIONS
 
@@ -512,7 +512,7 @@ def explicit_settings(args: argparse.Namespace, *, with_preset: bool = True) -> 
     for f in dataclasses.fields(TrainConfig):
         flag_value = getattr(args, f.name, None)
         if flag_value is not None:
-            values[f.name] = flag_value
+            values[f.name] = None if flag_value is NO_MERGING else flag_value
     return values
 
 
