@@ -42,7 +42,8 @@ def test_tiny_end_to_end_run(cache_dir, tmp_path):
     assert methods == [("Full tokens", 1.0), ("Random", 0.4),
                        ("Attention-AV (balanced; privileged reference)", 0.4),
                        ("CaCoVID-AV", 0.4), ("warmup only", 0.4),
-                       ("AVEX, L_RL (RLOO), fidelity reward, set-aware selection (this run)",
+                       ("AVEX, L_RL (RLOO), fidelity reward, set-aware selection, dropped tokens "
+                        "merged from cosine 0.8 (this run)",
                         0.4)]
     assert results["rows"][0]["C_av"] > 0  # the captioner says something sensible
     log = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
@@ -343,7 +344,8 @@ def test_the_callable_trains_what_the_command_line_trains(cache_dir, tmp_path):
     assert json.dumps(api["rows"]) == json.dumps(cli["rows"])
     assert [row["method"] for row in api["rows"]] == [
         "Full tokens", "Random", "warmup only",
-        "AVEX, L_RL (RLOO), fidelity reward, set-aware selection (this run)"]
+        "AVEX, L_RL (RLOO), fidelity reward, set-aware selection, dropped tokens merged from "
+        "cosine 0.8 (this run)"]
     for name in ("warmup_policy.safetensors", "policy/model.safetensors"):
         assert (tmp_path / "api" / name).read_bytes() == (tmp_path / "cli" / name).read_bytes()
     got, want = final_weights(tmp_path / "api"), final_weights(tmp_path / "cli")
