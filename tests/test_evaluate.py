@@ -79,8 +79,8 @@ def test_sweep_writes_table_json_figure_and_examples(trained_sweep):
     assert labels == {"full": "Full tokens", **{m: METHODS[m].label for m in SELECTORS
                                                 if m != "avex"},
                       "avex": "AVEX-Prune (RLOO over 8 anchors, no exchange term, fidelity "
-                              "reward, set-aware selection (redundancy 4), caption-attention "
-                              "warmup)"}
+                              "reward, set-aware selection (redundancy 4), dropped tokens merged "
+                              "from cosine 0.8, caption-attention warmup)"}
     for method, label in labels.items():
         if method != "full":
             assert f"| {label} | 40% |" in md and f"| {label} | 20% |" in md

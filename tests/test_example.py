@@ -15,6 +15,7 @@ import torch
 from avex.evaluate import sweep
 from avex.evaluate.__main__ import main as evaluate_main
 from avex.modality import AUDIO, VISUAL
+from avex.selection import Selection
 from file_module import load_file
 
 pytest.importorskip("av", reason="the example writes and reads media with PyAV (the media "
@@ -74,8 +75,10 @@ def test_example_serves_the_keep_set_evaluate_scores(family, tmp_path, monkeypat
 
         def wrapped(batch, layout, retention):
             keep = select(batch, layout, retention)
+            # a merging policy hands a Selection (its keep-set and the merged embeddings)
+            mask = keep.keep if isinstance(keep, Selection) else keep
             for row, clip_id in enumerate(batch.clip_ids):
-                scored[(clip_id, retention)] = keep[row, :int(layout.counts[row])].cpu()
+                scored[(clip_id, retention)] = mask[row, :int(layout.counts[row])].cpu()
             return keep
         return wrapped
 
