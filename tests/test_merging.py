@@ -6,16 +6,17 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import Qwen2Config, Qwen2ForCausalLM
 
 import avex
 from avex.merging import merge_dropped
-from avex.methods.learned import policy_selector, sequence_keep
-from avex.policy import AVEXPolicy, PolicyConfig, TrainedOn
-from avex.pruning import AUDIO, PAD, TEXT, VISUAL, item_index, prune_inputs, select_keep
+from avex.methods.learned import policy_selector
+from avex.policy import PolicyConfig
+from avex.pruning import (AUDIO, PAD, TEXT, VISUAL, expand_av_keep, item_index, prune_inputs,
+                          select_keep)
 from avex.selection import AVLayout, Selection
 from avex.train import main as train_main
 from avex.training.config import TrainConfig, build_parser, resolve_config
+from test_set_selection import saved_policy, tiny_llm
 
 
 def reference(embeds, modality, keep, threshold, groups=None):
@@ -137,13 +138,6 @@ def test_bad_input_is_refused_naming_the_argument():
 # the setting: policy, artifact, serving paths, training config
 # ----------------------------------------------------------------------------------------------
 
-def tiny_llm():
-    torch.manual_seed(0)
-    config = Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, vocab_size=50)
-    return Qwen2ForCausalLM(config).eval()
-
-
 def av_batch(rows=3):
     torch.manual_seed(1)
     layout = [TEXT] * 3 + [VISUAL] * 12 + [AUDIO] * 5 + [TEXT] * 2
@@ -152,14 +146,6 @@ def av_batch(rows=3):
     embeds = torch.randn(rows, len(layout), 32)
     embeds[:, 4:15:2] = embeds[:, 3:14:2] + 0.05 * torch.randn(rows, 6, 32)  # near-copies
     return embeds, modality
-
-
-def saved_policy(llm, path, **settings):
-    torch.manual_seed(2)
-    policy = AVEXPolicy.from_llm(llm, hidden_size=16, **settings).eval()
-    policy.trained_on = TrainedOn.of_model(llm, "visual-then-audio", [0.5, 0.1])
-    policy.save_pretrained(path)
-    return policy
 
 
 def test_the_artifact_keeps_the_threshold_and_every_serving_path_merges(tmp_path):
@@ -184,7 +170,7 @@ def test_the_artifact_keeps_the_threshold_and_every_serving_path_merges(tmp_path
         batch = type("Batch", (), {"inputs_embeds": embeds, "modality": modality})()
         chosen = policy_selector(policy)(batch, layout, retention)
         assert isinstance(chosen, Selection)
-        assert torch.equal(sequence_keep(layout, chosen.keep, embeds.shape[1]), kept)
+        assert torch.equal(expand_av_keep(chosen.keep, modality) & (modality != TEXT), kept)
         assert torch.equal(chosen.inputs_embeds, want)
     assert merged_any
     # per item: merged within each item only

@@ -18,6 +18,7 @@ import torch
 
 from avex import _checks
 from avex.kernels import gumbel_topk
+from avex.pruning.inputs import expand_av_keep
 from avex.selection import Selection, indices_to_keep
 
 
@@ -74,15 +75,6 @@ def policy_selector(policy):
         if policy.config.merge_threshold is None:
             return keep
         return Selection(keep, policy.merge(batch.inputs_embeds, batch.modality,
-                                            sequence_keep(layout, keep,
-                                                          batch.inputs_embeds.shape[1])))
+                                            expand_av_keep(keep, batch.modality)))
     return select
 
-
-def sequence_keep(layout, keep: torch.Tensor, length: int) -> torch.Tensor:
-    """bool [B, length]: the AV-axis keep-set ``keep`` [B, M] at its tokens' sequence
-    positions, False elsewhere."""
-    out = torch.zeros(layout.positions.shape[0], length, dtype=torch.bool, device=keep.device)
-    valid = layout.positions >= 0
-    out[torch.nonzero(valid, as_tuple=True)[0], layout.positions[valid]] = keep[valid]
-    return out
