@@ -185,6 +185,29 @@ def _tokenized(captions_per_clip: list[list[str]]) -> dict[int, list[str]]:
                                         for i, caps in enumerate(captions_per_clip)})
 
 
+#: reference sets tokenised lately (their captions -> PTBTokenizer's output); a sweep or a
+#: training table scores every setting against the same references
+_REFERENCE_TOKENS: dict[tuple, dict] = {}
+_REFERENCE_TOKENS_KEPT = 6
+_reference_lock = threading.Lock()
+
+
+def _tokenized_references(references: list[list[str]]) -> dict[int, list[str]]:
+    """:func:`_tokenized` of a reference set, from one PTBTokenizer call per distinct set in
+    a process: the tokenizer is deterministic, so the same captions give the same tokens, and
+    each later call costs a copy instead of a Java start and a pass over every reference."""
+    key = tuple(tuple(refs) for refs in references)
+    with _reference_lock:
+        stored = _REFERENCE_TOKENS.get(key)
+    if stored is None:
+        stored = _tokenized(references)
+        with _reference_lock:
+            while len(_REFERENCE_TOKENS) >= _REFERENCE_TOKENS_KEPT:
+                del _REFERENCE_TOKENS[next(iter(_REFERENCE_TOKENS))]
+            _REFERENCE_TOKENS[key] = stored
+    return {i: list(tokens) for i, tokens in stored.items()}
+
+
 @contextlib.contextmanager
 def _stderr_shown_only_on_error():
     """Send the process's stderr (fd 2, which subprocesses inherit) to a temporary file, and
@@ -205,14 +228,40 @@ def _stderr_shown_only_on_error():
             os.close(saved)
 
 
+def _in_background(function, *args):
+    """Start ``function(*args)`` on a daemon thread (one that never holds up the exit of a
+    process stopped with Ctrl-C); the returned callable waits for its result, or raises
+    its exception."""
+    outcome = {}
+
+    def run():
+        try:
+            outcome["value"] = function(*args)
+        except BaseException as error:   # handed to the caller, which re-raises it
+            outcome["error"] = error
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+
+    def result():
+        thread.join()
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["value"]
+    return result
+
+
 def _score(gts: dict, res: dict, meteor, per_clip: bool) -> dict:
     from pycocoevalcap.bleu.bleu import Bleu
     from pycocoevalcap.cider.cider import Cider
     # Cider lists its per-clip scores in the order of gts' keys: make that the clip order
     gts = {i: gts[i] for i in range(len(res))}
+    # METEOR runs in its Java process while BLEU and CIDEr run here: each scorer reads only
+    # gts and res, so the scores are those of running them one after another
+    meteor_score = _in_background(meteor.compute_score, gts, res)
     bleu, _ = Bleu(4).compute_score(gts, res, verbose=0)
-    meteor_score, _ = meteor.compute_score(gts, res)
     cider, clip_scores = Cider().compute_score(gts, res)
+    meteor_score, _ = meteor_score()
     out = {"BLEU-4": float(bleu[3]), "METEOR": float(meteor_score), "CIDEr": float(cider)}
     if per_clip:
         out[PER_CLIP] = tuple(float(x) for x in clip_scores)
@@ -258,7 +307,7 @@ def caption_metrics_by_reference_type(candidates, reference_sets, *,
 
     res = _tokenized([[c] for c in candidates])
     meteor = _shared_meteor()
-    return {name: _score(_tokenized(refs), res, meteor, per_clip)
+    return {name: _score(_tokenized_references(refs), res, meteor, per_clip)
             for name, refs in checked.items()}
 
 

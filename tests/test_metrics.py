@@ -238,3 +238,49 @@ def test_closing_an_interrupted_meteor_kills_it_without_waiting():
     closing.join(timeout=10)
     assert not closing.is_alive(), "closing METEOR waited on its lock or its process"
     assert process.wait(timeout=10) == -9 and metrics._meteor is None
+
+
+def test_a_reference_set_is_tokenised_once_and_scores_as_if_fresh(monkeypatch):
+    """The references of every setting of a sweep are the same: they go through PTBTokenizer
+    once, and a later call scores exactly as with a fresh tokenisation; other references
+    (another set, or the same clips' captions changed) are tokenised anew."""
+    if metrics.java_tools_missing():
+        pytest.skip(f"the Java path is not taken here: {metrics.java_tools_missing()}")
+    monkeypatch.setattr(metrics, "_REFERENCE_TOKENS", {})
+    fresh = caption_metrics_by_reference_type(CANDIDATES, {"AV": AV_REFS, "V": V_REFS})
+    calls = []
+    tokenized = metrics._tokenized
+    monkeypatch.setattr(metrics, "_tokenized", lambda caps: calls.append(caps) or tokenized(caps))
+    again = caption_metrics_by_reference_type(CANDIDATES[::-1][::-1],
+                                              {"AV": [list(r) for r in AV_REFS], "V": V_REFS})
+    assert again == fresh
+    assert calls == [[[c] for c in CANDIDATES]]   # the candidates only
+    changed = [list(r) for r in AV_REFS]
+    changed[2][1] = "Heavy rain on a tin roof and a dog."
+    calls.clear()
+    other = caption_metrics_by_reference_type(CANDIDATES, {"AV": changed})
+    assert calls[1] == changed and other["AV"]["CIDEr"] != fresh["AV"]["CIDEr"]
+    # a caller that edits the tokens it got does not edit what the next call reads
+    stored = metrics._tokenized_references(AV_REFS)
+    stored[0].append("extra")
+    assert metrics._tokenized_references(AV_REFS)[0] == tokenized(AV_REFS)[0]
+
+
+def test_meteor_beside_bleu_and_cider_scores_as_one_after_another():
+    if metrics.java_tools_missing():
+        pytest.skip(f"the Java path is not taken here: {metrics.java_tools_missing()}")
+    from pycocoevalcap.bleu.bleu import Bleu
+    from pycocoevalcap.cider.cider import Cider
+
+    gts, res = metrics._tokenized(AV_REFS), metrics._tokenized([[c] for c in CANDIDATES])
+    meteor = metrics._shared_meteor()
+    in_turn = {"BLEU-4": Bleu(4).compute_score(gts, res, verbose=0)[0][3],
+               "METEOR": meteor.compute_score(gts, res)[0],
+               "CIDEr": Cider().compute_score(gts, res)[0]}
+    assert metrics._score(gts, res, meteor, False) == {k: float(v) for k, v in in_turn.items()}
+
+
+def test_the_background_scorer_returns_the_value_or_raises_the_error():
+    assert metrics._in_background(lambda a, b: a + b, 2, 3)() == 5
+    with pytest.raises(KeyError, match="lost"):
+        metrics._in_background(lambda: {}["lost"])()
