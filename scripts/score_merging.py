@@ -23,21 +23,18 @@ import json
 import time
 from pathlib import Path
 
-from avex.cache_and_captioner import load_cache_and_captioner
 from avex.evaluate.ablation import scored
-from avex.evaluate.common import results_json, split_clips
+from avex.evaluate.common import results_json
+from avex.evaluate.rescoring import rescoring
 from avex.intervals import difference_table, differences, interval_fields
-from avex.judge_identity import judge_line, judge_record
+from avex.judge_identity import judge_line
 from avex.merging import check_merge_threshold
 from avex.methods import make_selector
-from avex.paths import default_cache_dir, relative_path
+from avex.paths import relative_path
 from avex.policy.load import load_policy
-from avex.scoring import caption_split, keep_all
+from avex.scoring import caption_split
 from avex.tables import markdown_table
 
-#: python -m avex.evaluate ablation's decoding unless told otherwise (checked: full tokens are
-#: re-scored and must match the files' clip for clip)
-NUM_BEAMS, MAX_NEW_TOKENS = 1, 24
 SAME = ("split", "clips", "retentions", "judge")
 
 
@@ -78,24 +75,8 @@ def score_merging(ablations: list[Path], variant: str, thresholds: list[float],
     if not thresholds:
         raise ValueError("--thresholds: give at least one cosine threshold in [-1, 1]")
     result, rows = read_files(ablations, variant)
-    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    data = root / result["judge"]["benchmark"]["path"]
-    captioner_path = root / result["judge"]["captioner"]["path"]
-    judge = judge_record(data, captioner_path, cache_dir=root)
-    for part in ("benchmark", "captioner"):
-        if judge[part]["sha256"] != result["judge"][part]["sha256"]:
-            raise ValueError(f"{part} at {judge[part]['path']} has sha256 "
-                             f"{judge[part]['sha256'][:16]}, the files were scored with "
-                             f"{result['judge'][part]['sha256'][:16]}")
-    cache, captioner = load_cache_and_captioner(data, captioner_path)
-    clips = split_clips(cache, result["split"], result["clips"])
-    started = time.perf_counter()
-    decode = dict(batch_size=batch_size, num_beams=NUM_BEAMS, max_new_tokens=MAX_NEW_TOKENS)
-    full_here = scored(caption_split(captioner, clips, keep_all, 1.0, **decode), clips)
-    if full_here["per_clip"] != result["full"]["per_clip"]:
-        raise ValueError("full tokens scored here differ from the files', clip for clip: "
-                         f"another decoding than {NUM_BEAMS} beam(s) and {MAX_NEW_TOKENS} "
-                         "tokens, or other clips")
+    setup = rescoring(result, "the files", cache_dir, batch_size)
+    captioner, clips, decode = setup.captioner, setup.clips, setup.decode
     merged = []
     for run in dict.fromkeys(r["run"] for r in rows):
         policy = load_policy(Path(run), captioner)
@@ -112,8 +93,8 @@ def score_merging(ablations: list[Path], variant: str, thresholds: list[float],
                                "threshold": threshold,
                                "run": run, "seed": seed, "retention": retention,
                                **scored(captions, clips)})
-    seconds = time.perf_counter() - started
-    return report(result, rows, merged, variant, thresholds, judge, len(clips), seconds)
+    seconds = time.perf_counter() - setup.started
+    return report(result, rows, merged, variant, thresholds, setup.judge, len(clips), seconds)
 
 
 def report(result, rows, merged, variant, thresholds, judge, clip_count, seconds) -> dict:

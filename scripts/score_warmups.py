@@ -20,21 +20,17 @@ import math
 import time
 from pathlib import Path
 
-from avex.cache_and_captioner import load_cache_and_captioner
 from avex.evaluate.ablation import scored
-from avex.evaluate.common import results_json, split_clips
+from avex.evaluate.common import results_json
+from avex.evaluate.rescoring import rescoring
 from avex.intervals import difference_table, differences, interval_fields
-from avex.judge_identity import judge_line, judge_record
+from avex.judge_identity import judge_line
 from avex.methods import make_selector
-from avex.paths import default_cache_dir
 from avex.policy.load import load_policy
-from avex.scoring import caption_split, keep_all
+from avex.scoring import caption_split
 from avex.tables import markdown_table
 
 WARMUP = "its warmup"
-#: python -m avex.evaluate ablation's decoding unless told otherwise (checked: full tokens are
-#: re-scored and must match the file's clip for clip)
-NUM_BEAMS, MAX_NEW_TOKENS = 1, 24
 
 
 def seed_mean(rows, retention: float) -> float:
@@ -49,25 +45,8 @@ def score_warmups(ablation: Path, variant: str, cache_dir: Path | None, batch_si
     if not rows:
         raise ValueError(f"--variant: {ablation} has no {variant!r} rows (it has "
                          f"{sorted({r['variant'] for r in result['rows']})})")
-    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    data = root / result["judge"]["benchmark"]["path"]
-    captioner_path = root / result["judge"]["captioner"]["path"]
-    judge = judge_record(data, captioner_path, cache_dir=root)
-    for part in ("benchmark", "captioner"):
-        if judge[part]["sha256"] != result["judge"][part]["sha256"]:
-            raise ValueError(f"{part} at {judge[part]['path']} has sha256 "
-                             f"{judge[part]['sha256'][:16]}, {ablation} was scored with "
-                             f"{result['judge'][part]['sha256'][:16]}")
-    cache, captioner = load_cache_and_captioner(data, captioner_path)
-    clips = split_clips(cache, result["split"], result["clips"])
-    started = time.perf_counter()
-    decode = dict(batch_size=batch_size, num_beams=NUM_BEAMS, max_new_tokens=MAX_NEW_TOKENS)
-    # full tokens again, clip for clip: the same clips, judge and decoding as the file's
-    full_here = scored(caption_split(captioner, clips, keep_all, 1.0, **decode), clips)
-    if full_here["per_clip"] != result["full"]["per_clip"]:
-        raise ValueError(f"full tokens scored here differ from {ablation}'s, clip for clip: "
-                         f"another decoding than {NUM_BEAMS} beam(s) and {MAX_NEW_TOKENS} "
-                         "tokens, or other clips")
+    setup = rescoring(result, str(ablation), cache_dir, batch_size)
+    captioner, clips, decode = setup.captioner, setup.clips, setup.decode
     warm = []
     for run in dict.fromkeys(r["run"] for r in rows):
         run_dir = ablation.parent / run
@@ -79,7 +58,7 @@ def score_warmups(ablation: Path, variant: str, cache_dir: Path | None, batch_si
             warm.append({"variant": WARMUP, "run": run, "seed": seed, "retention": retention,
                          "selection": policy.config.selection,
                          "redundancy": policy.config.redundancy, **scored(captions, clips)})
-    seconds = time.perf_counter() - started
+    seconds = time.perf_counter() - setup.started
     found = differences(rows + warm, variant, [WARMUP], result["retentions"], key="variant")
     full = result["full"]["C_av"]
     table = markdown_table(
@@ -97,10 +76,10 @@ def score_warmups(ablation: Path, variant: str, cache_dir: Path | None, batch_si
         difference_table(found, variant, {WARMUP: "C_av, paired 95% interval"},
                          result["retentions"], others=WARMUP), "",
         f"Scoring the warmups (and full tokens, to check the file's decoding) took "
-        f"{seconds:.0f} s.", "", judge_line(judge)])
+        f"{seconds:.0f} s.", "", judge_line(setup.judge)])
     return {"text": text, "json": {
         "variant": variant, "rows": warm, "split": result["split"], "clips": len(clips),
-        "retentions": result["retentions"], "judge": judge, "seconds": round(seconds, 1),
+        "retentions": result["retentions"], "judge": setup.judge, "seconds": round(seconds, 1),
         "intervals": [{"ours": variant, "other": WARMUP, "retention": r,
                        **interval_fields(v)}
                       for (_, r), v in found.items()]}}
