@@ -245,7 +245,46 @@ for stage in "${stages[@]}"; do
             run_stage cacovid-cider-report-deciding "$PY" scripts/pooled_differences.py \
                 results/round3-deciding-test-arms.json results/round5-deciding-test-{Dc,Cc}-fid.json \
                 results/cacovid-cider-deciding-test-seed{5,6}-Cc.json --pairs Dc-fid:Cc,Cc-fid:Cc ;;
-        *) echo "unknown stage: $stage (stages: train matched-budget sweep benchmarks motivation gates ablation profiling round2 round3 round4 controls round5 cacovid-cider)" >&2
+        round6)     # the default served with its dropped tokens merged: T on benchmark 0's
+                    # val, stage 1 on benchmarks 1-3's val (round 4's Dc-fid runs, the same
+                    # recipe), stage 2 and every method on seed 7's test split
+            [ -f "$RUNS/round4/b3-Dc-fid/ablation.json" ] || val_round round4 -Dc-fid Dc-fid
+            for b in 0 1 2 3; do
+                thresholds=0.8; [ "$b" != 0 ] || thresholds=0.7,0.8,0.9
+                [ "$b" = 0 ] || cp "$RUNS/round4/b$b-Dc-fid/ablation.json" \
+                    "results/round6-val-benchmark$b-Dc-fid.json"
+                run_stage "round6-merging-val-b$b" "$PY" scripts/score_merging.py \
+                    "$RUNS/round4/b$b-Dc-fid/ablation.json" --variant Dc-fid \
+                    --thresholds "$thresholds" --out "results/round6-merging-val-benchmark$b"
+            done
+            run_stage round6-stage1 "$PY" scripts/choose_default_recipe.py \
+                results/round6-val-benchmark{1,2,3}-Dc-fid.json \
+                results/round6-merging-val-benchmark{1,2,3}.json --candidates Dc-fid,Dc-fid+merge0.8
+            [ -f "$RUNS/controls/b0-Dc-fid/ablation.json" ] || controls_benchmark 0
+            run_stage round6-merging-test-b0 "$PY" scripts/score_merging.py \
+                "$RUNS/controls/b0-Dc-fid/ablation.json" --variant Dc-fid --thresholds 0.8 \
+                --out results/round6-merging-test-benchmark0
+            judge_assets 7
+            for arm in Dc-fid Cc-fid; do
+                run_stage "round6-b7-$arm" "$PY" -m avex.evaluate ablation --seeds 0,1,2 \
+                    --variants "$arm" --retentions "$RETENTIONS" --split test $(bench_flags 7) \
+                    "${clips[@]}" --out "$RUNS/round6/b7-$arm" --no-progress
+                cp "$RUNS/round6/b7-$arm/ablation.json" "results/round6-test-seed7-$arm.json"
+                run_stage "round6-merging-b7-$arm" "$PY" scripts/score_merging.py \
+                    "$RUNS/round6/b7-$arm/ablation.json" --variant "$arm" --thresholds 0.8 \
+                    --out "results/round6-merging-test-seed7-$arm"
+            done
+            run_stage round6-stage2 "$PY" scripts/pooled_differences.py \
+                results/round6-test-seed7-{Dc-fid,Cc-fid}.json \
+                results/round6-merging-test-seed7-{Dc-fid,Cc-fid}.json --pairs \
+                Dc-fid+merge0.8:Dc-fid,Dc-fid+merge0.8:Cc-fid,Dc-fid+merge0.8:Cc-fid+merge0.8,Cc-fid+merge0.8:Cc-fid,Dc-fid:Cc-fid
+            # the methods that train nothing, on the same clips (the trained rows: the files above)
+            run_stage round6-sweep-b7 "$PY" -m avex.evaluate sweep --seeds 0,1,2 \
+                --methods random,fastv,tome,fastav,attention --retentions "$RETENTIONS" \
+                --split test $(bench_flags 7) "${clips[@]}" --out "$RUNS/round6/b7-sweep" --no-progress
+            for ext in md json png; do
+                cp "$RUNS/round6/b7-sweep/sweep.$ext" "results/round6-deciding-test-sweep.$ext"; done ;;
+        *) echo "unknown stage: $stage (stages: train matched-budget sweep benchmarks motivation gates ablation profiling round2 round3 round4 controls round5 cacovid-cider round6)" >&2
            exit 2 ;;
     esac
 done
