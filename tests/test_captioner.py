@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from avex.captioner import AVBatch, FrozenCaptioner, PRESETS, ensure_captioner, train_captioner
-from avex.captioner.batch import EmbeddingMemo
 from avex.modality import AUDIO, PAD, TEXT, VISUAL
 from avex.captioner.__main__ import main as captioner_cli
 from avex.data import FeatureCache
@@ -86,68 +85,6 @@ def test_embed_layout_is_videollama2_order(tiny):
     assert batch.av_positions(0).tolist() == list(range(lp, lp + clip.n_visual + clip.n_audio))
     projected = cap.projector(clip.visual, VISUAL)
     assert torch.allclose(batch.inputs_embeds[0, lp:lp + clip.n_visual], projected)
-
-
-def _same_batch(a, b):
-    for name in ("inputs_embeds", "attention_mask", "modality", "position_ids"):
-        assert torch.equal(getattr(a, name), getattr(b, name)), name
-    assert a.clip_ids == b.clip_ids and a.av_counts == b.av_counts
-
-
-def test_an_embedding_memo_gives_the_same_batch_bit_for_bit(tiny):
-    """A training run's memo: the first call fills it, later calls read it back, in any order
-    and mix of stored and new clips, and each batch equals embedding without a memo."""
-    _, _, path, cache = tiny
-    cap = FrozenCaptioner.load(path, device="cpu")
-    clips = list(cache.split("train"))[:7]
-    short = dataclasses.replace(clips[0], clip_id="short",
-                                prompt_suffix_ids=clips[0].prompt_suffix_ids[:3])
-    memo = EmbeddingMemo()
-    for batch_clips in (clips[:4], clips[2:] + [short], [short, clips[0]], clips[::-1]):
-        _same_batch(cap.embed(batch_clips, memo=memo), cap.embed(batch_clips))
-    assert len(memo) == 8 and memo.used > 0
-    # a stored entry is what is read: poison it, and the next batch shows it
-    stored = memo.get(clips[1])
-    stored.embeds.fill_(float("nan"))
-    assert cap.embed([clips[1]], memo=memo).inputs_embeds.isnan().all()
-
-
-def test_an_embedding_memo_keeps_clips_not_ids_and_stops_at_its_size(tiny):
-    _, _, path, cache = tiny
-    cap = FrozenCaptioner.load(path, device="cpu")
-    clips = list(cache.split("train"))[:3]
-    memo = EmbeddingMemo()
-    cap.embed(clips[:1], memo=memo)
-    # another clip object under the same clip_id is embedded afresh, not read from the memo
-    other = dataclasses.replace(clips[0], visual=clips[0].visual + 1.0)
-    _same_batch(cap.embed([other], memo=memo), cap.embed([other]))
-    single = EmbeddingMemo()
-    cap.embed(clips[:1], memo=single)
-    assert memo.used == 2 * single.used   # the same shapes: two entries
-    one = single.used
-    small = EmbeddingMemo(max_bytes=one)
-    _same_batch(cap.embed(clips, memo=small), cap.embed(clips))
-    assert len(small) == 1 and small.used <= one
-    _same_batch(cap.embed(clips, memo=small), cap.embed(clips))
-    empty = EmbeddingMemo(max_bytes=0)
-    _same_batch(cap.embed(clips, memo=empty), cap.embed(clips))
-    assert len(empty) == 0
-
-
-def test_an_embedding_memo_serves_one_captioner(tiny):
-    _, _, path, cache = tiny
-    a = FrozenCaptioner.load(path, device="cpu")
-    b = FrozenCaptioner.load(path, device="cpu")
-    clips = list(cache.split("train"))[:2]
-    memo = EmbeddingMemo()
-    a.embed(clips, memo=memo)
-    with pytest.raises(ValueError, match="another captioner"):
-        b.embed(clips, memo=memo)
-    with pytest.raises(TypeError, match="memo must be an EmbeddingMemo or None, got dict"):
-        a.embed(clips, memo={})
-    for bad in (-1, 1.5, True, "1"):
-        with pytest.raises(ValueError, match=f"max_bytes must be an int >= 0, got {bad!r}"):
-            EmbeddingMemo(max_bytes=bad)
 
 
 def test_pruned_captioning(tiny):

@@ -441,35 +441,3 @@ def test_a_run_from_another_warmup_draws_no_empty_warmup_bar(cache_dir, tmp_path
     main(args + ["--progress"])
     err = capfd.readouterr().err
     assert "RL + AVEX" in err and "warmup:" not in err, err
-
-
-def test_the_embedding_memo_trains_the_same_policy_byte_for_byte(cache_dir, tmp_path,
-                                                                monkeypatch):
-    """A run keeps its train clips' embeddings across steps (EmbeddingMemo); a run that
-    embeds them again on every step (a memo that holds nothing) trains the same bytes."""
-    from avex.captioner.batch import EmbeddingMemo
-    from avex.training import loop
-    from avex.training.config import TrainConfig
-    from avex.train import train
-
-    def run(name):
-        train(TrainConfig(benchmark_preset="tiny", captioner_preset="tiny",
-                          cache_dir=str(cache_dir), run_dir=str(tmp_path / name), batch_size=8,
-                          micro_batch_size=4, epochs=1, warmup_epochs=0.5, progress=False,
-                          seed=3, evaluate=False))
-        return {f: (tmp_path / name / f).read_bytes()
-                for f in ("warmup_policy.safetensors", "policy/model.safetensors")}
-
-    memos, hits = [], []
-
-    class Counted(EmbeddingMemo):
-        def get(self, clip):
-            found = super().get(clip)
-            hits.append(found is not None)
-            return found
-
-    monkeypatch.setattr(loop, "EmbeddingMemo", lambda: memos.append(Counted()) or memos[-1])
-    kept = run("memo")
-    assert len(memos[0]) > 0 and sum(hits) > 0   # stored, then read back
-    monkeypatch.setattr(loop, "EmbeddingMemo", lambda: EmbeddingMemo(max_bytes=0))
-    assert run("none") == kept

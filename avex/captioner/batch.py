@@ -1,7 +1,7 @@
 """What the frozen captioner reads and returns: the projector of cached features into the LM's
-embedding space (:class:`AVProjector`), a batch laid out for the LM (:class:`AVBatch`), a
-training run's store of embedded clips (:class:`EmbeddingMemo`), and a teacher-forced caption's
-scores and inputs (:class:`TeacherForced`, :class:`TeacherForcedInputs`)."""
+embedding space (:class:`AVProjector`), a batch laid out for the LM (:class:`AVBatch`), and a
+teacher-forced caption's scores and inputs (:class:`TeacherForced`,
+:class:`TeacherForcedInputs`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -62,55 +62,6 @@ class AVBatch:
         """Sequence positions of row ``row``'s AV tokens, video first then audio."""
         mod = self.modality[row]
         return torch.nonzero((mod == VISUAL) | (mod == AUDIO)).flatten()
-
-
-class EmbeddedClip(NamedTuple):
-    """One plain clip as the LM reads it, before padding: ``embeds`` [L, D] (prefix, projected
-    video, projected audio, suffix), ``modality`` int64 [L], ``counts`` (Nv, Na)."""
-    embeds: torch.Tensor
-    modality: torch.Tensor
-    counts: tuple
-
-
-class EmbeddingMemo:
-    """Each plain clip's :class:`EmbeddedClip`, kept across the calls of
-    :meth:`FrozenCaptioner.embed` that pass it (``memo=``): a training run re-embeds its train
-    clips every step of every epoch, and the frozen projector gives the same tensors each
-    time, so they are computed once and read back, bit for bit what embedding again gives.
-
-    Entries are keyed by the clip object itself (its id, with the clip held so the id stays
-    its own), so another clip with the same ``clip_id`` is embedded afresh. Clips are stored
-    until ``max_bytes`` of tensors are held; later clips are embedded on every call, as
-    without a memo (on a cycle over the clips that keeps the hit rate at its best). One memo
-    serves one captioner, device and dtype: it is refused by another."""
-
-    def __init__(self, max_bytes: int = 1 << 30):
-        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
-            raise ValueError(f"max_bytes must be an int >= 0, got {max_bytes!r}")
-        self.max_bytes, self.used = max_bytes, 0
-        self.owner = None
-        self._entries: dict[int, tuple] = {}
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def claim(self, owner) -> None:
-        """Bind the memo to ``owner`` (a captioner, its device and dtype) on first use."""
-        if self.owner is None:
-            self.owner = owner
-        elif self.owner != owner:
-            raise ValueError("this EmbeddingMemo holds clips embedded by another captioner, "
-                             "device or dtype; use one memo per captioner")
-
-    def get(self, clip) -> EmbeddedClip | None:
-        entry = self._entries.get(id(clip))
-        return entry[1] if entry is not None and entry[0] is clip else None
-
-    def put(self, clip, embedded: EmbeddedClip) -> None:
-        size = embedded.embeds.nbytes + embedded.modality.nbytes
-        if self.used + size <= self.max_bytes:
-            self._entries[id(clip)] = (clip, embedded)
-            self.used += size
 
 
 class TeacherForced(NamedTuple):

@@ -24,19 +24,79 @@ from ..data.cache import Clip
 from ..files import load_weights, save_tensors_atomically
 from ..modality import AUDIO, PAD, TEXT, VISUAL
 from ..paths import CAPTIONER_FILE, attention_dir, default_captioner_path
-from ..progress import progress_bar
+from ..progress import progress_bar, transformers_progress
 from ..pruning import expand_av_keep, forward, generate, prune_inputs
-from .batch import (AVBatch, AVProjector, EmbeddedClip, EmbeddingMemo, TeacherForced,
-                    TeacherForcedInputs, left_pad)
-from .loading import check_round_trip, load_model, tokenizer_dir
+from ..ptb_tokenizer import tokenize
+from .batch import AVBatch, AVProjector, TeacherForced, TeacherForcedInputs, left_pad
 from .reference import verify_reference
 
 PROJECTOR_FILE = "avex_projector.safetensors"
 CAPTIONER_FORMAT = "avex-captioner"
 
 
+def tokenizer_dir(path) -> Path:
+    """Where a captioner directory keeps its tokenizer: a ``tokenizer/`` subfolder when there is
+    one, else the directory itself (an ordinary Hugging Face model). The embedded captioner uses
+    the subfolder: beside a ``qwen2`` config.json, ``AutoTokenizer`` would swap a word-level
+    tokenizer for Qwen2's byte-level one."""
+    path = Path(path)
+    return path / "tokenizer" if (path / "tokenizer" / "tokenizer_config.json").is_file() \
+        else path
+
+
 def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _load_model(path: Path, dtype, progress: bool = True):
+    """A local Hugging Face model directory: a ``*ForCausalLM``, or an audio-visual model whose
+    class ``config.json`` names (Qwen2.5-VL, the Qwen2.5-Omni thinker, ...)."""
+    import transformers
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    config = AutoConfig.from_pretrained(str(path))
+    if config.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        model_class = AutoModelForCausalLM
+    else:
+        names = [n for n in (config.architectures or []) if hasattr(transformers, n)]
+        if not names:
+            raise ValueError(f"{path}/config.json (model_type {config.model_type!r}) names no "
+                             "model class this transformers has; expected a *ForCausalLM or "
+                             "an audio-visual model such as Qwen2_5_VLForConditionalGeneration")
+        model_class = getattr(transformers, names[0])
+    with transformers_progress(progress):
+        model = model_class.from_pretrained(str(path), dtype=dtype)
+    if getattr(model.config.get_text_config(), "vocab_size_per_layer_input", None) is not None:
+        raise ValueError(f"{path}: {type(model).__name__} needs per-layer token inputs beside "
+                         "inputs_embeds (Gemma 3n), which the feature cache does not hold; it "
+                         "can't caption cached clips correctly. avex.adapters + generate prune "
+                         "it at inference")
+    return model
+
+
+#: how many reference captions FrozenCaptioner.load(references=...) round-trips
+ROUND_TRIP_SAMPLE = 32
+
+
+def check_round_trip(tokenizer, references, path) -> None:
+    """Refuse a tokenizer that can't write the references' words: a sample of them, encoded
+    and decoded, must give the same words as the reward reads them (PTB tokens). Otherwise
+    every caption comes out wrong (e.g. glued sub-words), every reward is 0 and nothing is
+    learned."""
+    sample = [r for r in references if isinstance(r, str) and r.strip()][:ROUND_TRIP_SAMPLE]
+    for reference in sample:
+        ids = tokenizer(reference, add_special_tokens=False)["input_ids"]
+        decoded = tokenizer.decode(ids, skip_special_tokens=True)
+        if tokenize(decoded) != tokenize(reference):
+            where = tokenizer_dir(path)
+            raise ValueError(
+                f"captioner {path}: its tokenizer ({type(tokenizer).__name__}, loaded from "
+                f"{where}) does not round-trip the cache's reference captions: "
+                f"{reference!r} encodes and decodes to {decoded!r}, so no caption it writes "
+                "could match a reference. A tokenizer saved beside a config.json is loaded as "
+                "that model type's tokenizer (e.g. Qwen2Tokenizer for qwen2); save a custom one "
+                f"in the tokenizer/ sub-folder ({Path(path) / 'tokenizer'}), which is read first")
 
 
 class FrozenCaptioner:
@@ -108,7 +168,7 @@ class FrozenCaptioner:
         tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir(path)))
         if references is not None:  # before the weights are loaded: a bad tokenizer fails fast
             check_round_trip(tokenizer, references, path)
-        model = load_model(path, dtype, progress).to(device)
+        model = _load_model(path, dtype, progress).to(device)
         hidden = model.get_input_embeddings().embedding_dim
         if info:
             projector = AVProjector(info["feature_dim"], hidden, info.get("projector", "mlp"))
@@ -159,11 +219,10 @@ class FrozenCaptioner:
                              f"{None if embeds is None else list(embeds.shape)}")
         return embeds.to(self.device, self.dtype)
 
-    def embed(self, clips: Sequence[Clip], *, memo: EmbeddingMemo | None = None) -> AVBatch:
+    def embed(self, clips: Sequence[Clip]) -> AVBatch:
         """Clips -> an :class:`AVBatch` (prefix text, video, audio, suffix text; left-padded).
         Clips exported from a real model (``Clip.merged``) are taken as stored: the model's
-        merged embeddings, codes and positions. ``memo``: an :class:`EmbeddingMemo` that keeps
-        each plain clip's embedding across calls (a training run's train clips)."""
+        merged embeddings, codes and positions."""
         if isinstance(clips, (str, Clip)) or not hasattr(clips, "__len__"):
             raise TypeError(f"clips must be a sequence of Clip, got {type(clips).__name__}")
         if len(clips) == 0:
@@ -172,8 +231,6 @@ class FrozenCaptioner:
             if not isinstance(clip, Clip):
                 raise TypeError(f"clips[{i}] must be a Clip (from a FeatureCache), got "
                                 f"{type(clip).__name__}")
-        if memo is not None and not isinstance(memo, EmbeddingMemo):
-            raise TypeError(f"memo must be an EmbeddingMemo or None, got {type(memo).__name__}")
         merged = [clip.merged is not None for clip in clips]
         if any(merged):
             if not all(merged):
@@ -184,42 +241,31 @@ class FrozenCaptioner:
             raise ValueError(f"{type(self.model).__name__} has its own positions ([3, B, L]); "
                              "its clips must be exported with them (CacheWriter.add_merged), "
                              f"clip {clips[0].clip_id!r} was not")
-        device, dtype = self.device, self.dtype
-        if memo is not None:
-            memo.claim((self, device, dtype))
-        pieces = []
-        for clip in clips:
-            embedded = memo.get(clip) if memo is not None else None
-            if embedded is None:
-                embedded = self._embed_clip(clip, device, dtype)
-                if memo is not None:
-                    memo.put(clip, embedded)
-            pieces.append(embedded)
-        masks = [torch.ones(len(p.modality), dtype=torch.long, device=device) for p in pieces]
+        embeds, mods, counts = [], [], []
+        with torch.no_grad():
+            for clip in clips:
+                for name in ("visual", "audio"):
+                    tensor = getattr(clip, name)
+                    if tensor.dim() != 2 or tensor.shape[1] != self.feature_dim:
+                        raise ValueError(f"clip {clip.clip_id!r}: {name} has shape "
+                                         f"{list(tensor.shape)} but the captioner takes "
+                                         f"features of dim {self.feature_dim}")
+                prefix = self._prompt_side(clip, "prefix")
+                suffix = self._prompt_side(clip, "suffix")
+                visual = self.projector(clip.visual.to(self.device, self.dtype), VISUAL)
+                audio = self.projector(clip.audio.to(self.device, self.dtype), AUDIO)
+                embeds.append(torch.cat([prefix, visual, audio, suffix]))
+                mods.append(torch.cat([torch.full((len(prefix),), TEXT),
+                                       torch.full((len(visual),), VISUAL),
+                                       torch.full((len(audio),), AUDIO),
+                                       torch.full((len(suffix),), TEXT)]).to(self.device))
+                counts.append((len(visual), len(audio)))
+        masks = [torch.ones(len(m), dtype=torch.long, device=self.device) for m in mods]
         attention_mask = left_pad(masks, 0)
         position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)
-        return AVBatch(inputs_embeds=left_pad([p.embeds for p in pieces], 0.0),
-                       attention_mask=attention_mask,
-                       modality=left_pad([p.modality for p in pieces], PAD),
-                       position_ids=position_ids, clip_ids=[c.clip_id for c in clips],
-                       av_counts=[p.counts for p in pieces])
-
-    @torch.no_grad()
-    def _embed_clip(self, clip: Clip, device, dtype) -> EmbeddedClip:
-        for name in ("visual", "audio"):
-            tensor = getattr(clip, name)
-            if tensor.dim() != 2 or tensor.shape[1] != self.feature_dim:
-                raise ValueError(f"clip {clip.clip_id!r}: {name} has shape "
-                                 f"{list(tensor.shape)} but the captioner takes "
-                                 f"features of dim {self.feature_dim}")
-        prefix = self._prompt_side(clip, "prefix")
-        suffix = self._prompt_side(clip, "suffix")
-        visual = self.projector(clip.visual.to(device, dtype), VISUAL)
-        audio = self.projector(clip.audio.to(device, dtype), AUDIO)
-        codes = torch.cat([torch.full((len(prefix),), TEXT), torch.full((len(visual),), VISUAL),
-                           torch.full((len(audio),), AUDIO), torch.full((len(suffix),), TEXT)])
-        return EmbeddedClip(torch.cat([prefix, visual, audio, suffix]), codes.to(device),
-                            (len(visual), len(audio)))
+        return AVBatch(inputs_embeds=left_pad(embeds, 0.0), attention_mask=attention_mask,
+                       modality=left_pad(mods, PAD), position_ids=position_ids,
+                       clip_ids=[c.clip_id for c in clips], av_counts=counts)
 
     def _embed_merged(self, clips: Sequence[Clip]) -> AVBatch:
         embeds, mods, positions = [], [], []

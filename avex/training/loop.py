@@ -27,7 +27,6 @@ from avex import _checks
 from avex.cache_and_captioner import (asset_names, check_captioner_benchmark,
                                      embedded_captioner_path, load_cache_and_captioner,
                                      resolve_asset_paths)
-from avex.captioner.batch import EmbeddingMemo
 from avex.data import FeatureCache
 from avex.fidelity import full_captions
 from avex.policy import AVEXPolicy, TrainedOn, layout_of, row_layouts
@@ -141,8 +140,6 @@ class Run:
         self.cfg.run_dir = str(Path(cfg.run_dir))
         self.books = RunRecords(cfg, self.procs, self.device, resume)
         self.run_dir = self.books.run_dir
-        # the train clips' embeddings, computed on their first step and read back after
-        self.train_embeddings = EmbeddingMemo()
 
     def record_policy(self, policy, captioner, clips) -> None:
         """What the policy is trained on (avex.policy.TrainedOn), on the policy and in
@@ -267,7 +264,7 @@ class Run:
             optimizer.zero_grad(set_to_none=True)
             total = 0.0  # summed on the device, read once a step (a sync per chunk otherwise)
             for i, chunk in enumerate(chunks):
-                batch = captioner.embed([clips[j] for j in chunk], memo=self.train_embeddings)
+                batch = captioner.embed([clips[j] for j in chunk])
                 with no_sync(model, last=i == len(chunks) - 1):
                     loss = warmup_loss(model, batch, AVLayout.of(batch.modality),
                                        [targets[j] for j in chunk])
@@ -361,7 +358,7 @@ class Run:
             every = cfg.diagnostics_every
             for i, chunk in enumerate(chunks):
                 batch_clips = [clips[j] for j in chunk]
-                batch = captioner.embed(batch_clips, memo=self.train_embeddings)
+                batch = captioner.embed(batch_clips)
                 chunk_id = step * (cfg.batch_size // cfg.micro_batch_size) + \
                     self.procs.rank + i * self.procs.world
                 seed = sample_seed(cfg.seed, step, chunk_id)
