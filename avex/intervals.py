@@ -30,7 +30,7 @@ from avex.tables import markdown_table
 
 __all__ = ["Interval", "paired_interval", "pooled_interval", "seed_rows", "differences",
            "difference_table", "compact_per_clip", "arm_pairs", "variance_components",
-           "planned_interval", "parse_plans", "LEVEL", "REPLICATES", "SEED", "PER_CLIP_DIGITS",
+           "planned_interval", "parse_plans", "with_arms_of", "LEVEL", "REPLICATES", "SEED", "PER_CLIP_DIGITS",
            "RULE"]
 
 LEVEL = 0.95
@@ -346,3 +346,27 @@ def parse_plans(text: str) -> list[tuple[int, int]]:
                                              f"integers, got {item!r}")
         plans.append((int(clips), int(seeds)))
     return plans
+
+
+def with_arms_of(result: dict, other: dict, name: str, tag: str = "") -> dict:
+    """``result`` (an ablation.json's contents) with the rows of every arm it lacks taken from ``other``, an ablation.json of
+    the same judge (benchmark and captioner SHA-256), split and clips whose full-token scores
+    are ``result``'s clip for clip; anything else is refused, naming what differs. With
+    ``tag``, every arm of ``other`` is added, renamed ``ARM@tag``."""
+    for key in ("split", "clips"):
+        if other.get(key) != result.get(key):
+            raise ValueError(f"--with {name}: its {key} is {other.get(key)!r}, the file's "
+                             f"{result.get(key)!r}")
+    for part in ("benchmark", "captioner"):
+        if other["judge"][part]["sha256"] != result["judge"][part]["sha256"]:
+            raise ValueError(f"--with {name}: another {part} (sha256 "
+                             f"{other['judge'][part]['sha256'][:12]}...) than the file's")
+    if other["full"]["per_clip"] != result["full"]["per_clip"]:
+        raise ValueError(f"--with {name}: its full-token scores differ from the file's, so its "
+                         "captioning is not the file's")
+    if tag:
+        return {**result, "rows": result["rows"] + [{**r, "variant": f"{r['variant']}@{tag}"}
+                                                    for r in other["rows"]]}
+    have = {r["variant"] for r in result["rows"]}
+    return {**result, "rows": result["rows"] + [r for r in other["rows"]
+                                                if r["variant"] not in have]}

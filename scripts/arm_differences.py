@@ -20,7 +20,7 @@ import argparse
 import json
 from pathlib import Path
 
-from avex.intervals import Interval, arm_pairs, difference_table, differences
+from avex.intervals import Interval, arm_pairs, difference_table, differences, with_arms_of
 
 
 def verdict(value) -> str:
@@ -31,30 +31,6 @@ def verdict(value) -> str:
     if value.high < 0:
         return "behind"
     return "level"
-
-
-def merge_rows(result: dict, other: dict, name: str, tag: str = "") -> dict:
-    """``result`` with the rows of every arm it lacks taken from ``other``, an ablation.json of
-    the same judge (benchmark and captioner SHA-256), split and clips whose full-token scores
-    are ``result``'s clip for clip; anything else is refused, naming what differs. With
-    ``tag``, every arm of ``other`` is added, renamed ``ARM@tag``."""
-    for key in ("split", "clips"):
-        if other.get(key) != result.get(key):
-            raise ValueError(f"--with {name}: its {key} is {other.get(key)!r}, the file's "
-                             f"{result.get(key)!r}")
-    for part in ("benchmark", "captioner"):
-        if other["judge"][part]["sha256"] != result["judge"][part]["sha256"]:
-            raise ValueError(f"--with {name}: another {part} (sha256 "
-                             f"{other['judge'][part]['sha256'][:12]}...) than the file's")
-    if other["full"]["per_clip"] != result["full"]["per_clip"]:
-        raise ValueError(f"--with {name}: its full-token scores differ from the file's, so its "
-                         "captioning is not the file's")
-    if tag:
-        return {**result, "rows": result["rows"] + [{**r, "variant": f"{r['variant']}@{tag}"}
-                                                    for r in other["rows"]]}
-    have = {r["variant"] for r in result["rows"]}
-    return {**result, "rows": result["rows"] + [r for r in other["rows"]
-                                                if r["variant"] not in have]}
 
 
 def only_seeds(result: dict, seeds: str) -> dict:
@@ -110,7 +86,7 @@ def main(argv=None) -> str:
     try:
         result = json.loads(args.file.read_text())
         for path, tag in others:
-            result = merge_rows(result, json.loads(path.read_text()), str(path), tag)
+            result = with_arms_of(result, json.loads(path.read_text()), str(path), tag)
         if args.seeds is not None:
             result = only_seeds(result, args.seeds)
         text = arm_differences(result, args.pairs)

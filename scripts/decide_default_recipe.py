@@ -5,7 +5,8 @@ default recipe"), on the deciding benchmark's test split, once:
         --sweep B4-sweep/sweep.json
 
 ``--ablation``: an ``avex.evaluate ablation`` output on the test split holding arm A, the
-controls C and C-fid and stage 1's choice, 3 training seeds each. ``--sweep``: an ``avex.evaluate
+controls C and C-fid and stage 1's choice, 3 training seeds each (``--with FILE``, repeatable,
+adds the arms of other files of the same judge and clips, e.g. ``scripts/score_merging.py``'s). ``--sweep``: an ``avex.evaluate
 sweep`` output on the same judge and clips holding the other methods (Random, FastV-AV, ToMe-AV,
 FastAV and the privileged Attention-AV). ``--incumbent`` (default A, round 1's; D-fid from
 round 2 on) is the default the choice must not be worse than; ``--controls`` (default C,C-fid;
@@ -30,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from avex.intervals import RULE, Interval, paired_interval, seed_rows
+from avex.intervals import RULE, Interval, paired_interval, seed_rows, with_arms_of
 from avex.registry import METHODS
 
 CONTROLS = ("C", "C-fid")
@@ -211,10 +212,15 @@ def main(argv=None) -> None:
                         help="the default the choice must not be worse than (default A)")
     parser.add_argument("--controls", default=",".join(CONTROLS),
                         help="CaCoVID-AV arms the default is read against (default %(default)s)")
+    parser.add_argument("--with", dest="others", action="append", default=[],
+                        help="another ablation.json of the same judge and clips whose arms "
+                             "--ablation lacks (e.g. score_merging.py's merged arm); repeatable")
     parser.add_argument("--json", default=None, help="also write the numbers here")
     args = parser.parse_args(argv)
     try:
         ablation = load(args.ablation, "ablation")
+        for other in args.others:
+            ablation = with_arms_of(ablation, load(other, "ablation"), other)
         sweep = None if args.sweep is None else load(args.sweep, "sweep")
         decision = decide(ablation, args.chosen, sweep, incumbent=args.incumbent,
                           controls=[c for c in args.controls.split(",") if c])

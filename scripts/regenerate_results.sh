@@ -283,7 +283,15 @@ for stage in "${stages[@]}"; do
                 --methods random,fastv,tome,fastav,attention --retentions "$RETENTIONS" \
                 --split test $(bench_flags 7) "${clips[@]}" --out "$RUNS/round6/b7-sweep" --no-progress
             for ext in md json png; do
-                cp "$RUNS/round6/b7-sweep/sweep.$ext" "results/round6-deciding-test-sweep.$ext"; done ;;
+                cp "$RUNS/round6/b7-sweep/sweep.$ext" "results/round6-deciding-test-sweep.$ext"; done
+            run_stage round6-targets "$PY" scripts/decide_default_recipe.py \
+                --chosen Dc-fid+merge0.8 --incumbent Dc-fid --controls Cc-fid,Cc-fid+merge0.8 \
+                --ablation results/round6-test-seed7-Dc-fid.json \
+                --with results/round6-test-seed7-Cc-fid.json \
+                --with results/round6-merging-test-seed7-Dc-fid.json \
+                --with results/round6-merging-test-seed7-Cc-fid.json \
+                --sweep results/round6-deciding-test-sweep.json \
+                --json results/round6-deciding-targets.json ;;
         *) echo "unknown stage: $stage (stages: train matched-budget sweep benchmarks motivation gates ablation profiling round2 round3 round4 controls round5 cacovid-cider round6)" >&2
            exit 2 ;;
     esac

@@ -153,3 +153,27 @@ def test_round_two_reads_the_choice_against_its_incumbent_and_a_third_control(de
     with pytest.raises(ValueError, match="controls must be CaCoVID-AV arms other than"):
         decider.decide(decider.load(ablation, "ablation"), "E-fid", incumbent="D-fid",
                        controls=("D-fid",))
+
+
+def test_with_adds_the_arms_of_another_file_of_the_same_judge_and_clips(decider, tmp_path,
+                                                                        capsys):
+    """Round 6: the merged arms come from score_merging.py's files, read beside the ablation
+    with --with; a file of another judge is refused, naming it."""
+    ablation, sweep = write(tmp_path, {"D-fid": {0.1: 20.0}, "M": {0.1: 30.0}})
+    data = json.loads(ablation.read_text())
+    data["full"]["per_clip"] = [1.0]
+    main_rows = [r for r in data["rows"] if r["variant"] != "M"]
+    merged = {**data, "rows": [r for r in data["rows"] if r["variant"] == "M"]}
+    ablation.write_text(json.dumps({**data, "rows": main_rows}))
+    extra = tmp_path / "merged.json"
+    extra.write_text(json.dumps(merged))
+    out = tmp_path / "d.json"
+    decider.main(["--chosen", "M", "--incumbent", "D-fid", "--ablation", str(ablation),
+                  "--with", str(extra), "--sweep", str(sweep), "--json", str(out)])
+    assert "**M becomes the default.**" in capsys.readouterr().out
+    assert json.loads(out.read_text())["default"] == "M"
+    extra.write_text(json.dumps({**merged, "judge": {**JUDGE, "captioner": {"sha256": "ff" * 32}}}))
+    with pytest.raises(SystemExit):
+        decider.main(["--chosen", "M", "--incumbent", "D-fid", "--ablation", str(ablation),
+                      "--with", str(extra)])
+    assert f"--with {extra}: another captioner" in capsys.readouterr().err
