@@ -27,7 +27,6 @@ import argparse
 import json
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 import numpy as np

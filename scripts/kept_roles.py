@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 
-import torch
 
 from avex.cache_and_captioner import load_cache_and_captioner
 from avex.data.embedded import AUDIO_ROLES, VISUAL_ROLES

@@ -357,7 +357,7 @@ def saved_policy(llm, path, **selection):
 
 def test_the_artifact_keeps_the_selection_and_serves_with_it(tmp_path):
     llm = tiny_llm()
-    policy = saved_policy(llm, tmp_path / "p", selection="set-aware", redundancy=3.0)
+    saved_policy(llm, tmp_path / "p", selection="set-aware", redundancy=3.0)
     record = json.loads((tmp_path / "p" / "config.json").read_text())
     assert record["policy"]["selection"] == "set-aware" and record["policy"]["redundancy"] == 3.0
     loaded = avex.load_policy(tmp_path / "p", model=llm)

@@ -586,7 +586,7 @@ def sweep_markdown(header: str, table: str, qualitative: list, labels: dict,
           "policy, the seed of its training run; FastV/ToMe/FastAV are deterministic. With "
           "several seeds: mean ± std.", "", judge_line(judge), "",
           *[x for note in notes for x in (note, "")], table, "", *differences_md,
-          f"Figure: `sweep.png` (left: Rel. against retention; "
+          "Figure: `sweep.png` (left: Rel. against retention; "
           + ("middle: AVEX-Prune − each method with its 95% interval; " if differences_md
              else "")
           + f"right: C_av, C_v, C_a at {bar_retention:.0%}). The sweep took {seconds:.0f} s.",
