@@ -251,7 +251,7 @@ def test_a_reference_set_is_tokenised_once_and_scores_as_if_fresh(monkeypatch):
     calls = []
     tokenized = metrics._tokenized
     monkeypatch.setattr(metrics, "_tokenized", lambda caps: calls.append(caps) or tokenized(caps))
-    again = caption_metrics_by_reference_type(CANDIDATES[::-1][::-1],
+    again = caption_metrics_by_reference_type(list(CANDIDATES),
                                               {"AV": [list(r) for r in AV_REFS], "V": V_REFS})
     assert again == fresh
     assert calls == [[[c] for c in CANDIDATES]]   # the candidates only
