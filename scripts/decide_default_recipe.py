@@ -115,7 +115,9 @@ def decide(ablation: dict, chosen: str, sweep: dict | None = None, *, incumbent:
                   if r in retentions},
         "every_efficient": {r: not behind for r, behind in ahead_of_default.items()},
     }
-    return {"retentions": retentions, "chosen": chosen, "default": default, "worse": worse,
+    return {"benchmark": ((ablation.get("judge") or {}).get("benchmark") or {}).get("name"),
+            "judge": judge_of(ablation),
+            "retentions": retentions, "chosen": chosen, "default": default, "worse": worse,
             "incumbent": incumbent, "controls": controls, "arms": arms,
             "vs_incumbent": vs_incumbent, "means": means, "vs_controls": vs_controls,
             "stronger": stronger,
@@ -185,7 +187,8 @@ def report(ablation: dict, decision: dict, sweep: dict | None) -> str:
 def as_json(decision: dict) -> dict:
     def interval(i: Interval) -> dict:
         return i.as_dict()
-    return {"chosen": decision["chosen"], "default": decision["default"],
+    return {"benchmark": decision["benchmark"], "judge": list(decision["judge"]),
+            "chosen": decision["chosen"], "default": decision["default"],
             "incumbent": decision["incumbent"], "controls": list(decision["controls"]),
             "retentions": decision["retentions"], "worse_than_incumbent_at": decision["worse"],
             "chosen_minus_incumbent": {f"{r:g}": interval(i)

@@ -13,7 +13,8 @@
 #       sweep stages train it first where it is missing, and score those runs), and round5 (the
 #       same pair on seed 6 with 10 training seeds each, and every other method's sweep), and
 #       cacovid-cider (CaCoVID-AV with its own CIDEr reward from the default's warmups, as make
-#       train trains it, on benchmark 0 (test and val) and seeds 5 and 6)
+#       train trains it, on benchmark 0 (test and val) and seeds 5 and 6), round6 (the default
+#       served merged) and round7 (the merged pair on seed 8, 10 training seeds each)
 #
 # RUNS (default runs/regen) holds the run directories; AVEX_CACHE (default RUNS/cache) the
 # benchmark and captioner, built on first use. Each stage logs to RUNS/<stage>.log with its wall
@@ -292,7 +293,43 @@ for stage in "${stages[@]}"; do
                 --with results/round6-merging-test-seed7-Cc-fid.json \
                 --sweep results/round6-deciding-test-sweep.json \
                 --json results/round6-deciding-targets.json ;;
-        *) echo "unknown stage: $stage (stages: train matched-budget sweep benchmarks motivation gates ablation profiling round2 round3 round4 controls round5 cacovid-cider round6)" >&2
+        round7)     # the merged default against its merged control on seed 8, 10 training
+                    # seeds per arm, every other method's sweep; read on seed 8 and pooled
+                    # with seed 7 (round 6's files)
+            judge_assets 8
+            for arm in Dc-fid Cc-fid; do
+                run_stage "round7-b8-$arm" "$PY" -m avex.evaluate ablation \
+                    --seeds 0,1,2,3,4,5,6,7,8,9 --variants "$arm" --retentions "$RETENTIONS" \
+                    --split test $(bench_flags 8) "${clips[@]}" --out "$RUNS/round7/b8-$arm" \
+                    --no-progress
+                cp "$RUNS/round7/b8-$arm/ablation.json" "results/round7-test-seed8-$arm.json"
+                run_stage "round7-merging-b8-$arm" "$PY" scripts/score_merging.py \
+                    "$RUNS/round7/b8-$arm/ablation.json" --variant "$arm" --thresholds 0.8 \
+                    --out "results/round7-merging-test-seed8-$arm"
+            done
+            run_stage round7-sweep-b8 "$PY" -m avex.evaluate sweep --seeds 0,1,2 \
+                --methods random,fastv,tome,fastav,attention --retentions "$RETENTIONS" \
+                --split test $(bench_flags 8) "${clips[@]}" --out "$RUNS/round7/b8-sweep" --no-progress
+            for ext in md json png; do
+                cp "$RUNS/round7/b8-sweep/sweep.$ext" "results/round7-deciding-test-sweep.$ext"; done
+            run_stage round7-targets "$PY" scripts/decide_default_recipe.py \
+                --chosen Dc-fid+merge0.8 --incumbent Dc-fid+merge0.8 \
+                --controls Cc-fid,Cc-fid+merge0.8 \
+                --ablation results/round7-test-seed8-Dc-fid.json \
+                --with results/round7-test-seed8-Cc-fid.json \
+                --with results/round7-merging-test-seed8-Dc-fid.json \
+                --with results/round7-merging-test-seed8-Cc-fid.json \
+                --sweep results/round7-deciding-test-sweep.json \
+                --json results/round7-deciding-targets.json
+            run_stage round7-pooled "$PY" scripts/pooled_differences.py \
+                results/round6-test-seed7-{Dc-fid,Cc-fid}.json \
+                results/round6-merging-test-seed7-{Dc-fid,Cc-fid}.json \
+                results/round7-test-seed8-{Dc-fid,Cc-fid}.json \
+                results/round7-merging-test-seed8-{Dc-fid,Cc-fid}.json \
+                --pairs Dc-fid+merge0.8:Cc-fid+merge0.8,Dc-fid+merge0.8:Cc-fid
+            run_stage round7-pooled-means "$PY" scripts/pooled_targets.py \
+                results/round6-deciding-targets.json results/round7-deciding-targets.json ;;
+        *) echo "unknown stage: $stage (stages: train matched-budget sweep benchmarks motivation gates ablation profiling round2 round3 round4 controls round5 cacovid-cider round6 round7)" >&2
            exit 2 ;;
     esac
 done
