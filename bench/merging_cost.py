@@ -27,19 +27,15 @@ from pathlib import Path
 import torch
 
 from avex.merging import merge_dropped
-from avex.modality import AUDIO, TEXT, VISUAL
+from avex.modality import AUDIO, VISUAL
 from avex.policy import AVEXPolicy, PolicyConfig
 from avex.profiling.latency import alternate, paired_ratio, spread, timed
 from avex.pruning import prune_inputs, select_keep
+# the same sizes and token layout as the set-aware selection's bench (run from bench/)
+from set_aware_selection import SIZES, inputs as random_inputs
 
 THRESHOLD = 0.8
 RETENTIONS = (0.1, 0.2, 0.4)
-#: name -> (visual, audio, prompt tokens, input width, policy sizes, batch sizes)
-SIZES = {
-    "benchmark": (64, 16, 20, 128, dict(hidden_size=128, num_heads=4, num_kv_heads=2,
-                                        intermediate_size=256, qkv_bias=True), (1, 16)),
-    "video": (1728, 272, 32, 3584, dict(hidden_size=768, num_heads=12), (1,)),
-}
 
 
 def policies(width: int, sizes: dict):
@@ -52,10 +48,7 @@ def policies(width: int, sizes: dict):
 
 
 def inputs(visual: int, audio: int, prompt: int, width: int, batch: int):
-    codes = [TEXT] * (prompt // 2) + [VISUAL] * visual + [AUDIO] * audio + \
-        [TEXT] * (prompt - prompt // 2)
-    modality = torch.tensor([codes] * batch)
-    embeds = torch.randn(batch, len(codes), width)
+    embeds, modality = random_inputs(visual, audio, prompt, width, batch)
     for code in (VISUAL, AUDIO):   # the second half of a modality: copies of the first, noisy
         cols = torch.nonzero(modality[0] == code).flatten()
         half = len(cols) // 2
