@@ -150,15 +150,19 @@ def report(ablation: dict, decision: dict, sweep: dict | None) -> str:
             and "privileged" not in METHODS[method].label else ""
         lines.append(f"| {METHODS[method].label}{mark} | "
                      + " | ".join(f"{by_r[r]:.1f}" if r in by_r else "–" for r in rs) + " |")
-    lines += ["", f"{chosen} − {incumbent}, paired 95% interval (clips and training seeds "
-              "resampled together):", "", "| " + head, rule,
-              "| " + " | ".join(decision["vs_incumbent"][r].text() for r in rs) + " |", ""]
-    if decision["worse"]:
-        lines.append(f"{chosen} is worse than {incumbent} at {pct(decision['worse'])}: "
-                     f"**{incumbent} stays the default.**")
+    if chosen == incumbent:   # a round that only reads the targets (round 7)
+        lines += ["", f"Nothing is chosen in this round: **{default} is the default.**"]
     else:
-        lines.append(f"{chosen} is worse than {incumbent} at no retention: **{default} becomes "
-                     "the default.**")
+        lines += ["", f"{chosen} − {incumbent}, paired 95% interval (clips and training seeds "
+                  "resampled together):", "", "| " + head, rule,
+                  f"| {chosen} − {incumbent} | "
+                  + " | ".join(decision["vs_incumbent"][r].text() for r in rs) + " |", ""]
+        if decision["worse"]:
+            lines.append(f"{chosen} is worse than {incumbent} at {pct(decision['worse'])}: "
+                         f"**{incumbent} stays the default.**")
+        else:
+            lines.append(f"{chosen} is worse than {incumbent} at no retention: **{default} "
+                         "becomes the default.**")
     lines += ["", f"The default ({default}) − each CaCoVID-AV control:", "", "| control " + head,
               rule]
     for c in decision["controls"]:

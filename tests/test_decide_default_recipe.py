@@ -177,3 +177,20 @@ def test_with_adds_the_arms_of_another_file_of_the_same_judge_and_clips(decider,
         decider.main(["--chosen", "M", "--incumbent", "D-fid", "--ablation", str(ablation),
                       "--with", str(extra)])
     assert f"--with {extra}: another captioner" in capsys.readouterr().err
+
+
+def test_a_round_that_chooses_nothing_reads_the_targets_and_names_its_benchmark(decider,
+                                                                                 tmp_path, capsys):
+    """Round 7: --chosen equal to --incumbent compares nothing; the report says so, the
+    targets are still read, and the JSON names the benchmark and judge (pooled_targets.py)."""
+    ablation, sweep = write(tmp_path, {"D-fid": {0.5: -4.0, 0.3: 3.0, 0.2: 8.0, 0.1: 20.0}})
+    out = tmp_path / "d.json"
+    decider.main(["--chosen", "D-fid", "--incumbent", "D-fid", "--ablation", str(ablation),
+                  "--sweep", str(sweep), "--json", str(out)])
+    text = capsys.readouterr().out
+    assert "Nothing is chosen in this round: **D-fid is the default.**" in text
+    assert "D-fid − D-fid" not in text and "becomes the default" not in text
+    assert "- mean at least 0 at 50%, 40%, 30%: 50% not met, 30% met" in text
+    got = json.loads(out.read_text())
+    assert got["default"] == "D-fid" and got["benchmark"] == JUDGE["benchmark"]["name"]
+    assert got["judge"] == [JUDGE["benchmark"]["sha256"], JUDGE["captioner"]["sha256"]]
