@@ -12,4 +12,7 @@ from avex.training.loop import ensure_trained, main, train, train_variant
 __all__ = ["TrainConfig", "ensure_trained", "main", "train", "train_variant"]
 
 if __name__ == "__main__":
+    from avex.heap import keep_freed_memory
+
+    keep_freed_memory()   # the command's own process: see avex/heap.py
     main(sys.argv[1:])

@@ -430,4 +430,7 @@ def cli(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    from avex.heap import keep_freed_memory
+
+    keep_freed_memory()   # the command's own process: see avex/heap.py
     sys.exit(cli())
