@@ -86,7 +86,7 @@ CLI_CASES = [
     usage("data build --seed -1", data_main, ["build", "--seed", "-1"], "seed must be >= 0, got -1"),
     usage("data verify missing", data_main, ["verify", "/no/such/cache"], "/no/such/cache: no such cache directory"),
     usage("data info missing", data_main, ["info", "/no/such/cache"], "/no/such/cache: no such cache directory"),
-    usage("captioner install --seed 8 (none shipped)", captioner_main, ["install", "--seed", "8"], r"no shipped reference captioner for embedded-default-seed8 with preset 'default'"),
+    usage("captioner install --seed 999 (none shipped)", captioner_main, ["install", "--seed", "999"], r"no shipped reference captioner for embedded-default-seed999 with preset 'default'"),
     usage("captioner install --seed -1", captioner_main, ["install", "--seed", "-1"], "seed must be >= 0, got -1"),
     usage("captioner train --steps 0", captioner_main, ["train", "--steps", "0"], "steps must be a positive int, got 0"),
     usage("captioner train --lr nan", captioner_main, ["train", "--lr", "nan"], "lr must be a finite number > 0, got nan"),
