@@ -52,6 +52,27 @@ bench_flags() {  # the embedded benchmark of seed $1 and its shipped reference c
          --captioner "$cache/captioners/embedded-default-seed$1-default"
 }
 
+merged_pair_benchmark() {  # round, seed, training seeds: Dc-fid and Cc-fid on the seed's
+    # test split, each served unmerged (the ablation) and merged at 0.8 (score_merging.py), and
+    # the methods that train nothing (seeds 0-2) on the same clips
+    local round=$1 b=$2 seeds=$3 arm ext
+    judge_assets "$b"
+    for arm in Dc-fid Cc-fid; do
+        run_stage "$round-b$b-$arm" "$PY" -m avex.evaluate ablation --seeds "$seeds" \
+            --variants "$arm" --retentions "$RETENTIONS" --split test $(bench_flags "$b") \
+            "${clips[@]}" --out "$RUNS/$round/b$b-$arm" --no-progress
+        cp "$RUNS/$round/b$b-$arm/ablation.json" "results/$round-test-seed$b-$arm.json"
+        run_stage "$round-merging-b$b-$arm" "$PY" scripts/score_merging.py \
+            "$RUNS/$round/b$b-$arm/ablation.json" --variant "$arm" --thresholds 0.8 \
+            --out "results/$round-merging-test-seed$b-$arm"
+    done
+    run_stage "$round-sweep-b$b" "$PY" -m avex.evaluate sweep --seeds 0,1,2 \
+        --methods random,fastv,tome,fastav,attention --retentions "$RETENTIONS" \
+        --split test $(bench_flags "$b") "${clips[@]}" --out "$RUNS/$round/b$b-sweep" --no-progress
+    for ext in md json png; do
+        cp "$RUNS/$round/b$b-sweep/sweep.$ext" "results/$round-deciding-test-sweep.$ext"; done
+}
+
 controls_benchmark() {  # seed: the default (Dc-fid) and its strongest control, CaCoVID-AV from
     # the same warmups with the same reward (Cc-fid), on the test split, training seeds 0-2.
     # Dc-fid reuses round 4's val runs where they exist (a run is split-agnostic).
@@ -265,26 +286,11 @@ for stage in "${stages[@]}"; do
             run_stage round6-merging-test-b0 "$PY" scripts/score_merging.py \
                 "$RUNS/controls/b0-Dc-fid/ablation.json" --variant Dc-fid --thresholds 0.8 \
                 --out results/round6-merging-test-benchmark0
-            judge_assets 7
-            for arm in Dc-fid Cc-fid; do
-                run_stage "round6-b7-$arm" "$PY" -m avex.evaluate ablation --seeds 0,1,2 \
-                    --variants "$arm" --retentions "$RETENTIONS" --split test $(bench_flags 7) \
-                    "${clips[@]}" --out "$RUNS/round6/b7-$arm" --no-progress
-                cp "$RUNS/round6/b7-$arm/ablation.json" "results/round6-test-seed7-$arm.json"
-                run_stage "round6-merging-b7-$arm" "$PY" scripts/score_merging.py \
-                    "$RUNS/round6/b7-$arm/ablation.json" --variant "$arm" --thresholds 0.8 \
-                    --out "results/round6-merging-test-seed7-$arm"
-            done
+            merged_pair_benchmark round6 7 0,1,2
             run_stage round6-stage2 "$PY" scripts/pooled_differences.py \
                 results/round6-test-seed7-{Dc-fid,Cc-fid}.json \
                 results/round6-merging-test-seed7-{Dc-fid,Cc-fid}.json --pairs \
                 Dc-fid+merge0.8:Dc-fid,Dc-fid+merge0.8:Cc-fid,Dc-fid+merge0.8:Cc-fid+merge0.8,Cc-fid+merge0.8:Cc-fid,Dc-fid:Cc-fid
-            # the methods that train nothing, on the same clips (the trained rows: the files above)
-            run_stage round6-sweep-b7 "$PY" -m avex.evaluate sweep --seeds 0,1,2 \
-                --methods random,fastv,tome,fastav,attention --retentions "$RETENTIONS" \
-                --split test $(bench_flags 7) "${clips[@]}" --out "$RUNS/round6/b7-sweep" --no-progress
-            for ext in md json png; do
-                cp "$RUNS/round6/b7-sweep/sweep.$ext" "results/round6-deciding-test-sweep.$ext"; done
             run_stage round6-targets "$PY" scripts/decide_default_recipe.py \
                 --chosen Dc-fid+merge0.8 --incumbent Dc-fid --controls Cc-fid,Cc-fid+merge0.8 \
                 --ablation results/round6-test-seed7-Dc-fid.json \
@@ -296,22 +302,7 @@ for stage in "${stages[@]}"; do
         round7)     # the merged default against its merged control on seed 8, 10 training
                     # seeds per arm, every other method's sweep; read on seed 8 and pooled
                     # with seed 7 (round 6's files)
-            judge_assets 8
-            for arm in Dc-fid Cc-fid; do
-                run_stage "round7-b8-$arm" "$PY" -m avex.evaluate ablation \
-                    --seeds 0,1,2,3,4,5,6,7,8,9 --variants "$arm" --retentions "$RETENTIONS" \
-                    --split test $(bench_flags 8) "${clips[@]}" --out "$RUNS/round7/b8-$arm" \
-                    --no-progress
-                cp "$RUNS/round7/b8-$arm/ablation.json" "results/round7-test-seed8-$arm.json"
-                run_stage "round7-merging-b8-$arm" "$PY" scripts/score_merging.py \
-                    "$RUNS/round7/b8-$arm/ablation.json" --variant "$arm" --thresholds 0.8 \
-                    --out "results/round7-merging-test-seed8-$arm"
-            done
-            run_stage round7-sweep-b8 "$PY" -m avex.evaluate sweep --seeds 0,1,2 \
-                --methods random,fastv,tome,fastav,attention --retentions "$RETENTIONS" \
-                --split test $(bench_flags 8) "${clips[@]}" --out "$RUNS/round7/b8-sweep" --no-progress
-            for ext in md json png; do
-                cp "$RUNS/round7/b8-sweep/sweep.$ext" "results/round7-deciding-test-sweep.$ext"; done
+            merged_pair_benchmark round7 8 0,1,2,3,4,5,6,7,8,9
             run_stage round7-targets "$PY" scripts/decide_default_recipe.py \
                 --chosen Dc-fid+merge0.8 --incumbent Dc-fid+merge0.8 \
                 --controls Cc-fid,Cc-fid+merge0.8 \
