@@ -31,8 +31,13 @@ ENV = "AVEX_KEEP_FREED_HEAP"
 
 def keep_freed_memory(libc=None) -> bool:
     """Set this process's glibc heap to keep what it frees (this module's docstring); whether
-    it was set. ``libc``: the C library to call (tests pass a stand-in)."""
-    if os.environ.get(ENV, "1").strip() == "0":
+    it was set. ``libc``: the C library to call (tests pass a stand-in). A value of
+    ``AVEX_KEEP_FREED_HEAP`` other than 0 or 1 is a ValueError naming it."""
+    value = os.environ.get(ENV, "1").strip()
+    if value not in ("0", "1"):
+        raise ValueError(f"{ENV} must be 0 (glibc's default heap) or 1 (keep freed memory), "
+                         f"got {value!r}")
+    if value == "0":
         return False
     if libc is None:
         if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":

@@ -14,5 +14,9 @@ __all__ = ["TrainConfig", "ensure_trained", "main", "train", "train_variant"]
 if __name__ == "__main__":
     from avex.heap import keep_freed_memory
 
-    keep_freed_memory()   # the command's own process: see avex/heap.py
+    try:   # the command's own process: see avex/heap.py
+        keep_freed_memory()
+    except ValueError as err:   # before any work, as a usage error
+        print(f"python -m avex.train: error: {err}", file=sys.stderr)
+        sys.exit(2)
     main(sys.argv[1:])

@@ -1,5 +1,6 @@
 """avex/heap.py: the commands' glibc heap setting, with a stand-in C library (the real one is
 set only by the commands' own processes)."""
+import os
 import platform
 import subprocess
 import sys
@@ -48,3 +49,20 @@ def test_glibc_accepts_the_settings_in_a_fresh_process():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, env={"PATH": "/usr/bin:/bin"})
     assert out.stdout.strip() == "True"
+
+
+@pytest.mark.parametrize("value", ["false", "no", "2", ""])
+def test_a_value_other_than_0_or_1_is_refused_by_name(monkeypatch, value):
+    monkeypatch.setenv(heap.ENV, value)
+    libc = FakeLibc()
+    with pytest.raises(ValueError, match=rf"AVEX_KEEP_FREED_HEAP must be 0 .* or 1 .*, got {value!r}"):
+        heap.keep_freed_memory(libc)
+    assert libc.calls == []
+
+
+@pytest.mark.parametrize("module", ["avex.train", "avex.evaluate"])
+def test_the_commands_refuse_a_bad_value_before_any_work(module, tmp_path):
+    out = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True,
+                         text=True, cwd=tmp_path, env={**os.environ, heap.ENV: "yes"})
+    assert out.returncode == 2 and out.stdout == ""
+    assert f"python -m {module}: error: AVEX_KEEP_FREED_HEAP must be 0" in out.stderr
